@@ -1,0 +1,1 @@
+"""Dramatiq actors, the broker topology and the worker runtime."""

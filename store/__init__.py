@@ -1,0 +1,1 @@
+"""PostgreSQL: the record store (pool, named SQL, repositories, migrations runner)."""

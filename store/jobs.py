@@ -1,0 +1,468 @@
+"""The job queue on PostgreSQL: :class:`workflows.queue.JobRepository` as named SQL.
+
+Each write comes in two forms: ``ack(lease)`` opens its own transaction, ``ack_txn(conn, lease)``
+joins the caller's, so a step's settle can commit the job, its history and its follow-ups in
+one transaction. Every settling write is one fenced statement (see ``store/sql/jobs.sql``);
+a write that lost its lease returns :data:`workflows.queue.NOT_APPLIED`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import DictRow, TupleRow, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from store.errors import translated
+from store.sql import load
+from workflows.job import (
+    DEFAULT_BACKOFF,
+    BackoffPolicy,
+    FailureClass,
+    JobState,
+    LeasePolicy,
+    backoff,
+    canonical_kind,
+    jitter_fraction,
+)
+from workflows.queue import (
+    DELIVERY_EXHAUSTED,
+    DELIVERY_EXHAUSTED_PROMPT,
+    NOT_APPLIED,
+    AnswerOutcome,
+    AnswerStatus,
+    Enqueued,
+    EnqueueRequest,
+    Gate,
+    GateRequest,
+    Job,
+    JsonObject,
+    Lease,
+    ReapResult,
+    Settled,
+    UnknownDependencyError,
+)
+
+Q = load("jobs.sql")
+Conn = psycopg.Connection[TupleRow]
+Pool = ConnectionPool[Conn]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+REAP_BATCH = 500
+
+
+class PostgresJobRepository:
+    """The PostgreSQL backend of the job-queue contract."""
+
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        leases: LeasePolicy | None = None,
+        backoff_policy: BackoffPolicy = DEFAULT_BACKOFF,
+    ) -> None:
+        self._pool = pool
+        self._leases = leases or LeasePolicy()
+        self._backoff = backoff_policy
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        """A connection inside a transaction that commits on success and rolls back on error."""
+        with translated(), self._pool.connection() as conn, conn.transaction():
+            yield conn
+
+    def _run(self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.transaction() as conn:
+            return fn(conn, *args, **kwargs)
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def enqueue(self, request: EnqueueRequest) -> Enqueued:
+        return self._run(self.enqueue_txn, request)
+
+    def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+        return self._run(self.enqueue_batch_txn, requests)
+
+    def enqueue_txn(self, conn: Conn, request: EnqueueRequest) -> Enqueued:
+        return self.enqueue_batch_txn(conn, [request])[0]
+
+    def enqueue_batch_txn(self, conn: Conn, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+        resolved: dict[UUID, UUID] = {}
+        results: list[Enqueued] = []
+        woken: set[str] = set()
+        for request in requests:
+            enqueued = self._enqueue_one(conn, request, resolved)
+            if request.job_id is not None:
+                resolved[request.job_id] = enqueued.job.id
+            if enqueued.created:
+                woken.add(request.project_id)
+            results.append(enqueued)
+        for project_id in sorted(woken):
+            conn.execute(Q["notify_ready"], {"project_id": project_id})
+        return results
+
+    def _enqueue_one(
+        self, conn: Conn, request: EnqueueRequest, resolved: Mapping[UUID, UUID]
+    ) -> Enqueued:
+        depends_on = [resolved.get(dep, dep) for dep in request.depends_on]
+        if depends_on:
+            missing = _rows(
+                conn,
+                Q["missing_dependencies"],
+                {
+                    "ids": depends_on,
+                    "project_id": request.project_id,
+                },
+            )
+            if missing:
+                raise UnknownDependencyError([row["id"] for row in missing])
+        job_id = request.job_id or uuid.uuid4()
+        row = _row(
+            conn,
+            Q["insert_job"],
+            {
+                "id": job_id,
+                "project_id": request.project_id,
+                "cycle": request.cycle,
+                "kind": request.kind,
+                "subject": request.subject,
+                "idempotency_key": request.idempotency_key,
+                "priority": request.priority,
+                "payload": Jsonb(dict(request.payload)),
+                "delay_s": request.delay.total_seconds(),
+                "max_attempts": request.max_attempts,
+                "lease_ms": _millis(self._leases.lease_for(request.kind)),
+            },
+        )
+        if row is None:
+            # A duplicate. This is a new statement, so (READ COMMITTED) it sees the row that the
+            # conflicting transaction committed while the insert waited on it.
+            existing = _row(
+                conn,
+                Q["job_by_key"],
+                {
+                    "project_id": request.project_id,
+                    "idempotency_key": request.idempotency_key,
+                },
+            )
+            if existing is None:  # pragma: no cover - the conflict guarantees the row
+                raise RuntimeError(f"job with key {request.idempotency_key} vanished")
+            return Enqueued(job=_job(existing), created=False)
+        if depends_on:
+            conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
+        return Enqueued(job=_job(row), created=True)
+
+    # -- claim and fenced writes -----------------------------------------------------------
+
+    def claim(
+        self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
+    ) -> list[Job]:
+        return self._run(self.claim_txn, project_id, owner=owner, limit=limit, kinds=kinds)
+
+    def claim_txn(
+        self,
+        conn: Conn,
+        project_id: str,
+        *,
+        owner: str,
+        limit: int = 1,
+        kinds: Collection[str] | None = None,
+    ) -> list[Job]:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
+        rows = _rows(
+            conn,
+            Q["claim"],
+            {
+                "project_id": project_id,
+                "owner": owner,
+                "limit": limit,
+                "kinds": wanted,
+            },
+        )
+        jobs = [_job(row) for row in rows]
+        jobs.sort(key=lambda j: (-j.priority, j.run_after, j.id))
+        return jobs
+
+    def heartbeat(self, lease: Lease) -> Settled:
+        return self._run(self.heartbeat_txn, lease)
+
+    def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
+        row = _row(conn, Q["heartbeat"], _fence(lease))
+        if row is None:
+            return NOT_APPLIED
+        return Settled(True, JobState(row["state"]), lease_expires_at=row["lease_expires_at"])
+
+    def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
+        return self._run(self.ack_txn, lease, result=result)
+
+    def ack_txn(self, conn: Conn, lease: Lease, *, result: JsonObject | None = None) -> Settled:
+        params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
+        return _settled(_row(conn, Q["ack"], params))
+
+    def nack(
+        self,
+        lease: Lease,
+        *,
+        error: str,
+        failure_class: FailureClass,
+        retry_in: timedelta | None = None,
+    ) -> Settled:
+        return self._run(
+            self.nack_txn, lease, error=error, failure_class=failure_class, retry_in=retry_in
+        )
+
+    def nack_txn(
+        self,
+        conn: Conn,
+        lease: Lease,
+        *,
+        error: str,
+        failure_class: FailureClass,
+        retry_in: timedelta | None = None,
+    ) -> Settled:
+        if retry_in is None:
+            attempt = max(lease.attempt, 1)
+            retry_in = backoff(
+                attempt, self._backoff, spread=jitter_fraction(lease.job_id, attempt)
+            )
+        params = _fence(lease) | {
+            "error": error,
+            "failure_class": failure_class.value,
+            "retry_s": retry_in.total_seconds(),
+        }
+        return _settled(_row(conn, Q["nack"], params))
+
+    def defer(
+        self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
+    ) -> Settled:
+        return self._run(self.defer_txn, lease, delay=delay, reason=reason, capacity=capacity)
+
+    def defer_txn(
+        self, conn: Conn, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
+    ) -> Settled:
+        params = _fence(lease) | {
+            "delay_s": max(delay.total_seconds(), 0.0),
+            "reason": reason,
+            "capacity": capacity,
+        }
+        return _settled(_row(conn, Q["defer"], params))
+
+    def park(self, lease: Lease, gate: GateRequest) -> Settled:
+        return self._run(self.park_txn, lease, gate)
+
+    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled:
+        params = _fence(lease) | {
+            "gate_id": uuid.uuid4(),
+            "kind": gate.kind,
+            "prompt": gate.prompt,
+            "answers": Jsonb(list(gate.answers)),
+            "context": Jsonb(dict(gate.context)),
+        }
+        row = _row(conn, Q["park"], params)
+        if row is None:
+            return NOT_APPLIED
+        return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
+
+    def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
+        return self._run(self.grant_txn, lease, max_attempts=max_attempts)
+
+    def grant_txn(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
+        return _settled(_row(conn, Q["grant"], _fence(lease) | {"max_attempts": max_attempts}))
+
+    def assign(self, lease: Lease, *, engine_id: str) -> Settled:
+        return self._run(self.assign_txn, lease, engine_id=engine_id)
+
+    def assign_txn(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
+        return _settled(_row(conn, Q["assign"], _fence(lease) | {"engine_id": engine_id}))
+
+    # -- gates and the reaper --------------------------------------------------------------
+
+    def answer_gate(
+        self, gate_id: UUID, *, answer: str, answered_by: str, grant_attempts: int = 0
+    ) -> AnswerOutcome:
+        return self._run(
+            self.answer_gate_txn,
+            gate_id,
+            answer=answer,
+            answered_by=answered_by,
+            grant_attempts=grant_attempts,
+        )
+
+    def answer_gate_txn(
+        self,
+        conn: Conn,
+        gate_id: UUID,
+        *,
+        answer: str,
+        answered_by: str,
+        grant_attempts: int = 0,
+    ) -> AnswerOutcome:
+        if grant_attempts < 0:
+            raise ValueError("grant_attempts must not be negative")
+        locked = _row(conn, Q["lock_gate"], {"gate_id": gate_id})
+        if locked is None:
+            return AnswerOutcome(AnswerStatus.UNKNOWN_GATE)
+        gate = _gate(locked)
+        if not gate.open:
+            return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
+        if gate.answers and answer not in gate.answers:
+            return AnswerOutcome(AnswerStatus.INVALID_ANSWER, gate)
+        answered = _row(
+            conn,
+            Q["answer_gate"],
+            {
+                "gate_id": gate_id,
+                "answer": answer,
+                "answered_by": answered_by,
+            },
+        )
+        if answered is None:  # pragma: no cover - the row lock above rules this out
+            return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
+        if gate.job_id is not None:
+            refund = 1 if gate.kind == DELIVERY_EXHAUSTED else 0
+            released = _row(
+                conn,
+                Q["release_parked"],
+                {
+                    "job_id": gate.job_id,
+                    "more": refund + grant_attempts,
+                },
+            )
+            if released is not None:
+                conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
+        return AnswerOutcome(AnswerStatus.ANSWERED, _gate(answered))
+
+    def reap(self) -> ReapResult:
+        requeued = parked = 0
+        while True:
+            with self.transaction() as conn:
+                row = _row(
+                    conn, Q["reap"], {"limit": REAP_BATCH, "prompt": DELIVERY_EXHAUSTED_PROMPT}
+                )
+            batch_requeued = int(row["requeued"]) if row else 0
+            batch_parked = int(row["parked"]) if row else 0
+            requeued += batch_requeued
+            parked += batch_parked
+            if batch_requeued + batch_parked < REAP_BATCH:
+                return ReapResult(requeued=requeued, parked=parked)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, job_id: UUID) -> Job | None:
+        with self.transaction() as conn:
+            row = _row(conn, Q["get_job"], {"job_id": job_id})
+        return None if row is None else _job(row)
+
+    def get_gate(self, gate_id: UUID) -> Gate | None:
+        with self.transaction() as conn:
+            row = _row(conn, Q["get_gate"], {"gate_id": gate_id})
+        return None if row is None else _gate(row)
+
+    def open_gates(self, project_id: str | None = None) -> list[Gate]:
+        with self.transaction() as conn:
+            return [_gate(r) for r in _rows(conn, Q["open_gates"], {"project_id": project_id})]
+
+    def count_unsettled(
+        self,
+        project_id: str,
+        *,
+        cycle: int | None = None,
+        kinds: Collection[str] | None = None,
+        exclude: UUID | None = None,
+    ) -> int:
+        wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
+        params = {"project_id": project_id, "cycle": cycle, "kinds": wanted, "exclude": exclude}
+        with self.transaction() as conn:
+            row = _row(conn, Q["count_unsettled"], params)
+        return int(row["count"]) if row else 0
+
+    def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
+        depth = dict.fromkeys(JobState, 0)
+        with self.transaction() as conn:
+            for row in _rows(conn, Q["queue_depth"], {"project_id": project_id}):
+                depth[JobState(row["state"])] = int(row["count"])
+        return depth
+
+    def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
+        with self.transaction() as conn:
+            rows = _rows(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})
+        return [_job(r) for r in rows]
+
+
+def _fence(lease: Lease) -> dict[str, Any]:
+    return {"job_id": lease.job_id, "owner": lease.owner, "token": lease.token}
+
+
+def _settled(row: DictRow | None) -> Settled:
+    return NOT_APPLIED if row is None else Settled(True, JobState(row["state"]))
+
+
+def _millis(duration: timedelta) -> int:
+    return max(1, round(duration.total_seconds() * 1000))
+
+
+def _row(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query.encode(), params)
+        return cur.fetchone() if cur.description else None
+
+
+def _rows(conn: Conn, query: str, params: Mapping[str, Any]) -> list[DictRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query.encode(), params)
+        return cur.fetchall()
+
+
+def _job(row: DictRow) -> Job:
+    failure = row["failure_class"]
+    return Job(
+        id=row["id"],
+        project_id=row["project_id"],
+        cycle=row["cycle"],
+        kind=row["kind"],
+        subject=row["subject"],
+        idempotency_key=row["idempotency_key"],
+        state=JobState(row["state"]),
+        priority=row["priority"],
+        payload=row["payload"],
+        result=row["result"],
+        run_after=row["run_after"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        lease_timeout=timedelta(milliseconds=row["lease_ms"]),
+        lease_owner=row["lease_owner"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        engine_id=row["engine_id"],
+        last_error=row["last_error"],
+        failure_class=None if failure is None else FailureClass(failure),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        settled_at=row["settled_at"],
+    )
+
+
+def _gate(row: DictRow) -> Gate:
+    return Gate(
+        id=row["id"],
+        project_id=row["project_id"],
+        job_id=row["job_id"],
+        kind=row["kind"],
+        prompt=row["prompt"],
+        answers=tuple(row["answers"]),
+        context=row["context"],
+        opened_at=row["opened_at"],
+        answer=row["answer"],
+        answered_by=row["answered_by"],
+        answered_at=row["answered_at"],
+    )

@@ -1,0 +1,94 @@
+"""The backends the job-queue contract runs against.
+
+A backend is a small harness: it builds a :class:`workflows.queue.JobRepository` (optionally with
+a lease policy, so tests can expire leases in milliseconds), a wakeup notifier, and claims with
+a bounded wait (a dispatching backend delivers asynchronously; the PostgreSQL one answers at
+once). The contract file itself never names a backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator
+from contextlib import ExitStack
+from typing import Protocol
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from store.jobs import PostgresJobRepository
+from store.notify import PostgresJobReadyNotifier
+from workflows.job import LeasePolicy
+from workflows.queue import Job, JobReadyNotifier, JobRepository
+
+BACKENDS = ["postgres"]
+
+
+class Backend(Protocol):
+    name: str
+
+    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository: ...
+
+    def notifier(self) -> JobReadyNotifier: ...
+
+    def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
+        """Read the record store directly (PostgreSQL is the record on every backend)."""
+        ...
+
+
+class PostgresBackend:
+    name = "postgres"
+
+    def __init__(self, url: str, stack: ExitStack) -> None:
+        self.url = url
+        self._stack = stack
+        self.pool = stack.enter_context(ConnectionPool(url, min_size=1, max_size=24, open=True))
+        self.pool.wait(timeout=30)
+
+    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
+        return PostgresJobRepository(pool=self.pool, leases=leases)
+
+    def notifier(self) -> JobReadyNotifier:
+        notifier = PostgresJobReadyNotifier(url=self.url)
+        self._stack.callback(notifier.close)
+        return notifier
+
+    def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
+        with self.pool.connection() as conn:
+            return conn.execute(query.encode(), params).fetchall()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Backend]:
+    with ExitStack() as stack:
+        if request.param == "postgres":
+            yield PostgresBackend(pg_url, stack)
+        else:  # pragma: no cover - a new backend must be added here
+            pytest.fail(f"unknown backend {request.param}")
+
+
+def claim_n(
+    repo: JobRepository,
+    project_id: str,
+    *,
+    owner: str,
+    n: int = 1,
+    timeout: float = 5.0,
+    kinds: Collection[str] | None = None,
+) -> list[Job]:
+    """Claim until ``n`` jobs are held or ``timeout`` passes; returns what was claimed."""
+    held: list[Job] = []
+    deadline = time.monotonic() + timeout
+    while len(held) < n:
+        held += repo.claim(project_id, owner=owner, limit=n - len(held), kinds=kinds)
+        if len(held) >= n or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    return held
+
+
+def claim_none(
+    repo: JobRepository, project_id: str, *, owner: str, settle: float = 0.3
+) -> list[Job]:
+    """Claim for ``settle`` seconds and return anything claimed (a test expects nothing)."""
+    return claim_n(repo, project_id, owner=owner, n=1, timeout=settle)

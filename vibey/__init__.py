@@ -1,0 +1,1 @@
+"""The vibey CLI, settings and wiring."""

@@ -1,0 +1,254 @@
+"""The pure job domain: states, failure classes, kinds, backoff, idempotency keys, leases.
+
+Nothing here reads a clock, the environment or a random source: every input is an argument,
+so the same inputs always give the same answer (which is what the property tests check).
+
+Kinds. Job kinds are strings registered against handlers. Seed 004 registers 25 names:
+22 canonical kinds plus 3 aliases (``build.plan`` for ``build.decompose``, ``deploy.accept``
+for ``deploy.spec``, ``deploy.graph`` for ``deploy.execute``). An alias is accepted wherever a
+kind is, and is stored, keyed and leased as its canonical kind.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import MappingProxyType
+
+from workflows.phases import Phase
+
+
+class JobState(enum.StrEnum):
+    """ready → leased → succeeded | failed | awaiting_human | awaiting_capacity | cancelled."""
+
+    READY = "ready"
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    AWAITING_HUMAN = "awaiting_human"
+    AWAITING_CAPACITY = "awaiting_capacity"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def parked(self) -> bool:
+        return self is JobState.AWAITING_HUMAN
+
+
+TERMINAL_STATES: frozenset[JobState] = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+)
+
+# The edges a job row may take. ``leased → ready`` is a nack with attempts left, a defer or a
+# reap; ``awaiting_human → ready`` is a gate answer; ``awaiting_capacity → leased`` is a claim
+# once the capacity probe is due.
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = MappingProxyType(
+    {
+        JobState.READY: frozenset({JobState.LEASED, JobState.CANCELLED}),
+        JobState.LEASED: frozenset(
+            {
+                JobState.READY,
+                JobState.SUCCEEDED,
+                JobState.FAILED,
+                JobState.AWAITING_HUMAN,
+                JobState.AWAITING_CAPACITY,
+                JobState.CANCELLED,
+            }
+        ),
+        JobState.AWAITING_HUMAN: frozenset({JobState.READY, JobState.CANCELLED}),
+        JobState.AWAITING_CAPACITY: frozenset({JobState.LEASED, JobState.CANCELLED}),
+        JobState.SUCCEEDED: frozenset(),
+        JobState.FAILED: frozenset(),
+        JobState.CANCELLED: frozenset(),
+    }
+)
+
+
+def can_transition(source: JobState, target: JobState) -> bool:
+    return target in TRANSITIONS[source]
+
+
+class FailureClass(enum.StrEnum):
+    """Why an attempt failed, which decides what the engine's circuit does.
+
+    capacity: the engine refused for lack of capacity (opens the circuit at once);
+    engine: the engine misbehaved (opens after 3); work: the code under work is wrong;
+    vibey: our own bug. The last two never touch the circuit.
+    """
+
+    CAPACITY = "capacity"
+    ENGINE = "engine"
+    WORK = "work"
+    VIBEY = "vibey"
+
+
+class UnknownJobKindError(ValueError):
+    """A kind that no handler is registered for."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(
+            f"unknown job kind {kind!r}; registered kinds: {', '.join(sorted(KIND_PHASES))}"
+        )
+        self.kind = kind
+
+
+KIND_PHASES: Mapping[str, Phase] = MappingProxyType(
+    {
+        "design.interview": Phase.DESIGN,
+        "design.research": Phase.DESIGN,
+        "design.synthesize": Phase.DESIGN,
+        "design.spec": Phase.DESIGN,
+        "visual.inventory": Phase.VISUAL_DESIGN,
+        "visual.plan": Phase.VISUAL_DESIGN,
+        "build.decompose": Phase.BUILD,
+        "build.implement": Phase.BUILD,
+        "build.verify": Phase.BUILD,
+        "build.integrate": Phase.BUILD,
+        "review.demo": Phase.REVIEW,
+        "review.collect": Phase.REVIEW,
+        "review.triage": Phase.REVIEW,
+        "review.deployment_choice": Phase.REVIEW,
+        "deploy.design": Phase.DEPLOY_DESIGN,
+        "deploy.interview": Phase.DEPLOY_DESIGN,
+        "deploy.synthesize": Phase.DEPLOY_DESIGN,
+        "deploy.spec": Phase.DEPLOY_DESIGN,
+        "deploy.execute": Phase.DEPLOY_EXECUTE,
+        "deploy.demo": Phase.DEPLOY_REVIEW,
+        "deploy.triage": Phase.DEPLOY_REVIEW,
+        "deploy.route": Phase.DEPLOY_REVIEW,
+    }
+)
+
+KIND_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "build.plan": "build.decompose",
+        "deploy.accept": "deploy.spec",
+        "deploy.graph": "deploy.execute",
+    }
+)
+
+# Every name a handler can be registered under: 22 canonical kinds and 3 aliases.
+REGISTERED_KINDS: frozenset[str] = frozenset(KIND_PHASES) | frozenset(KIND_ALIASES)
+
+
+def canonical_kind(kind: str) -> str:
+    """The canonical name of a registered kind; an alias maps to its target."""
+    canonical = KIND_ALIASES.get(kind, kind)
+    if canonical not in KIND_PHASES:
+        raise UnknownJobKindError(kind)
+    return canonical
+
+
+def phase_of(kind: str) -> Phase:
+    return KIND_PHASES[canonical_kind(kind)]
+
+
+def idempotency_key(project_id: str, cycle: int, kind: str, subject: str) -> str:
+    """sha256 over (project, cycle, canonical kind, subject), hex encoded.
+
+    The four parts are encoded as a JSON array, so no choice of separators inside a part can
+    make two different tuples hash alike.
+    """
+    parts = [project_id, cycle, canonical_kind(kind), subject]
+    canonical = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffPolicy:
+    """Exponential backoff after a failed attempt: base × 2^(attempt-1), capped.
+
+    ``jitter`` is the largest fraction taken off a delay; the caller supplies where in that
+    range a given delay falls (see :func:`jitter_fraction`), so no randomness lives here.
+    The cap defaults to 15 minutes, the longest nack wait seed 000 §7 allows.
+    """
+
+    base: timedelta = timedelta(seconds=5)
+    cap: timedelta = timedelta(minutes=15)
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.base <= timedelta(0):
+            raise ValueError("backoff base must be positive")
+        if self.cap < self.base:
+            raise ValueError("backoff cap must be at least the base")
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError("backoff jitter must be in [0, 1)")
+
+
+DEFAULT_BACKOFF = BackoffPolicy()
+
+
+def backoff(
+    attempt: int, policy: BackoffPolicy = DEFAULT_BACKOFF, *, spread: float = 0.0
+) -> timedelta:
+    """The wait before attempt ``attempt + 1`` after attempt ``attempt`` failed.
+
+    ``attempt`` counts from 1. ``spread`` in [0, 1] picks a point in the jitter range:
+    0 gives the full exponential delay, 1 takes off ``policy.jitter`` of it.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt counts from 1, got {attempt}")
+    if not 0.0 <= spread <= 1.0:
+        raise ValueError(f"spread must be in [0, 1], got {spread}")
+    # Past 2^40 every delay is capped anyway; bounding the exponent keeps the float finite.
+    exponent = min(attempt - 1, 40)
+    raw = min(policy.base.total_seconds() * (2.0**exponent), policy.cap.total_seconds())
+    return timedelta(seconds=raw * (1.0 - policy.jitter * spread))
+
+
+def jitter_fraction(*parts: object) -> float:
+    """A deterministic fraction in [0, 1) derived from ``parts`` (e.g. job id and attempt)."""
+    digest = hashlib.sha256(repr(parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def _default_leases() -> Mapping[str, timedelta]:
+    return MappingProxyType(
+        {
+            "build.implement": timedelta(hours=2),
+            "build.verify": timedelta(hours=2),
+            "build.decompose": timedelta(minutes=15),
+            "build.integrate": timedelta(minutes=15),
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """How long a claim holds a job, per kind: 2 h for build.implement and build.verify,
+    15 min for build.decompose and build.integrate, ``default`` (2 min) for the rest."""
+
+    default: timedelta = timedelta(minutes=2)
+    by_kind: Mapping[str, timedelta] = field(default_factory=_default_leases)
+
+    def __post_init__(self) -> None:
+        if self.default <= timedelta(0):
+            raise ValueError("the default lease must be positive")
+        normalised: dict[str, timedelta] = {}
+        for kind, duration in self.by_kind.items():
+            if duration <= timedelta(0):
+                raise ValueError(f"the lease for {kind!r} must be positive")
+            normalised[canonical_kind(kind)] = duration
+        object.__setattr__(self, "by_kind", MappingProxyType(normalised))
+
+    def lease_for(self, kind: str) -> timedelta:
+        return self.by_kind.get(canonical_kind(kind), self.default)
+
+    def with_overrides(self, overrides: Mapping[str, timedelta]) -> LeasePolicy:
+        """A policy with some kinds' leases replaced; the key ``default`` sets the default."""
+        merged = dict(self.by_kind)
+        default = self.default
+        for kind, duration in overrides.items():
+            if kind == "default":
+                default = duration
+            else:
+                merged[canonical_kind(kind)] = duration
+        return LeasePolicy(default=default, by_kind=merged)
