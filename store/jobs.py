@@ -143,9 +143,9 @@ class PostgresJobRepository:
             },
         )
         if row is None:
-            # A duplicate. This is a new statement, so (READ COMMITTED) it sees the row that the
-            # conflicting transaction committed while the insert waited on it.
-            existing = _row(
+            # A duplicate committed while the insert waited on it: this new statement (READ
+            # COMMITTED) sees it.
+            row = _row(
                 conn,
                 Q["job_by_key"],
                 {
@@ -153,9 +153,11 @@ class PostgresJobRepository:
                     "idempotency_key": request.idempotency_key,
                 },
             )
-            if existing is None:  # pragma: no cover - the conflict guarantees the row
+            if row is None:  # pragma: no cover - the conflict guarantees the row
                 raise RuntimeError(f"job with key {request.idempotency_key} vanished")
-            return Enqueued(job=_job(existing), created=False)
+            return Enqueued(job=_job(row), created=False)
+        if not row["created"]:
+            return Enqueued(job=_job(row), created=False)
         if depends_on:
             conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
         return Enqueued(job=_job(row), created=True)

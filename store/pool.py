@@ -25,7 +25,7 @@ CONNECT_ATTEMPTS = 5
 CONNECT_RETRY = retry(
     retry=retry_if_exception_type(psycopg.OperationalError),
     stop=stop_after_attempt(CONNECT_ATTEMPTS),
-    wait=wait_exponential_jitter(initial=0.1, max=2.0),
+    wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
     before_sleep=before_sleep_log(log, logging.WARNING),
     reraise=True,
 )

@@ -5,17 +5,27 @@
 -- lease arithmetic uses the database clock.
 
 -- name: insert_job
-INSERT INTO job (
-    id, project_id, cycle, kind, subject, idempotency_key, priority, payload, run_after,
-    max_attempts, lease_ms
+-- One round trip in the common cases: a new row, or a duplicate already committed. A
+-- duplicate committed while the insert waited is not in this statement's snapshot; the
+-- caller then reads it with job_by_key.
+WITH inserted AS (
+    INSERT INTO job (
+        id, project_id, cycle, kind, subject, idempotency_key, priority, payload, run_after,
+        max_attempts, lease_ms
+    )
+    VALUES (
+        %(id)s, %(project_id)s, %(cycle)s, %(kind)s, %(subject)s, %(idempotency_key)s,
+        %(priority)s, %(payload)s, now() + make_interval(secs => %(delay_s)s),
+        %(max_attempts)s, %(lease_ms)s
+    )
+    ON CONFLICT (project_id, idempotency_key) DO NOTHING
+    RETURNING *
 )
-VALUES (
-    %(id)s, %(project_id)s, %(cycle)s, %(kind)s, %(subject)s, %(idempotency_key)s,
-    %(priority)s, %(payload)s, now() + make_interval(secs => %(delay_s)s),
-    %(max_attempts)s, %(lease_ms)s
-)
-ON CONFLICT (project_id, idempotency_key) DO NOTHING
-RETURNING *
+SELECT true AS created, * FROM inserted
+UNION ALL
+SELECT false AS created, * FROM job
+WHERE project_id = %(project_id)s AND idempotency_key = %(idempotency_key)s
+  AND NOT EXISTS (SELECT 1 FROM inserted)
 
 -- name: job_by_key
 SELECT * FROM job WHERE project_id = %(project_id)s AND idempotency_key = %(idempotency_key)s

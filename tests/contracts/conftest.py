@@ -55,7 +55,8 @@ class PostgresBackend:
 
     def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
         with self.pool.connection() as conn:
-            return conn.execute(query.encode(), params).fetchall()
+            cur = conn.execute(query.encode(), params)
+            return cur.fetchall() if cur.description else []
 
 
 @pytest.fixture(params=BACKENDS)
