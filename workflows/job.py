@@ -184,6 +184,7 @@ class BackoffPolicy:
 
 
 DEFAULT_BACKOFF = BackoffPolicy()
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def backoff(
@@ -198,16 +199,19 @@ def backoff(
         raise ValueError(f"attempt counts from 1, got {attempt}")
     if not 0.0 <= spread <= 1.0:
         raise ValueError(f"spread must be in [0, 1], got {spread}")
-    # Past 2^40 every delay is capped anyway; bounding the exponent keeps the float finite.
-    exponent = min(attempt - 1, 40)
-    raw = min(policy.base.total_seconds() * (2.0**exponent), policy.cap.total_seconds())
-    return timedelta(seconds=raw * (1.0 - policy.jitter * spread))
+    # Whole microseconds keep this exact up to timedelta.max. The base is at least 1 microsecond,
+    # so once the exponent reaches the cap's bit length every delay is capped; bounding it there
+    # keeps the shift small for huge attempts. Only the jitter taken off goes through a float.
+    base, cap = policy.base // _MICROSECOND, policy.cap // _MICROSECOND
+    raw = min(base << min(attempt - 1, cap.bit_length()), cap)
+    return timedelta(microseconds=raw - min(raw, round(raw * policy.jitter * spread)))
 
 
 def jitter_fraction(*parts: object) -> float:
     """A deterministic fraction in [0, 1) derived from ``parts`` (e.g. job id and attempt)."""
     digest = hashlib.sha256(repr(parts).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    # 53 bits, the float's precision: 64 bits near 2^64 would round up to exactly 1.0.
+    return (int.from_bytes(digest[:8], "big") >> 11) / 2.0**53
 
 
 def _default_leases() -> Mapping[str, timedelta]:

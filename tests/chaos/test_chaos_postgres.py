@@ -13,6 +13,7 @@ Reproduce a run with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -126,10 +127,8 @@ class Fleet:
         finally:
             proc.wait()
             proc.stdout.close()
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 proc.stdin.close()
-            except BrokenPipeError:
-                pass
 
     def on_claim(self, proc: subprocess.Popen[str], job_id: str, attempt: int) -> None:
         assert proc.stdin is not None
