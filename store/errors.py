@@ -6,6 +6,7 @@ Exceptions::
     ├── DatabaseUnavailable           the server did not answer (after the connect retries)
     ├── SchemaNotMigrated             a vibey table is missing: run `vibey migrate`
     └── MigrationError                the migrations on disk and in the database disagree
+        ├── MigrationFailed           a migration's SQL failed; nothing of it was applied
         ├── MigrationChecksumMismatch an applied migration's file was changed afterwards
         └── UnknownAppliedMigration   the database has a migration this vibey does not ship
 
@@ -36,6 +37,12 @@ class SchemaNotMigrated(StoreError):
 
 class MigrationError(StoreError):
     pass
+
+
+class MigrationFailed(MigrationError):
+    def __init__(self, filename: str, detail: str) -> None:
+        super().__init__(f"migration {filename} failed and was rolled back: {detail}")
+        self.filename = filename
 
 
 class MigrationChecksumMismatch(MigrationError):

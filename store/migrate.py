@@ -18,11 +18,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
+import psycopg
 from psycopg import sql
+from psycopg.rows import TupleRow
 
 from store.errors import (
     MigrationChecksumMismatch,
     MigrationError,
+    MigrationFailed,
     UnknownAppliedMigration,
     translated,
 )
@@ -106,17 +109,27 @@ def migrate(url: str, migrations: Iterable[Migration] | None = None) -> Migratio
             for migration in todo:
                 if migration.version in recorded:
                     continue
-                with conn.transaction():
-                    conn.execute(sql.SQL(migration.sql))
-                    conn.execute(
-                        "INSERT INTO schema_migrations (version, name, checksum) "
-                        "VALUES (%s, %s, %s)",
-                        (migration.version, migration.name, migration.checksum),
-                    )
+                _apply(conn, migration)
                 applied.append(migration)
             return MigrationReport(tuple(applied), already_applied=len(recorded))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def _apply(conn: psycopg.Connection[TupleRow], migration: Migration) -> None:
+    """One migration and its record, in one transaction; a failure leaves neither."""
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL(migration.sql))
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, migration.checksum),
+            )
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        detail = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+        raise MigrationFailed(migration.filename, detail) from exc
 
 
 def _verify(todo: Sequence[Migration], recorded: dict[int, str]) -> None:
@@ -130,10 +143,14 @@ def _verify(todo: Sequence[Migration], recorded: dict[int, str]) -> None:
 
 
 def pending(url: str) -> tuple[Migration, ...]:
-    """The shipped migrations the database at ``url`` has not applied yet."""
+    """The shipped migrations the database at ``url`` has not applied yet. Raises as
+    :func:`migrate` would when an applied file changed or is unknown to this vibey."""
+    todo = shipped()
     with translated(), connect(url, autocommit=True) as conn:
         exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
-        done: set[int] = set()
+        recorded: dict[int, str] = {}
         if exists and exists[0]:
-            done = {int(r[0]) for r in conn.execute("SELECT version FROM schema_migrations")}
-    return tuple(m for m in shipped() if m.version not in done)
+            rows = conn.execute("SELECT version, checksum FROM schema_migrations").fetchall()
+            recorded = {int(version): str(checksum) for version, checksum in rows}
+    _verify(todo, recorded)
+    return tuple(m for m in todo if m.version not in recorded)

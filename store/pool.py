@@ -8,7 +8,6 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 from tenacity import (
-    before_sleep_log,
     retry,
     retry_if_exception_type,
     stop_after_attempt,
@@ -26,7 +25,12 @@ CONNECT_RETRY = retry(
     retry=retry_if_exception_type(psycopg.OperationalError),
     stop=stop_after_attempt(CONNECT_ATTEMPTS),
     wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
-    before_sleep=before_sleep_log(log, logging.WARNING),
+    before_sleep=lambda state: log.warning(
+        "connecting to PostgreSQL: attempt %d/%d failed (%s); retrying",
+        state.attempt_number,
+        CONNECT_ATTEMPTS,
+        _first_line(state.outcome.exception()) if state.outcome else "?",
+    ),
     reraise=True,
 )
 
@@ -38,7 +42,7 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[TupleRo
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
             f"PostgreSQL at {redact(url)} did not answer after {CONNECT_ATTEMPTS} attempts: "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+            f"{_first_line(exc)}"
         ) from exc
 
 
@@ -62,6 +66,11 @@ def open_pool(
     )
     pool.open(wait=True, timeout=30.0)
     return pool
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
 
 
 def redact(url: str) -> str:

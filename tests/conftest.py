@@ -87,7 +87,9 @@ def pg_template(pg_admin_url: str) -> str:
             found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
             if found.fetchone() is None:
                 building = f"{name}_build_{os.getpid()}"
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(building)))
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(building))
+                )
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
                 migrate(with_database(pg_admin_url, building))
                 admin.execute(

@@ -22,7 +22,7 @@ Exceptions::
 
     QueueError
     ├── UnknownDependencyError   a dependency id that does not exist in the project
-    └── InvalidEnqueueError      a request that cannot be a job (bad values)
+    └── InvalidEnqueueError      a request that cannot be a job (bad values, unknown kind)
 """
 
 from __future__ import annotations
@@ -34,7 +34,13 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
-from workflows.job import FailureClass, JobState, canonical_kind, idempotency_key
+from workflows.job import (
+    FailureClass,
+    JobState,
+    UnknownJobKindError,
+    canonical_kind,
+    idempotency_key,
+)
 
 DELIVERY_EXHAUSTED = "delivery_exhausted"
 DELIVERY_EXHAUSTED_PROMPT = (
@@ -80,7 +86,10 @@ class EnqueueRequest:
     def __post_init__(self) -> None:
         if not self.project_id:
             raise InvalidEnqueueError("project_id must not be empty")
-        object.__setattr__(self, "kind", canonical_kind(self.kind))
+        try:
+            object.__setattr__(self, "kind", canonical_kind(self.kind))
+        except UnknownJobKindError as exc:
+            raise InvalidEnqueueError(str(exc)) from exc
         if self.max_attempts < 1:
             raise InvalidEnqueueError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if self.delay < timedelta(0):

@@ -53,9 +53,11 @@ def main() -> int:
     args = parser.parse_args()
     admin = os.environ.get("VIBEY_TEST_PG_URL")
     if not admin:
-        print("export VIBEY_TEST_PG_URL=postgresql://postgres@127.0.0.1:5432/postgres (an admin "
-              "URL; the benchmark creates and drops a scratch database), or run `just up`",
-              file=sys.stderr)
+        print(
+            "export VIBEY_TEST_PG_URL=postgresql://postgres@127.0.0.1:5432/postgres (an admin "
+            "URL; the benchmark creates and drops a scratch database), or run `just up`",
+            file=sys.stderr,
+        )
         return 2
     name = f"vibey_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -66,14 +68,18 @@ def main() -> int:
         with ConnectionPool(url, min_size=1, max_size=2, open=True) as pool:
             repo = PostgresJobRepository(pool=pool)
             for offset in range(0, args.jobs, 1000):
-                repo.enqueue_batch([
-                    EnqueueRequest(project_id=PROJECT, kind="design.spec", subject=f"job-{i}")
-                    for i in range(offset, min(offset + 1000, args.jobs))
-                ])
+                repo.enqueue_batch(
+                    [
+                        EnqueueRequest(project_id=PROJECT, kind="design.spec", subject=f"job-{i}")
+                        for i in range(offset, min(offset + 1000, args.jobs))
+                    ]
+                )
         ctx = mp.get_context("spawn")
         start, done = ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=worker, args=(url, args.batch, start, done))
-                 for _ in range(args.workers)]
+        procs = [
+            ctx.Process(target=worker, args=(url, args.batch, start, done))
+            for _ in range(args.workers)
+        ]
         for proc in procs:
             proc.start()
         time.sleep(2.0)  # let every worker connect before the clock starts
@@ -85,10 +91,13 @@ def main() -> int:
             proc.join()
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
-    print(f"postgres backend: {settled} jobs claimed+acked by {args.workers} worker processes "
-          f"(claim batch {args.batch}) in {elapsed:.2f} s = {settled / elapsed:,.0f} claims+acks/s")
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+    print(
+        f"postgres backend: {settled} jobs claimed+acked by {args.workers} worker processes "
+        f"(claim batch {args.batch}) in {elapsed:.2f} s = {settled / elapsed:,.0f} claims+acks/s"
+    )
     return 0 if settled == args.jobs else 1
 
 

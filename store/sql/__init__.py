@@ -8,16 +8,20 @@ from functools import cache
 from importlib import resources
 from types import MappingProxyType
 
-_HEADER = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^--[ \t]*name:[ \t]*(\S*)[ \t]*$", re.MULTILINE)
+_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def parse(text: str) -> Mapping[str, str]:
-    """Split a file into its named queries. A name used twice is an error."""
+    """Split a file into its named queries. Text before the first header is a file comment.
+    A misnamed header, a name used twice or an empty query is an error."""
     queries: dict[str, str] = {}
     matches = list(_HEADER.finditer(text))
     for index, match in enumerate(matches):
         end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
         name = match.group(1)
+        if not _NAME.match(name):
+            raise ValueError(f"query name {name!r} is not lower_snake_case")
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
         body = text[match.end() : end].strip()

@@ -1,0 +1,186 @@
+"""Typed rows for the tables the migrations create; the migrations are the schema's source.
+
+These models mirror ``migrations/*.sql`` and the ``schema_migrations`` ledger
+(``store/migrate.py``) column for column: types, nullability, server defaults, keys,
+constraints by name and every index, partial ones included. They never create anything (the
+enum types say ``create_type=False``; nothing calls ``create_all`` outside the drift test);
+``tests/integration/test_migrations.py`` migrates an empty database and fails on any drift.
+
+SQLModel gives typed rows and simple CRUD; claims, fenced settles and the reaper stay named SQL
+(``store/sql/``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from workflows.job import FailureClass, JobState
+
+# The PostgreSQL enum types of 0001; their labels are the Python enums' values.
+JOB_STATE = Enum(
+    JobState,
+    name="job_state",
+    create_type=False,
+    values_callable=lambda members: [m.value for m in members],
+)
+FAILURE_CLASS = Enum(
+    FailureClass,
+    name="failure_class",
+    create_type=False,
+    values_callable=lambda members: [m.value for m in members],
+)
+
+_NOW = text("now()")
+
+
+def _timestamptz(*, nullable: bool, now: bool = False) -> Column[datetime]:
+    return Column(DateTime(timezone=True), nullable=nullable, server_default=_NOW if now else None)
+
+
+class JobRow(SQLModel, table=True):
+    """``job``: one row per logical piece of work, for all time."""
+
+    __tablename__ = "job"
+    __table_args__ = (
+        UniqueConstraint("project_id", "idempotency_key", name="job_idempotency"),
+        CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="job_attempts_bounds"),
+        CheckConstraint("lease_ms > 0", name="job_lease_positive"),
+        CheckConstraint(
+            "(state = 'leased') = (lease_owner IS NOT NULL)"
+            " AND (state = 'leased') = (lease_token IS NOT NULL)"
+            " AND (state = 'leased') = (lease_expires_at IS NOT NULL)",
+            name="job_lease_fence",
+        ),
+    )
+
+    id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
+    project_id: str = Field(sa_column=Column(Text, nullable=False))
+    cycle: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    subject: str = Field(sa_column=Column(Text, nullable=False, server_default=text("''")))
+    idempotency_key: str = Field(sa_column=Column(Text, nullable=False))
+    state: JobState = Field(
+        sa_column=Column(JOB_STATE, nullable=False, server_default=text("'ready'"))
+    )
+    priority: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    payload: dict[str, Any] = Field(
+        sa_column=Column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    )
+    result: dict[str, Any] | None = Field(sa_column=Column(JSONB, nullable=True))
+    run_after: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    attempts: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    max_attempts: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("5")))
+    lease_ms: int = Field(sa_column=Column(Integer, nullable=False))
+    lease_owner: str | None = Field(sa_column=Column(Text, nullable=True))
+    lease_token: uuid.UUID | None = Field(sa_column=Column(Uuid, nullable=True))
+    lease_expires_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    engine_id: str | None = Field(sa_column=Column(Text, nullable=True))
+    last_error: str | None = Field(sa_column=Column(Text, nullable=True))
+    failure_class: FailureClass | None = Field(sa_column=Column(FAILURE_CLASS, nullable=True))
+    created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    updated_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    settled_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+
+
+class JobDependencyRow(SQLModel, table=True):
+    """``job_dependency``: ``job_id`` may not be claimed before ``depends_on`` succeeded."""
+
+    __tablename__ = "job_dependency"
+    __table_args__ = (CheckConstraint("job_id <> depends_on", name="job_dependency_not_self"),)
+
+    job_id: uuid.UUID = Field(
+        sa_column=Column(Uuid, ForeignKey("job.id", ondelete="CASCADE"), primary_key=True)
+    )
+    depends_on: uuid.UUID = Field(sa_column=Column(Uuid, ForeignKey("job.id"), primary_key=True))
+
+
+class GateRow(SQLModel, table=True):
+    """``gate``: a question a parked job waits behind, until a person answers it."""
+
+    __tablename__ = "gate"
+    __table_args__ = (
+        CheckConstraint(
+            "(answer IS NULL) = (answered_at IS NULL) AND (answer IS NULL) = (answered_by IS NULL)",
+            name="gate_answer_complete",
+        ),
+    )
+
+    id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
+    project_id: str = Field(sa_column=Column(Text, nullable=False))
+    job_id: uuid.UUID | None = Field(sa_column=Column(Uuid, ForeignKey("job.id"), nullable=True))
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    prompt: str = Field(sa_column=Column(Text, nullable=False))
+    answers: list[str] = Field(
+        sa_column=Column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
+    )
+    context: dict[str, Any] = Field(
+        sa_column=Column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    )
+    opened_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    answer: str | None = Field(sa_column=Column(Text, nullable=True))
+    answered_by: str | None = Field(sa_column=Column(Text, nullable=True))
+    answered_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+
+
+class SchemaMigrationRow(SQLModel, table=True):
+    """``schema_migrations``: the ledger ``store.migrate`` keeps, one row per applied file."""
+
+    __tablename__ = "schema_migrations"
+
+    # A plain integer key: no sequence, the version comes from the file name.
+    version: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    name: str = Field(sa_column=Column(Text, nullable=False))
+    checksum: str = Field(sa_column=Column(Text, nullable=False))
+    applied_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return SQLModel.metadata.tables[str(model.__tablename__)]
+
+
+_job = _table(JobRow)
+_gate = _table(GateRow)
+
+# Indexes on expressions of their table's columns are declared after the tables exist.
+Index(
+    "job_claimable",
+    _job.c.project_id,
+    _job.c.priority.desc(),
+    _job.c.run_after,
+    _job.c.id,
+    postgresql_where=_job.c.state.in_([JobState.READY, JobState.AWAITING_CAPACITY]),
+)
+Index("job_lease_expiry", _job.c.lease_expires_at, postgresql_where=_job.c.state == JobState.LEASED)
+Index("job_project_cycle", _job.c.project_id, _job.c.cycle)
+Index("job_dependency_depends_on", _table(JobDependencyRow).c.depends_on)
+Index(
+    "gate_one_open_per_job",
+    _gate.c.job_id,
+    unique=True,
+    postgresql_where=_gate.c.answered_at.is_(None),
+)
+Index(
+    "gate_open",
+    _gate.c.project_id,
+    _gate.c.opened_at,
+    postgresql_where=_gate.c.answered_at.is_(None),
+)

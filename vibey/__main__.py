@@ -1,0 +1,5 @@
+"""`python -m vibey` runs the vibey command."""
+
+from vibey.cli import main
+
+raise SystemExit(main())
