@@ -83,6 +83,24 @@ class PostgresJobRepository:
         with self.transaction() as conn:
             return fn(conn, *args, **kwargs)
 
+    @contextmanager
+    def _statement(self) -> Iterator[Conn]:
+        """A connection for one statement: an autocommit connection runs it as its own
+        transaction (one round trip), any other wraps it in BEGIN/COMMIT."""
+        with translated(), self._pool.connection() as conn:
+            if conn.autocommit:
+                yield conn
+            else:
+                with conn.transaction():
+                    yield conn
+
+    def _run_one(
+        self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """``fn`` issues exactly one statement, which is atomic on its own."""
+        with self._statement() as conn:
+            return fn(conn, *args, **kwargs)
+
     # -- enqueue ---------------------------------------------------------------------------
 
     def enqueue(self, request: EnqueueRequest) -> Enqueued:
@@ -167,7 +185,7 @@ class PostgresJobRepository:
     def claim(
         self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
     ) -> list[Job]:
-        return self._run(self.claim_txn, project_id, owner=owner, limit=limit, kinds=kinds)
+        return self._run_one(self.claim_txn, project_id, owner=owner, limit=limit, kinds=kinds)
 
     def claim_txn(
         self,
@@ -196,7 +214,7 @@ class PostgresJobRepository:
         return jobs
 
     def heartbeat(self, lease: Lease) -> Settled:
-        return self._run(self.heartbeat_txn, lease)
+        return self._run_one(self.heartbeat_txn, lease)
 
     def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
         row = _row(conn, Q["heartbeat"], _fence(lease))
@@ -205,7 +223,7 @@ class PostgresJobRepository:
         return Settled(True, JobState(row["state"]), lease_expires_at=row["lease_expires_at"])
 
     def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
-        return self._run(self.ack_txn, lease, result=result)
+        return self._run_one(self.ack_txn, lease, result=result)
 
     def ack_txn(self, conn: Conn, lease: Lease, *, result: JsonObject | None = None) -> Settled:
         params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
@@ -219,7 +237,7 @@ class PostgresJobRepository:
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
     ) -> Settled:
-        return self._run(
+        return self._run_one(
             self.nack_txn, lease, error=error, failure_class=failure_class, retry_in=retry_in
         )
 
@@ -247,7 +265,7 @@ class PostgresJobRepository:
     def defer(
         self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
     ) -> Settled:
-        return self._run(self.defer_txn, lease, delay=delay, reason=reason, capacity=capacity)
+        return self._run_one(self.defer_txn, lease, delay=delay, reason=reason, capacity=capacity)
 
     def defer_txn(
         self, conn: Conn, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
@@ -260,7 +278,7 @@ class PostgresJobRepository:
         return _settled(_row(conn, Q["defer"], params))
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
-        return self._run(self.park_txn, lease, gate)
+        return self._run_one(self.park_txn, lease, gate)
 
     def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled:
         params = _fence(lease) | {
@@ -276,13 +294,13 @@ class PostgresJobRepository:
         return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
 
     def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
-        return self._run(self.grant_txn, lease, max_attempts=max_attempts)
+        return self._run_one(self.grant_txn, lease, max_attempts=max_attempts)
 
     def grant_txn(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
         return _settled(_row(conn, Q["grant"], _fence(lease) | {"max_attempts": max_attempts}))
 
     def assign(self, lease: Lease, *, engine_id: str) -> Settled:
-        return self._run(self.assign_txn, lease, engine_id=engine_id)
+        return self._run_one(self.assign_txn, lease, engine_id=engine_id)
 
     def assign_txn(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
         return _settled(_row(conn, Q["assign"], _fence(lease) | {"engine_id": engine_id}))
@@ -347,7 +365,7 @@ class PostgresJobRepository:
     def reap(self) -> ReapResult:
         requeued = parked = 0
         while True:
-            with self.transaction() as conn:
+            with self._statement() as conn:
                 row = _row(
                     conn, Q["reap"], {"limit": REAP_BATCH, "prompt": DELIVERY_EXHAUSTED_PROMPT}
                 )
@@ -361,17 +379,17 @@ class PostgresJobRepository:
     # -- reads -----------------------------------------------------------------------------
 
     def get(self, job_id: UUID) -> Job | None:
-        with self.transaction() as conn:
+        with self._statement() as conn:
             row = _row(conn, Q["get_job"], {"job_id": job_id})
         return None if row is None else _job(row)
 
     def get_gate(self, gate_id: UUID) -> Gate | None:
-        with self.transaction() as conn:
+        with self._statement() as conn:
             row = _row(conn, Q["get_gate"], {"gate_id": gate_id})
         return None if row is None else _gate(row)
 
     def open_gates(self, project_id: str | None = None) -> list[Gate]:
-        with self.transaction() as conn:
+        with self._statement() as conn:
             return [_gate(r) for r in _rows(conn, Q["open_gates"], {"project_id": project_id})]
 
     def count_unsettled(
@@ -384,19 +402,19 @@ class PostgresJobRepository:
     ) -> int:
         wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
         params = {"project_id": project_id, "cycle": cycle, "kinds": wanted, "exclude": exclude}
-        with self.transaction() as conn:
+        with self._statement() as conn:
             row = _row(conn, Q["count_unsettled"], params)
         return int(row["count"]) if row else 0
 
     def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
         depth = dict.fromkeys(JobState, 0)
-        with self.transaction() as conn:
+        with self._statement() as conn:
             for row in _rows(conn, Q["queue_depth"], {"project_id": project_id}):
                 depth[JobState(row["state"])] = int(row["count"])
         return depth
 
     def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
-        with self.transaction() as conn:
+        with self._statement() as conn:
             rows = _rows(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})
         return [_job(r) for r in rows]
 

@@ -62,7 +62,9 @@ def open_pool(
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"connect_timeout": 5},
+        # Autocommit: a one-statement write is its own transaction (one round trip); anything
+        # longer opens a transaction explicitly (``conn.transaction()``).
+        kwargs={"connect_timeout": 5, "autocommit": True},
     )
     pool.open(wait=True, timeout=30.0)
     return pool

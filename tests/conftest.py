@@ -149,6 +149,8 @@ def empty_pg_url(pg_admin_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def pool(pg_url: str) -> Iterator[ConnectionPool]:
-    with ConnectionPool(pg_url, min_size=1, max_size=20, open=True) as p:
+    with ConnectionPool(
+        pg_url, min_size=1, max_size=20, open=True, kwargs={"autocommit": True}
+    ) as p:
         p.wait(timeout=30)
         yield p

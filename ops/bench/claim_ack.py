@@ -34,7 +34,9 @@ def with_database(url: str, name: str) -> str:
 
 
 def worker(url: str, batch: int, start: mp.synchronize.Event, done: mp.Queue) -> None:  # type: ignore[name-defined]
-    with ConnectionPool(url, min_size=1, max_size=1, open=True) as pool:
+    with ConnectionPool(
+        url, min_size=1, max_size=1, open=True, kwargs={"autocommit": True}
+    ) as pool:
         repo = PostgresJobRepository(pool=pool)
         owner = f"bench-{os.getpid()}"
         settled = 0
@@ -65,7 +67,9 @@ def main() -> int:
     url = with_database(admin, name)
     try:
         migrate(url)
-        with ConnectionPool(url, min_size=1, max_size=2, open=True) as pool:
+        with ConnectionPool(
+            url, min_size=1, max_size=2, open=True, kwargs={"autocommit": True}
+        ) as pool:
             repo = PostgresJobRepository(pool=pool)
             for offset in range(0, args.jobs, 1000):
                 repo.enqueue_batch(

@@ -85,7 +85,9 @@ def main() -> int:
     leases = LeasePolicy(default=timedelta(milliseconds=args.lease_ms), by_kind={})
     notifier = PostgresJobReadyNotifier(url=args.url)
     notifier.listen()
-    with ConnectionPool(args.url, min_size=1, max_size=2, open=True) as pool:
+    with ConnectionPool(
+        args.url, min_size=1, max_size=2, open=True, kwargs={"autocommit": True}
+    ) as pool:
         repo = PostgresJobRepository(pool=pool, leases=leases)
         last_reap = 0.0
         while True:

@@ -217,7 +217,9 @@ def test_sigkilled_workers_lose_nothing_and_commit_once(pg_url: str) -> None:
     tally = Tally()
     started = time.monotonic()
     leases = LeasePolicy(default=timedelta(milliseconds=LEASE_MS), by_kind={})
-    with ConnectionPool(pg_url, min_size=1, max_size=4, open=True) as pool:
+    with ConnectionPool(
+        pg_url, min_size=1, max_size=4, open=True, kwargs={"autocommit": True}
+    ) as pool:
         with pool.connection() as conn:
             conn.execute(CHAOS_TABLES)
         repo = PostgresJobRepository(pool=pool, leases=leases)

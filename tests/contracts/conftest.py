@@ -42,7 +42,9 @@ class PostgresBackend:
     def __init__(self, url: str, stack: ExitStack) -> None:
         self.url = url
         self._stack = stack
-        self.pool = stack.enter_context(ConnectionPool(url, min_size=1, max_size=24, open=True))
+        self.pool = stack.enter_context(
+            ConnectionPool(url, min_size=1, max_size=24, open=True, kwargs={"autocommit": True})
+        )
         self.pool.wait(timeout=30)
 
     def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
