@@ -30,7 +30,7 @@ main()
 def test_the_wheel_ships_the_sql_and_migrates_an_empty_database(
     tmp_path: Path, empty_pg_url: str
 ) -> None:
-    subprocess.run(
+    build = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -43,10 +43,11 @@ def test_the_wheel_ships_the_sql_and_migrates_an_empty_database(
             str(tmp_path / "dist"),
             str(ROOT),
         ],
-        check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("vibey-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
