@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
@@ -68,10 +69,44 @@ class PostgresJobRepository:
         pool: Pool,
         leases: LeasePolicy | None = None,
         backoff_policy: BackoffPolicy = DEFAULT_BACKOFF,
+        dispatch: bool = False,
+        relay_id: str | None = None,
+        after_commit: Callable[[Sequence[int]], None] | None = None,
     ) -> None:
+        """``dispatch`` turns on dispatch generations and the outbox (the RabbitMQ backend):
+        outbox rows written by a public method are claimed for ``relay_id`` and handed to
+        ``after_commit`` once the transaction committed; ``*_txn`` forms append them to the
+        caller's ``outbox`` list instead, for the caller to hand over after its commit."""
         self._pool = pool
         self._leases = leases or LeasePolicy()
         self._backoff = backoff_policy
+        self._dispatch = dispatch
+        self._relay_id = relay_id if dispatch else None
+        self._after_commit = after_commit
+
+    @property
+    def dispatching(self) -> bool:
+        return self._dispatch
+
+    def _dispatch_params(self) -> dict[str, Any]:
+        return {"dispatch": self._dispatch, "relay": self._relay_id}
+
+    def _run_dispatching(
+        self,
+        fn: Callable[..., R],
+        *args: Any,
+        one_statement: bool = False,
+        **kwargs: Any,
+    ) -> R:
+        """Run a write that may produce outbox rows; hand them to ``after_commit`` after the
+        commit (never before: the relay must not publish what might still roll back)."""
+        outbox: list[int] = []
+        context = self._statement() if one_statement else self.transaction()
+        with context as conn:
+            result = fn(conn, *args, outbox=outbox, **kwargs)
+        if outbox and self._after_commit is not None:
+            self._after_commit(tuple(outbox))
+        return result
 
     @contextmanager
     def transaction(self) -> Iterator[Conn]:
@@ -104,15 +139,19 @@ class PostgresJobRepository:
     # -- enqueue ---------------------------------------------------------------------------
 
     def enqueue(self, request: EnqueueRequest) -> Enqueued:
-        return self._run(self.enqueue_txn, request)
+        return self._run_dispatching(self.enqueue_txn, request)
 
     def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
-        return self._run(self.enqueue_batch_txn, requests)
+        return self._run_dispatching(self.enqueue_batch_txn, requests)
 
-    def enqueue_txn(self, conn: Conn, request: EnqueueRequest) -> Enqueued:
-        return self.enqueue_batch_txn(conn, [request])[0]
+    def enqueue_txn(
+        self, conn: Conn, request: EnqueueRequest, *, outbox: list[int] | None = None
+    ) -> Enqueued:
+        return self.enqueue_batch_txn(conn, [request], outbox=outbox)[0]
 
-    def enqueue_batch_txn(self, conn: Conn, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+    def enqueue_batch_txn(
+        self, conn: Conn, requests: Sequence[EnqueueRequest], *, outbox: list[int] | None = None
+    ) -> list[Enqueued]:
         resolved: dict[UUID, UUID] = {}
         results: list[Enqueued] = []
         woken: set[str] = set()
@@ -125,7 +164,30 @@ class PostgresJobRepository:
             results.append(enqueued)
         for project_id in sorted(woken):
             conn.execute(Q["notify_ready"], {"project_id": project_id})
+        created = [r.job.id for r in results if r.created]
+        if self._dispatch and created:
+            released = self._dispatch_released(conn, outbox, ids=created)
+            results = [
+                replace(r, job=replace(r.job, dispatch_seq=1)) if r.job.id in released else r
+                for r in results
+            ]
         return results
+
+    def _dispatch_released(
+        self,
+        conn: Conn,
+        outbox: list[int] | None,
+        *,
+        ids: Sequence[UUID] = (),
+        parent: UUID | None = None,
+    ) -> set[UUID]:
+        """Dispatch the jobs (or the parent's dependents) now claimable at generation 0;
+        returns the ids of the jobs dispatched."""
+        params = self._dispatch_params() | {"ids": list(ids), "parent": parent}
+        written = _rows(conn, Q["dispatch_released"], params)
+        if outbox is not None:
+            outbox.extend(int(r["id"]) for r in written)
+        return {r["job_id"] for r in written}
 
     def _enqueue_one(
         self, conn: Conn, request: EnqueueRequest, resolved: Mapping[UUID, UUID]
@@ -223,11 +285,23 @@ class PostgresJobRepository:
         return Settled(True, JobState(row["state"]), lease_expires_at=row["lease_expires_at"])
 
     def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
-        return self._run_one(self.ack_txn, lease, result=result)
+        one = not self._dispatch  # dispatching also releases dependents: three statements
+        return self._run_dispatching(self.ack_txn, lease, result=result, one_statement=one)
 
-    def ack_txn(self, conn: Conn, lease: Lease, *, result: JsonObject | None = None) -> Settled:
+    def ack_txn(
+        self,
+        conn: Conn,
+        lease: Lease,
+        *,
+        result: JsonObject | None = None,
+        outbox: list[int] | None = None,
+    ) -> Settled:
         params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
-        return _settled(_row(conn, Q["ack"], params))
+        settled = _settled(_row(conn, Q["ack"], params))
+        if settled.applied and self._dispatch:
+            conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
+            self._dispatch_released(conn, outbox, parent=lease.job_id)
+        return settled
 
     def nack(
         self,
@@ -237,8 +311,13 @@ class PostgresJobRepository:
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
     ) -> Settled:
-        return self._run_one(
-            self.nack_txn, lease, error=error, failure_class=failure_class, retry_in=retry_in
+        return self._run_dispatching(
+            self.nack_txn,
+            lease,
+            error=error,
+            failure_class=failure_class,
+            retry_in=retry_in,
+            one_statement=True,
         )
 
     def nack_txn(
@@ -249,33 +328,51 @@ class PostgresJobRepository:
         error: str,
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
+        outbox: list[int] | None = None,
     ) -> Settled:
         if retry_in is None:
             attempt = max(lease.attempt, 1)
             retry_in = backoff(
                 attempt, self._backoff, spread=jitter_fraction(lease.job_id, attempt)
             )
-        params = _fence(lease) | {
-            "error": error,
-            "failure_class": failure_class.value,
-            "retry_s": retry_in.total_seconds(),
-        }
-        return _settled(_row(conn, Q["nack"], params))
+        params = (
+            _fence(lease)
+            | {
+                "error": error,
+                "failure_class": failure_class.value,
+                "retry_s": retry_in.total_seconds(),
+            }
+            | self._dispatch_params()
+        )
+        return _settled(_row(conn, Q["nack"], params), outbox)
 
     def defer(
         self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
     ) -> Settled:
-        return self._run_one(self.defer_txn, lease, delay=delay, reason=reason, capacity=capacity)
+        return self._run_dispatching(
+            self.defer_txn, lease, delay=delay, reason=reason, capacity=capacity, one_statement=True
+        )
 
     def defer_txn(
-        self, conn: Conn, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
+        self,
+        conn: Conn,
+        lease: Lease,
+        *,
+        delay: timedelta,
+        reason: str,
+        capacity: bool = False,
+        outbox: list[int] | None = None,
     ) -> Settled:
-        params = _fence(lease) | {
-            "delay_s": max(delay.total_seconds(), 0.0),
-            "reason": reason,
-            "capacity": capacity,
-        }
-        return _settled(_row(conn, Q["defer"], params))
+        params = (
+            _fence(lease)
+            | {
+                "delay_s": max(delay.total_seconds(), 0.0),
+                "reason": reason,
+                "capacity": capacity,
+            }
+            | self._dispatch_params()
+        )
+        return _settled(_row(conn, Q["defer"], params), outbox)
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
         return self._run_one(self.park_txn, lease, gate)
@@ -310,7 +407,7 @@ class PostgresJobRepository:
     def answer_gate(
         self, gate_id: UUID, *, answer: str, answered_by: str, grant_attempts: int = 0
     ) -> AnswerOutcome:
-        return self._run(
+        return self._run_dispatching(
             self.answer_gate_txn,
             gate_id,
             answer=answer,
@@ -326,6 +423,7 @@ class PostgresJobRepository:
         answer: str,
         answered_by: str,
         grant_attempts: int = 0,
+        outbox: list[int] | None = None,
     ) -> AnswerOutcome:
         if grant_attempts < 0:
             raise ValueError("grant_attempts must not be negative")
@@ -350,16 +448,12 @@ class PostgresJobRepository:
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.job_id is not None:
             refund = 1 if gate.kind == DELIVERY_EXHAUSTED else 0
-            released = _row(
-                conn,
-                Q["release_parked"],
-                {
-                    "job_id": gate.job_id,
-                    "more": refund + grant_attempts,
-                },
-            )
+            params = {"job_id": gate.job_id, "more": refund + grant_attempts}
+            released = _row(conn, Q["release_parked"], params | self._dispatch_params())
             if released is not None:
                 conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
+                if outbox is not None and released["outbox_ids"]:
+                    outbox.extend(released["outbox_ids"])
         return AnswerOutcome(AnswerStatus.ANSWERED, _gate(answered))
 
     def reap(self) -> ReapResult:
@@ -367,7 +461,10 @@ class PostgresJobRepository:
         while True:
             with self._statement() as conn:
                 row = _row(
-                    conn, Q["reap"], {"limit": REAP_BATCH, "prompt": DELIVERY_EXHAUSTED_PROMPT}
+                    conn,
+                    Q["reap"],
+                    {"limit": REAP_BATCH, "prompt": DELIVERY_EXHAUSTED_PROMPT}
+                    | self._dispatch_params(),
                 )
             batch_requeued = int(row["requeued"]) if row else 0
             batch_parked = int(row["parked"]) if row else 0
@@ -423,8 +520,12 @@ def _fence(lease: Lease) -> dict[str, Any]:
     return {"job_id": lease.job_id, "owner": lease.owner, "token": lease.token}
 
 
-def _settled(row: DictRow | None) -> Settled:
-    return NOT_APPLIED if row is None else Settled(True, JobState(row["state"]))
+def _settled(row: DictRow | None, outbox: list[int] | None = None) -> Settled:
+    if row is None:
+        return NOT_APPLIED
+    if outbox is not None and row.get("outbox_ids"):
+        outbox.extend(row["outbox_ids"])
+    return Settled(True, JobState(row["state"]))
 
 
 def _millis(duration: timedelta) -> int:
@@ -469,6 +570,7 @@ def _job(row: DictRow) -> Job:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         settled_at=row["settled_at"],
+        dispatch_seq=row["dispatch_seq"],
     )
 
 

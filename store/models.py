@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     Column,
     DateTime,
@@ -70,6 +71,7 @@ class JobRow(SQLModel, table=True):
             " AND (state = 'leased') = (lease_expires_at IS NOT NULL)",
             name="job_lease_fence",
         ),
+        CheckConstraint("dispatch_seq >= 0", name="job_dispatch_seq_nonneg"),
     )
 
     id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
@@ -99,6 +101,11 @@ class JobRow(SQLModel, table=True):
     created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
     updated_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
     settled_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    # 0002_job_dispatch
+    dispatch_seq: int = Field(
+        sa_column=Column(BigInteger, nullable=False, server_default=text("0"))
+    )
+    dispatched_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
 
 
 class JobDependencyRow(SQLModel, table=True):
@@ -139,6 +146,32 @@ class GateRow(SQLModel, table=True):
     answer: str | None = Field(sa_column=Column(Text, nullable=True))
     answered_by: str | None = Field(sa_column=Column(Text, nullable=True))
     answered_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+
+
+class JobOutboxRow(SQLModel, table=True):
+    """``job_outbox``: dispatch pointers written with the transition, relayed after commit."""
+
+    __tablename__ = "job_outbox"
+    __table_args__ = (
+        UniqueConstraint("key", name="job_outbox_key"),
+        CheckConstraint(
+            "(claimed_by IS NULL) = (claimed_at IS NULL)", name="job_outbox_claim_complete"
+        ),
+    )
+
+    id: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=True))
+    key: str = Field(sa_column=Column(Text, nullable=False))
+    job_id: uuid.UUID = Field(
+        sa_column=Column(Uuid, ForeignKey("job.id", ondelete="CASCADE"), nullable=False)
+    )
+    project_id: str = Field(sa_column=Column(Text, nullable=False))
+    dispatch_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    not_before: datetime = Field(sa_column=_timestamptz(nullable=False))
+    created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    claimed_by: str | None = Field(sa_column=Column(Text, nullable=True))
+    claimed_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    sent_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
 
 
 class SchemaMigrationRow(SQLModel, table=True):
@@ -183,4 +216,11 @@ Index(
     _gate.c.project_id,
     _gate.c.opened_at,
     postgresql_where=_gate.c.answered_at.is_(None),
+)
+_outbox = _table(JobOutboxRow)
+Index(
+    "job_outbox_unsent",
+    _outbox.c.created_at,
+    _outbox.c.id,
+    postgresql_where=_outbox.c.sent_at.is_(None),
 )

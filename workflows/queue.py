@@ -142,6 +142,7 @@ class Job:
     created_at: datetime
     updated_at: datetime
     settled_at: datetime | None
+    dispatch_seq: int = 0
 
     @property
     def lease(self) -> Lease:

@@ -3,6 +3,10 @@
 --   AND lease_expires_at > now()
 -- so a holder whose lease expired or was taken over changes nothing (zero rows), and all
 -- lease arithmetic uses the database clock.
+--
+-- %(dispatch)s is true on the RabbitMQ backend: a transition that starts a new dispatch
+-- episode then increments job.dispatch_seq and writes its job_outbox row in the same
+-- statement (claimed for %(relay)s, the committing process's relay, when one is named).
 
 -- name: insert_job
 -- One round trip in the common cases: a new row, or a duplicate already committed. A
@@ -39,6 +43,42 @@ WHERE NOT EXISTS (SELECT 1 FROM job WHERE job.id = d.id AND job.project_id = %(p
 INSERT INTO job_dependency (job_id, depends_on)
 SELECT %(job_id)s, d.id FROM unnest(%(ids)s::uuid[]) AS d (id)
 ON CONFLICT DO NOTHING
+
+-- name: lock_dependents
+-- Before releasing an acked job's dependents, lock them (in id order): two parents acked at
+-- once then release their common child in whichever commits second, whose next statement
+-- sees the first one's commit.
+SELECT j.id FROM job j
+WHERE j.id IN (SELECT d.job_id FROM job_dependency d WHERE d.depends_on = %(job_id)s)
+  AND j.dispatch_seq = 0
+ORDER BY j.id
+FOR UPDATE
+
+-- name: dispatch_released
+-- Jobs among %(ids)s (or the dependents of %(parent)s) never dispatched whose dependencies
+-- have all succeeded: generation 0 → 1, with their outbox rows.
+WITH released AS (
+    UPDATE job j
+    SET dispatch_seq = 1, updated_at = now()
+    WHERE (j.id = ANY (%(ids)s::uuid[])
+           OR j.id IN (SELECT d.job_id FROM job_dependency d WHERE d.depends_on = %(parent)s))
+      AND j.dispatch_seq = 0
+      AND j.state IN ('ready', 'awaiting_capacity')
+      AND NOT EXISTS (
+          SELECT 1
+          FROM job_dependency d
+          JOIN job p ON p.id = d.depends_on
+          WHERE d.job_id = j.id AND p.state <> 'succeeded'
+      )
+    RETURNING j.id, j.project_id, j.dispatch_seq, j.kind, j.run_after
+)
+INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
+                        claimed_by, claimed_at)
+SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
+       r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+FROM released r
+ON CONFLICT (key) DO NOTHING
+RETURNING id, job_id
 
 -- name: notify_ready
 SELECT pg_notify('vibey_job_ready', %(project_id)s)
@@ -98,34 +138,63 @@ woken AS (
 SELECT s.state, (SELECT count(*) FROM woken) AS woken FROM settled s
 
 -- name: nack
-UPDATE job
-SET state = CASE WHEN attempts >= max_attempts THEN 'failed'::job_state
-                 ELSE 'ready'::job_state END,
-    run_after = CASE WHEN attempts >= max_attempts THEN run_after
-                     ELSE now() + make_interval(secs => %(retry_s)s) END,
-    settled_at = CASE WHEN attempts >= max_attempts THEN now() END,
-    last_error = %(error)s,
-    failure_class = %(failure_class)s,
-    updated_at = now(),
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
-  AND lease_token = %(token)s AND lease_expires_at > now()
-RETURNING state
+WITH settled AS (
+    UPDATE job
+    SET state = CASE WHEN attempts >= max_attempts THEN 'failed'::job_state
+                     ELSE 'ready'::job_state END,
+        run_after = CASE WHEN attempts >= max_attempts THEN run_after
+                         ELSE now() + make_interval(secs => %(retry_s)s) END,
+        settled_at = CASE WHEN attempts >= max_attempts THEN now() END,
+        dispatch_seq = dispatch_seq
+            + CASE WHEN %(dispatch)s AND attempts < max_attempts THEN 1 ELSE 0 END,
+        last_error = %(error)s,
+        failure_class = %(failure_class)s,
+        updated_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
+      AND lease_token = %(token)s AND lease_expires_at > now()
+    RETURNING id, project_id, dispatch_seq, kind, run_after, state
+),
+outbox AS (
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
+                            claimed_by, claimed_at)
+    SELECT 'dispatch:' || s.id || ':' || s.dispatch_seq, s.id, s.project_id, s.dispatch_seq,
+           s.kind, s.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+    FROM settled s
+    WHERE %(dispatch)s AND s.state = 'ready'
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
+)
+SELECT s.state, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM settled s
 
 -- name: defer
 -- A defer gives back the attempt its claim counted.
-UPDATE job
-SET state = CASE WHEN %(capacity)s THEN 'awaiting_capacity'::job_state
-                 ELSE 'ready'::job_state END,
-    attempts = attempts - 1,
-    run_after = now() + make_interval(secs => %(delay_s)s),
-    last_error = %(reason)s,
-    failure_class = CASE WHEN %(capacity)s THEN 'capacity'::failure_class END,
-    updated_at = now(),
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
-  AND lease_token = %(token)s AND lease_expires_at > now()
-RETURNING state
+WITH settled AS (
+    UPDATE job
+    SET state = CASE WHEN %(capacity)s THEN 'awaiting_capacity'::job_state
+                     ELSE 'ready'::job_state END,
+        attempts = attempts - 1,
+        run_after = now() + make_interval(secs => %(delay_s)s),
+        dispatch_seq = dispatch_seq + CASE WHEN %(dispatch)s THEN 1 ELSE 0 END,
+        last_error = %(reason)s,
+        failure_class = CASE WHEN %(capacity)s THEN 'capacity'::failure_class END,
+        updated_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
+      AND lease_token = %(token)s AND lease_expires_at > now()
+    RETURNING id, project_id, dispatch_seq, kind, run_after, state
+),
+outbox AS (
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
+                            claimed_by, claimed_at)
+    SELECT 'dispatch:' || s.id || ':' || s.dispatch_seq, s.id, s.project_id, s.dispatch_seq,
+           s.kind, s.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+    FROM settled s
+    WHERE %(dispatch)s
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
+)
+SELECT s.state, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM settled s
 
 -- name: park
 WITH parked AS (
@@ -171,12 +240,24 @@ released AS (
     UPDATE job
     SET state = CASE WHEN e.exhausted THEN 'awaiting_human'::job_state
                      ELSE 'ready'::job_state END,
+        dispatch_seq = job.dispatch_seq
+            + CASE WHEN %(dispatch)s AND NOT e.exhausted THEN 1 ELSE 0 END,
         last_error = 'lease expired on attempt ' || job.attempts || ' of ' || job.max_attempts,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM expired e
     WHERE job.id = e.id
-    RETURNING job.id, job.project_id, job.attempts, e.exhausted
+    RETURNING job.id, job.project_id, job.attempts, e.exhausted, job.dispatch_seq, job.kind,
+              job.run_after
+),
+outbox AS (
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before)
+    SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
+           r.kind, r.run_after
+    FROM released r
+    WHERE %(dispatch)s AND NOT r.exhausted
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
 ),
 gates AS (
     INSERT INTO gate (id, project_id, job_id, kind, prompt, context)
@@ -208,11 +289,25 @@ RETURNING *
 -- name: release_parked
 -- The answer re-readies the parked job. max_attempts never narrows; it widens to leave
 -- %(more)s attempts beyond those already made.
-UPDATE job
-SET state = 'ready', run_after = now(), updated_at = now(),
-    max_attempts = GREATEST(max_attempts, attempts + %(more)s)
-WHERE id = %(job_id)s AND state = 'awaiting_human'
-RETURNING project_id
+WITH released AS (
+    UPDATE job
+    SET state = 'ready', run_after = now(), updated_at = now(),
+        max_attempts = GREATEST(max_attempts, attempts + %(more)s),
+        dispatch_seq = dispatch_seq + CASE WHEN %(dispatch)s THEN 1 ELSE 0 END
+    WHERE id = %(job_id)s AND state = 'awaiting_human'
+    RETURNING id, project_id, dispatch_seq, kind, run_after
+),
+outbox AS (
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
+                            claimed_by, claimed_at)
+    SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
+           r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+    FROM released r
+    WHERE %(dispatch)s
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
+)
+SELECT r.project_id, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM released r
 
 -- name: get_job
 SELECT * FROM job WHERE id = %(job_id)s

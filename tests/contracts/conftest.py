@@ -21,7 +21,9 @@ from store.notify import PostgresJobReadyNotifier
 from workflows.job import LeasePolicy
 from workflows.queue import Job, JobReadyNotifier, JobRepository
 
-BACKENDS = ["postgres"]
+# "postgres+outbox" is the PostgreSQL backend with dispatch generations and the outbox on (what
+# the RabbitMQ backend's record store runs): the same promises must hold with them.
+BACKENDS = ["postgres", "postgres+outbox"]
 
 
 class Backend(Protocol):
@@ -39,8 +41,9 @@ class Backend(Protocol):
 class PostgresBackend:
     name = "postgres"
 
-    def __init__(self, url: str, stack: ExitStack) -> None:
+    def __init__(self, url: str, stack: ExitStack, *, dispatch: bool = False) -> None:
         self.url = url
+        self.dispatch = dispatch
         self._stack = stack
         self.pool = stack.enter_context(
             ConnectionPool(url, min_size=1, max_size=24, open=True, kwargs={"autocommit": True})
@@ -48,7 +51,7 @@ class PostgresBackend:
         self.pool.wait(timeout=30)
 
     def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
-        return PostgresJobRepository(pool=self.pool, leases=leases)
+        return PostgresJobRepository(pool=self.pool, leases=leases, dispatch=self.dispatch)
 
     def notifier(self) -> JobReadyNotifier:
         notifier = PostgresJobReadyNotifier(url=self.url)
@@ -64,8 +67,8 @@ class PostgresBackend:
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Backend]:
     with ExitStack() as stack:
-        if request.param == "postgres":
-            yield PostgresBackend(pg_url, stack)
+        if request.param in ("postgres", "postgres+outbox"):
+            yield PostgresBackend(pg_url, stack, dispatch=request.param == "postgres+outbox")
         else:  # pragma: no cover - a new backend must be added here
             pytest.fail(f"unknown backend {request.param}")
 
