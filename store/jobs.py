@@ -9,19 +9,17 @@ a write that lost its lease returns :data:`workflows.queue.NOT_APPLIED`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import DictRow, TupleRow, dict_row
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
-from store.errors import translated
+from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.sql import load
 from workflows.job import (
     DEFAULT_BACKOFF,
@@ -52,8 +50,6 @@ from workflows.queue import (
 )
 
 Q = load("jobs.sql")
-Conn = psycopg.Connection[TupleRow]
-Pool = ConnectionPool[Conn]
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -108,26 +104,16 @@ class PostgresJobRepository:
             self._after_commit(tuple(outbox))
         return result
 
-    @contextmanager
-    def transaction(self) -> Iterator[Conn]:
+    def transaction(self) -> AbstractContextManager[Conn]:
         """A connection inside a transaction that commits on success and rolls back on error."""
-        with translated(), self._pool.connection() as conn, conn.transaction():
-            yield conn
+        return transaction(self._pool)
+
+    def _statement(self) -> AbstractContextManager[Conn]:
+        return statement(self._pool)
 
     def _run(self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
         with self.transaction() as conn:
             return fn(conn, *args, **kwargs)
-
-    @contextmanager
-    def _statement(self) -> Iterator[Conn]:
-        """A connection for one statement: an autocommit connection runs it as its own
-        transaction (one round trip), any other wraps it in BEGIN/COMMIT."""
-        with translated(), self._pool.connection() as conn:
-            if conn.autocommit:
-                yield conn
-            else:
-                with conn.transaction():
-                    yield conn
 
     def _run_one(
         self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs
@@ -184,7 +170,7 @@ class PostgresJobRepository:
         """Dispatch the jobs (or the parent's dependents) now claimable at generation 0;
         returns the ids of the jobs dispatched."""
         params = self._dispatch_params() | {"ids": list(ids), "parent": parent}
-        written = _rows(conn, Q["dispatch_released"], params)
+        written = fetch_all(conn, Q["dispatch_released"], params)
         if outbox is not None:
             outbox.extend(int(r["id"]) for r in written)
         return {r["job_id"] for r in written}
@@ -194,7 +180,7 @@ class PostgresJobRepository:
     ) -> Enqueued:
         depends_on = [resolved.get(dep, dep) for dep in request.depends_on]
         if depends_on:
-            missing = _rows(
+            missing = fetch_all(
                 conn,
                 Q["missing_dependencies"],
                 {
@@ -205,7 +191,7 @@ class PostgresJobRepository:
             if missing:
                 raise UnknownDependencyError([row["id"] for row in missing])
         job_id = request.job_id or uuid.uuid4()
-        row = _row(
+        row = fetch_one(
             conn,
             Q["insert_job"],
             {
@@ -225,7 +211,7 @@ class PostgresJobRepository:
         if row is None:
             # A duplicate committed while the insert waited on it: this new statement (READ
             # COMMITTED) sees it.
-            row = _row(
+            row = fetch_one(
                 conn,
                 Q["job_by_key"],
                 {
@@ -235,12 +221,12 @@ class PostgresJobRepository:
             )
             if row is None:  # pragma: no cover - the conflict guarantees the row
                 raise RuntimeError(f"job with key {request.idempotency_key} vanished")
-            return Enqueued(job=_job(row), created=False)
+            return Enqueued(job=job_from_row(row), created=False)
         if not row["created"]:
-            return Enqueued(job=_job(row), created=False)
+            return Enqueued(job=job_from_row(row), created=False)
         if depends_on:
             conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
-        return Enqueued(job=_job(row), created=True)
+        return Enqueued(job=job_from_row(row), created=True)
 
     # -- claim and fenced writes -----------------------------------------------------------
 
@@ -261,7 +247,7 @@ class PostgresJobRepository:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
-        rows = _rows(
+        rows = fetch_all(
             conn,
             Q["claim"],
             {
@@ -271,7 +257,7 @@ class PostgresJobRepository:
                 "kinds": wanted,
             },
         )
-        jobs = [_job(row) for row in rows]
+        jobs = [job_from_row(row) for row in rows]
         jobs.sort(key=lambda j: (-j.priority, j.run_after, j.id))
         return jobs
 
@@ -279,7 +265,7 @@ class PostgresJobRepository:
         return self._run_one(self.heartbeat_txn, lease)
 
     def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
-        row = _row(conn, Q["heartbeat"], _fence(lease))
+        row = fetch_one(conn, Q["heartbeat"], _fence(lease))
         if row is None:
             return NOT_APPLIED
         return Settled(True, JobState(row["state"]), lease_expires_at=row["lease_expires_at"])
@@ -297,7 +283,7 @@ class PostgresJobRepository:
         outbox: list[int] | None = None,
     ) -> Settled:
         params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
-        settled = _settled(_row(conn, Q["ack"], params))
+        settled = _settled(fetch_one(conn, Q["ack"], params))
         if settled.applied and self._dispatch:
             conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
             self._dispatch_released(conn, outbox, parent=lease.job_id)
@@ -344,7 +330,7 @@ class PostgresJobRepository:
             }
             | self._dispatch_params()
         )
-        return _settled(_row(conn, Q["nack"], params), outbox)
+        return _settled(fetch_one(conn, Q["nack"], params), outbox)
 
     def defer(
         self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
@@ -372,7 +358,7 @@ class PostgresJobRepository:
             }
             | self._dispatch_params()
         )
-        return _settled(_row(conn, Q["defer"], params), outbox)
+        return _settled(fetch_one(conn, Q["defer"], params), outbox)
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
         return self._run_one(self.park_txn, lease, gate)
@@ -385,7 +371,7 @@ class PostgresJobRepository:
             "answers": Jsonb(list(gate.answers)),
             "context": Jsonb(dict(gate.context)),
         }
-        row = _row(conn, Q["park"], params)
+        row = fetch_one(conn, Q["park"], params)
         if row is None:
             return NOT_APPLIED
         return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
@@ -394,13 +380,13 @@ class PostgresJobRepository:
         return self._run_one(self.grant_txn, lease, max_attempts=max_attempts)
 
     def grant_txn(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
-        return _settled(_row(conn, Q["grant"], _fence(lease) | {"max_attempts": max_attempts}))
+        return _settled(fetch_one(conn, Q["grant"], _fence(lease) | {"max_attempts": max_attempts}))
 
     def assign(self, lease: Lease, *, engine_id: str) -> Settled:
         return self._run_one(self.assign_txn, lease, engine_id=engine_id)
 
     def assign_txn(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
-        return _settled(_row(conn, Q["assign"], _fence(lease) | {"engine_id": engine_id}))
+        return _settled(fetch_one(conn, Q["assign"], _fence(lease) | {"engine_id": engine_id}))
 
     # -- gates and the reaper --------------------------------------------------------------
 
@@ -427,7 +413,7 @@ class PostgresJobRepository:
     ) -> AnswerOutcome:
         if grant_attempts < 0:
             raise ValueError("grant_attempts must not be negative")
-        locked = _row(conn, Q["lock_gate"], {"gate_id": gate_id})
+        locked = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
         if locked is None:
             return AnswerOutcome(AnswerStatus.UNKNOWN_GATE)
         gate = _gate(locked)
@@ -435,7 +421,7 @@ class PostgresJobRepository:
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.answers and answer not in gate.answers:
             return AnswerOutcome(AnswerStatus.INVALID_ANSWER, gate)
-        answered = _row(
+        answered = fetch_one(
             conn,
             Q["answer_gate"],
             {
@@ -449,7 +435,7 @@ class PostgresJobRepository:
         if gate.job_id is not None:
             refund = 1 if gate.kind == DELIVERY_EXHAUSTED else 0
             params = {"job_id": gate.job_id, "more": refund + grant_attempts}
-            released = _row(conn, Q["release_parked"], params | self._dispatch_params())
+            released = fetch_one(conn, Q["release_parked"], params | self._dispatch_params())
             if released is not None:
                 conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
                 if outbox is not None and released["outbox_ids"]:
@@ -460,7 +446,7 @@ class PostgresJobRepository:
         requeued = parked = 0
         while True:
             with self._statement() as conn:
-                row = _row(
+                row = fetch_one(
                     conn,
                     Q["reap"],
                     {"limit": REAP_BATCH, "prompt": DELIVERY_EXHAUSTED_PROMPT}
@@ -477,17 +463,17 @@ class PostgresJobRepository:
 
     def get(self, job_id: UUID) -> Job | None:
         with self._statement() as conn:
-            row = _row(conn, Q["get_job"], {"job_id": job_id})
-        return None if row is None else _job(row)
+            row = fetch_one(conn, Q["get_job"], {"job_id": job_id})
+        return None if row is None else job_from_row(row)
 
     def get_gate(self, gate_id: UUID) -> Gate | None:
         with self._statement() as conn:
-            row = _row(conn, Q["get_gate"], {"gate_id": gate_id})
+            row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
         return None if row is None else _gate(row)
 
     def open_gates(self, project_id: str | None = None) -> list[Gate]:
         with self._statement() as conn:
-            return [_gate(r) for r in _rows(conn, Q["open_gates"], {"project_id": project_id})]
+            return [_gate(r) for r in fetch_all(conn, Q["open_gates"], {"project_id": project_id})]
 
     def count_unsettled(
         self,
@@ -500,20 +486,20 @@ class PostgresJobRepository:
         wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
         params = {"project_id": project_id, "cycle": cycle, "kinds": wanted, "exclude": exclude}
         with self._statement() as conn:
-            row = _row(conn, Q["count_unsettled"], params)
+            row = fetch_one(conn, Q["count_unsettled"], params)
         return int(row["count"]) if row else 0
 
     def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
         depth = dict.fromkeys(JobState, 0)
         with self._statement() as conn:
-            for row in _rows(conn, Q["queue_depth"], {"project_id": project_id}):
+            for row in fetch_all(conn, Q["queue_depth"], {"project_id": project_id}):
                 depth[JobState(row["state"])] = int(row["count"])
         return depth
 
     def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
         with self._statement() as conn:
-            rows = _rows(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})
-        return [_job(r) for r in rows]
+            rows = fetch_all(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})
+        return [job_from_row(r) for r in rows]
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
@@ -532,19 +518,7 @@ def _millis(duration: timedelta) -> int:
     return max(1, round(duration.total_seconds() * 1000))
 
 
-def _row(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query.encode(), params)
-        return cur.fetchone() if cur.description else None
-
-
-def _rows(conn: Conn, query: str, params: Mapping[str, Any]) -> list[DictRow]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query.encode(), params)
-        return cur.fetchall()
-
-
-def _job(row: DictRow) -> Job:
+def job_from_row(row: DictRow) -> Job:
     failure = row["failure_class"]
     return Job(
         id=row["id"],

@@ -1,0 +1,48 @@
+"""The small helpers every repository shares: connection types, one-statement and
+transaction scopes, and dict-row fetches of named SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import DictRow, TupleRow, dict_row
+from psycopg_pool import ConnectionPool
+
+from store.errors import translated
+
+Conn = psycopg.Connection[TupleRow]
+Pool = ConnectionPool[Conn]
+
+
+@contextmanager
+def transaction(pool: Pool) -> Iterator[Conn]:
+    """A connection inside a transaction that commits on success and rolls back on error."""
+    with translated(), pool.connection() as conn, conn.transaction():
+        yield conn
+
+
+@contextmanager
+def statement(pool: Pool) -> Iterator[Conn]:
+    """A connection for one statement: on an autocommit connection the statement is its own
+    transaction (one round trip); any other connection wraps it in BEGIN/COMMIT."""
+    with translated(), pool.connection() as conn:
+        if conn.autocommit:
+            yield conn
+        else:
+            with conn.transaction():
+                yield conn
+
+
+def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query.encode(), params)
+        return cur.fetchone() if cur.description else None
+
+
+def fetch_all(conn: Conn, query: str, params: Mapping[str, Any]) -> list[DictRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query.encode(), params)
+        return cur.fetchall()

@@ -1,0 +1,159 @@
+"""The record-store side of dispatch on RabbitMQ: fenced pointer claims, the lost-dispatch
+sweep, dead letters as parks, and the outbox the relay drains.
+
+A pointer is (job id, project, dispatch generation). The claim takes the row only at that
+generation, so a duplicate or stale pointer changes nothing. The outbox is drained by
+``sent_at IS NULL`` with ``FOR UPDATE SKIP LOCKED``; a row claimed by a relay that died is
+reclaimed after ``reclaim_after``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from psycopg.rows import DictRow
+
+from store.db import Conn, Pool, fetch_all, fetch_one, statement
+from store.jobs import job_from_row
+from store.sql import load
+from workflows.job import JobState
+from workflows.queue import DELIVERY_EXHAUSTED_PROMPT, Job
+
+Q = load("dispatch.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    key: str
+    job_id: UUID
+    project_id: str
+    dispatch_seq: int
+    kind: str
+    not_before: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PointerRow:
+    """What a consumer's miss policy needs to know about a pointer's job, as of ``now``
+    (the database clock)."""
+
+    state: JobState
+    dispatch_seq: int
+    run_after: datetime
+    lease_expires_at: datetime | None
+    deps_met: bool
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxBacklog:
+    unsent: int
+    claimed: int
+
+
+class DispatchRecords:
+    """Dispatch-side statements on the record store. ``*_txn`` forms join the caller's
+    transaction; the others run on their own (one statement each)."""
+
+    def __init__(self, *, pool: Pool, relay_id: str) -> None:
+        self._pool = pool
+        self.relay_id = relay_id
+
+    def _conn(self) -> AbstractContextManager[Conn]:
+        return statement(self._pool)
+
+    def claim_pointer_txn(
+        self, conn: Conn, *, job_id: UUID, project_id: str, seq: int, owner: str
+    ) -> Job | None:
+        params = {"job_id": job_id, "project_id": project_id, "seq": seq, "owner": owner}
+        row = fetch_one(conn, Q["claim_pointer"], params)
+        return None if row is None else job_from_row(row)
+
+    def claim_pointer(self, *, job_id: UUID, project_id: str, seq: int, owner: str) -> Job | None:
+        with self._conn() as conn:
+            return self.claim_pointer_txn(
+                conn, job_id=job_id, project_id=project_id, seq=seq, owner=owner
+            )
+
+    def snapshot(self, *, job_id: UUID, project_id: str) -> PointerRow | None:
+        with self._conn() as conn:
+            row = fetch_one(conn, Q["snapshot"], {"job_id": job_id, "project_id": project_id})
+        if row is None:
+            return None
+        return PointerRow(
+            state=JobState(row["state"]),
+            dispatch_seq=row["dispatch_seq"],
+            run_after=row["run_after"],
+            lease_expires_at=row["lease_expires_at"],
+            deps_met=row["deps_met"],
+            now=row["now"],
+        )
+
+    def sweep_lost(self, *, redispatch_after: timedelta, limit: int = 500) -> list[int]:
+        """Write outbox rows for claimable jobs whose dispatch was lost; their ids."""
+        params = {"after_s": redispatch_after.total_seconds(), "limit": limit}
+        with self._conn() as conn:
+            return [int(r["id"]) for r in fetch_all(conn, Q["sweep_lost"], params)]
+
+    def park_dead_letter(self, *, job_id: UUID, project_id: str, seq: int, reason: str) -> bool:
+        """Park the pointer's job behind a delivery_exhausted gate, if it is still at that
+        generation and ready or holding an expired lease. True when it parked."""
+        params = {
+            "job_id": job_id,
+            "project_id": project_id,
+            "seq": seq,
+            "reason": reason,
+            "prompt": DELIVERY_EXHAUSTED_PROMPT,
+        }
+        with self._conn() as conn:
+            return fetch_one(conn, Q["park_dead_letter"], params) is not None
+
+    # -- the outbox ------------------------------------------------------------------------
+
+    def claim_outbox(self, *, limit: int, reclaim_after: timedelta) -> list[OutboxRow]:
+        params = {
+            "relay": self.relay_id,
+            "limit": limit,
+            "reclaim_s": reclaim_after.total_seconds(),
+        }
+        with self._conn() as conn:
+            return [_outbox(r) for r in fetch_all(conn, Q["claim_outbox"], params)]
+
+    def outbox_rows(self, ids: Sequence[int]) -> list[OutboxRow]:
+        """The unsent rows among ``ids`` (rows this process wrote, already claimed for it)."""
+        with self._conn() as conn:
+            return [_outbox(r) for r in fetch_all(conn, Q["outbox_rows"], {"ids": list(ids)})]
+
+    def mark_sent(self, ids: Sequence[int]) -> None:
+        if ids:
+            with self._conn() as conn:
+                conn.execute(Q["mark_sent"].encode(), {"ids": list(ids)})
+
+    def release(self, ids: Sequence[int]) -> None:
+        if ids:
+            with self._conn() as conn:
+                conn.execute(Q["release_outbox"].encode(), {"ids": list(ids)})
+
+    def backlog(self) -> OutboxBacklog:
+        with self._conn() as conn:
+            row = fetch_one(conn, Q["outbox_backlog"], {})
+        return (
+            OutboxBacklog(int(row["unsent"]), int(row["claimed"])) if row else OutboxBacklog(0, 0)
+        )
+
+
+def _outbox(row: DictRow) -> OutboxRow:
+    return OutboxRow(
+        id=row["id"],
+        key=row["key"],
+        job_id=row["job_id"],
+        project_id=row["project_id"],
+        dispatch_seq=row["dispatch_seq"],
+        kind=row["kind"],
+        not_before=row["not_before"],
+    )

@@ -1,0 +1,145 @@
+-- The RabbitMQ backend's record-store side: the fenced claim of a dispatch pointer, the
+-- lost-dispatch sweep, dead letters as parks, and the outbox relay's claims and marks.
+
+-- name: claim_pointer
+-- The fenced claim of pointer (job, generation): the row must be at that generation, due,
+-- with every dependency succeeded, and either claimable or holding an expired lease (whose
+-- attempts are not spent: a spent one is the reaper's to park).
+UPDATE job
+SET state = 'leased',
+    attempts = attempts + 1,
+    lease_owner = %(owner)s,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + lease_ms * interval '1 millisecond',
+    updated_at = now()
+WHERE id = %(job_id)s
+  AND project_id = %(project_id)s
+  AND dispatch_seq = %(seq)s
+  AND (state IN ('ready', 'awaiting_capacity')
+       OR (state = 'leased' AND lease_expires_at <= now() AND attempts < max_attempts))
+  AND run_after <= now()
+  AND NOT EXISTS (
+      SELECT 1
+      FROM job_dependency d
+      JOIN job p ON p.id = d.depends_on
+      WHERE d.job_id = job.id AND p.state <> 'succeeded'
+  )
+RETURNING *
+
+-- name: snapshot
+-- What the miss policy needs to know about a pointer's row, read on the database clock.
+SELECT j.state, j.dispatch_seq, j.run_after, j.lease_expires_at, now() AS now,
+       NOT EXISTS (
+           SELECT 1
+           FROM job_dependency d
+           JOIN job p ON p.id = d.depends_on
+           WHERE d.job_id = j.id AND p.state <> 'succeeded'
+       ) AS deps_met
+FROM job j
+WHERE j.id = %(job_id)s AND j.project_id = %(project_id)s
+
+-- name: sweep_lost
+-- Claimable rows whose dispatch was lost: never dispatched (generation 0: the
+-- enqueue-versus-ack race), or due and unclaimed for longer than redispatch_after since
+-- both their dispatch and their due time. Resent at the same generation (a duplicate is
+-- harmless); rows with an unsent outbox row are the relay's, not lost.
+WITH lost AS (
+    SELECT j.id
+    FROM job j
+    WHERE j.state IN ('ready', 'awaiting_capacity')
+      AND j.run_after <= now()
+      AND (j.dispatch_seq = 0
+           OR GREATEST(COALESCE(j.dispatched_at, j.updated_at), j.run_after)
+              < now() - make_interval(secs => %(after_s)s))
+      AND NOT EXISTS (
+          SELECT 1
+          FROM job_dependency d
+          JOIN job p ON p.id = d.depends_on
+          WHERE d.job_id = j.id AND p.state <> 'succeeded'
+      )
+      AND NOT EXISTS (SELECT 1 FROM job_outbox o WHERE o.job_id = j.id AND o.sent_at IS NULL)
+    ORDER BY j.run_after, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+bumped AS (
+    UPDATE job
+    SET dispatch_seq = GREATEST(job.dispatch_seq, 1),
+        dispatched_at = NULL,
+        updated_at = now()
+    FROM lost
+    WHERE job.id = lost.id
+    RETURNING job.id, job.project_id, job.dispatch_seq, job.kind, job.run_after
+)
+INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before)
+SELECT 'dispatch:' || b.id || ':' || b.dispatch_seq || ':sweep:'
+           || floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+       b.id, b.project_id, b.dispatch_seq, b.kind, b.run_after
+FROM bumped b
+ON CONFLICT (key) DO NOTHING
+RETURNING id
+
+-- name: park_dead_letter
+-- A pointer that exceeded the delivery limit: park its job behind a delivery_exhausted gate,
+-- only if the row is still at that generation and ready or holding an expired lease.
+WITH parked AS (
+    UPDATE job
+    SET state = 'awaiting_human', updated_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        last_error = %(reason)s
+    WHERE id = %(job_id)s AND project_id = %(project_id)s AND dispatch_seq = %(seq)s
+      AND (state IN ('ready', 'awaiting_capacity')
+           OR (state = 'leased' AND lease_expires_at <= now()))
+    RETURNING id, project_id, attempts
+)
+INSERT INTO gate (id, project_id, job_id, kind, prompt, context)
+SELECT gen_random_uuid(), p.project_id, p.id, 'delivery_exhausted', %(prompt)s,
+       jsonb_build_object('attempts', p.attempts, 'reason', %(reason)s::text)
+FROM parked p
+RETURNING id
+
+-- name: claim_outbox
+-- The relay's batch: unsent rows nobody holds, or held longer than reclaim_after by a relay
+-- that died. Oldest first, never by an id high-water mark.
+UPDATE job_outbox
+SET claimed_by = %(relay)s, claimed_at = now()
+WHERE id IN (
+    SELECT id
+    FROM job_outbox
+    WHERE sent_at IS NULL
+      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => %(reclaim_s)s))
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before
+
+-- name: outbox_rows
+SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before
+FROM job_outbox
+WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
+ORDER BY id
+
+-- name: mark_sent
+-- After the broker confirmed (and did not return) each row's message.
+WITH sent AS (
+    UPDATE job_outbox
+    SET sent_at = now()
+    WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
+    RETURNING job_id, dispatch_seq
+)
+UPDATE job
+SET dispatched_at = now()
+FROM sent
+WHERE job.id = sent.job_id AND job.dispatch_seq = sent.dispatch_seq
+
+-- name: release_outbox
+-- A publish failed: give the rows back for the next drain.
+UPDATE job_outbox
+SET claimed_by = NULL, claimed_at = NULL
+WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
+
+-- name: outbox_backlog
+SELECT count(*) FILTER (WHERE sent_at IS NULL) AS unsent,
+       count(*) FILTER (WHERE sent_at IS NULL AND claimed_at IS NOT NULL) AS claimed
+FROM job_outbox

@@ -1,0 +1,237 @@
+"""Dispatch generations and the outbox on the record store (the RabbitMQ backend's PostgreSQL
+side): which transitions write a pointer, the fenced pointer claim, the sweep, dead-letter
+parks, and the relay's claims."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from store.dispatch import DispatchRecords
+from store.jobs import PostgresJobRepository
+from workflows.job import FailureClass, JobState, LeasePolicy
+from workflows.queue import EnqueueRequest, GateRequest, Job
+
+P = "proj"
+SHORT = LeasePolicy(default=timedelta(milliseconds=300), by_kind={})
+
+
+class Handoff:
+    """Stands in for the relay: records what each commit handed over."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, ...]] = []
+
+    def __call__(self, ids: Sequence[int]) -> None:
+        self.batches.append(tuple(ids))
+
+    @property
+    def ids(self) -> list[int]:
+        return [i for batch in self.batches for i in batch]
+
+
+@pytest.fixture
+def pool(pg_url: str) -> Iterator[ConnectionPool]:
+    with ConnectionPool(
+        pg_url, min_size=2, max_size=8, open=True, kwargs={"autocommit": True}
+    ) as p:
+        yield p
+
+
+@pytest.fixture
+def handoff() -> Handoff:
+    return Handoff()
+
+
+def repo_for(pool: ConnectionPool, handoff: Handoff, leases: LeasePolicy | None = None):
+    return PostgresJobRepository(
+        pool=pool, leases=leases, dispatch=True, relay_id="relay-1", after_commit=handoff
+    )
+
+
+def outbox(pool: ConnectionPool, job_id: UUID) -> list[tuple]:
+    with pool.connection() as conn:
+        return conn.execute(
+            "SELECT dispatch_seq, claimed_by, sent_at IS NOT NULL, not_before "
+            "FROM job_outbox WHERE job_id = %s ORDER BY id",
+            (job_id,),
+        ).fetchall()
+
+
+def req(subject: str, **kw) -> EnqueueRequest:
+    return EnqueueRequest(project_id=P, kind="design.interview", subject=subject, **kw)
+
+
+def pointer_claim(records: DispatchRecords, job: Job, seq: int, owner: str = "w") -> Job | None:
+    return records.claim_pointer(job_id=job.id, project_id=P, seq=seq, owner=owner)
+
+
+def test_enqueue_dispatches_generation_one_after_commit(pool, handoff) -> None:
+    repo = repo_for(pool, handoff)
+    job = repo.enqueue(req("a")).job
+    assert job.dispatch_seq == 1
+    assert outbox(pool, job.id) == [(1, "relay-1", False, job.run_after)]
+    assert len(handoff.ids) == 1
+    again = repo.enqueue(req("a"))
+    assert not again.created and len(outbox(pool, job.id)) == 1 and len(handoff.ids) == 1
+
+
+def test_a_blocked_job_is_dispatched_when_its_dependency_succeeds(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    parent = repo.enqueue(req("parent")).job
+    child = repo.enqueue(req("child", depends_on=(parent.id,))).job
+    assert child.dispatch_seq == 0 and outbox(pool, child.id) == []
+    held = pointer_claim(records, parent, 1)
+    assert held is not None
+    assert repo.ack(held.lease).applied
+    assert [row[0] for row in outbox(pool, child.id)] == [1]
+    assert handoff.batches[-1] == tuple(handoff.ids[-1:])
+
+
+def test_two_parents_acked_at_once_release_their_child_once(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    a, b = repo.enqueue(req("a")).job, repo.enqueue(req("b")).job
+    child = repo.enqueue(req("child", depends_on=(a.id, b.id))).job
+    held_a, held_b = pointer_claim(records, a, 1), pointer_claim(records, b, 1)
+    assert held_a is not None and held_b is not None
+    first_done = threading.Event()
+    with repo.transaction() as conn:  # the first ack holds its transaction open…
+        assert repo.ack_txn(conn, held_a.lease).applied
+
+        def second() -> None:  # …while the second runs and must wait for it
+            assert repo.ack(held_b.lease).applied
+            first_done.set()
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.3)
+        assert not first_done.is_set()
+    thread.join(timeout=10)
+    assert first_done.is_set()
+    assert [row[0] for row in outbox(pool, child.id)] == [1]
+
+
+def test_the_pointer_claim_is_fenced_on_the_generation(pool, handoff) -> None:
+    repo = repo_for(pool, handoff, SHORT)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("fenced")).job
+    assert pointer_claim(records, job, 2) is None  # a generation from the future
+    held = pointer_claim(records, job, 1)
+    assert held is not None and held.attempts == 1
+    assert pointer_claim(records, job, 1, owner="dup") is None  # a duplicate, lease live
+    time.sleep(0.45)
+    taken = pointer_claim(records, job, 1, owner="redelivered")  # the lease expired
+    assert taken is not None and taken.attempts == 2 and taken.lease_owner == "redelivered"
+    assert not repo.ack(held.lease).applied and repo.ack(taken.lease).applied
+    assert pointer_claim(records, job, 1) is None  # terminal
+
+
+def test_transitions_that_start_a_new_episode_bump_the_generation(pool, handoff) -> None:
+    repo = repo_for(pool, handoff, SHORT)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("episodes", max_attempts=3)).job
+    held = pointer_claim(records, job, 1)
+    assert held is not None
+    assert repo.nack(
+        held.lease, error="e", failure_class=FailureClass.WORK, retry_in=timedelta(0)
+    ).applied
+    held = pointer_claim(records, job, 2)
+    assert held is not None
+    assert repo.defer(held.lease, delay=timedelta(0), reason="later").applied
+    held = pointer_claim(records, job, 3)
+    assert held is not None
+    time.sleep(0.45)
+    assert repo.reap().requeued == 1
+    held = pointer_claim(records, job, 4)
+    assert held is not None
+    gate = repo.park(held.lease, GateRequest(kind="question", prompt="?")).gate_id
+    assert gate is not None and len(outbox(pool, job.id)) == 4  # park writes no pointer
+    assert repo.answer_gate(gate, answer="go", answered_by="ann").applied
+    assert [row[0] for row in outbox(pool, job.id)] == [1, 2, 3, 4, 5]
+    final = repo.get(job.id)
+    assert final is not None and final.dispatch_seq == 5 and final.state is JobState.READY
+
+
+def test_a_last_failed_attempt_writes_no_pointer(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("last", max_attempts=1)).job
+    held = pointer_claim(records, job, 1)
+    assert held is not None
+    assert (
+        repo.nack(held.lease, error="e", failure_class=FailureClass.WORK).state is JobState.FAILED
+    )
+    assert len(outbox(pool, job.id)) == 1
+
+
+def test_sweep_resends_lost_dispatches_once(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("lost")).job
+    records.mark_sent(handoff.ids)
+    assert records.sweep_lost(redispatch_after=timedelta(hours=1)) == []
+    time.sleep(0.05)
+    swept = records.sweep_lost(redispatch_after=timedelta(0))
+    assert len(swept) == 1
+    assert records.sweep_lost(redispatch_after=timedelta(0)) == []  # unsent: the relay's now
+    rows = outbox(pool, job.id)
+    assert [r[0] for r in rows] == [1, 1] and rows[1][1] is None
+
+
+def test_outbox_claims_reclaim_and_mark_sent(pool, handoff) -> None:
+    repo = repo_for(pool, handoff)
+    mine = DispatchRecords(pool=pool, relay_id="relay-1")
+    other = DispatchRecords(pool=pool, relay_id="relay-2")
+    job = repo.enqueue(req("x")).job
+    assert other.claim_outbox(limit=10, reclaim_after=timedelta(minutes=1)) == []
+    time.sleep(0.05)
+    (row,) = other.claim_outbox(limit=10, reclaim_after=timedelta(0))  # relay-1 "died"
+    assert (row.job_id, row.dispatch_seq) == (job.id, 1)
+    other.release([row.id])
+    (again,) = mine.claim_outbox(limit=10, reclaim_after=timedelta(minutes=1))
+    mine.mark_sent([again.id])
+    assert mine.claim_outbox(limit=10, reclaim_after=timedelta(0)) == []
+    assert mine.backlog().unsent == 0
+    with pool.connection() as conn:
+        dispatched = conn.execute(
+            "SELECT dispatched_at FROM job WHERE id = %s", (job.id,)
+        ).fetchone()
+    assert dispatched is not None and dispatched[0] is not None
+
+
+def test_the_relay_never_skips_a_row_that_commits_late(pool, handoff) -> None:
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-9")
+    with repo.transaction() as slow:  # takes the lower outbox id, commits last
+        repo.enqueue_txn(slow, req("slow"))
+        repo.enqueue(req("fast"))
+        first = records.claim_outbox(limit=10, reclaim_after=timedelta(0))
+        records.mark_sent([r.id for r in first])
+    late = records.claim_outbox(limit=10, reclaim_after=timedelta(0))
+    assert [r.id for r in late] and all(r.id < first[0].id for r in late)
+
+
+def test_a_dead_letter_parks_only_its_own_generation(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("poison")).job
+    assert not records.park_dead_letter(job_id=job.id, project_id=P, seq=7, reason="limit")
+    assert records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="limit")
+    parked = repo.get(job.id)
+    assert parked is not None and parked.state is JobState.AWAITING_HUMAN
+    (gate,) = repo.open_gates(P)
+    assert gate.kind == "delivery_exhausted" and gate.context["reason"] == "limit"
+    assert not records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="again")
+
+
+def test_snapshot_reports_what_the_miss_policy_needs(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    parent = repo.enqueue(req("p")).job
+    child = repo.enqueue(req("c", depends_on=(parent.id,), delay=timedelta(minutes=5))).job
+    snap = records.snapshot(job_id=child.id, project_id=P)
+    assert snap is not None and not snap.deps_met and snap.dispatch_seq == 0
+    assert snap.run_after > snap.now and snap.state is JobState.READY
+    assert records.snapshot(job_id=child.id, project_id="elsewhere") is None
