@@ -154,3 +154,6 @@ def pool(pg_url: str) -> Iterator[ConnectionPool]:
     ) as p:
         p.wait(timeout=30)
         yield p
+
+
+from tests.amqp_fixtures import *  # noqa: E402, F403

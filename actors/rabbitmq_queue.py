@@ -1,0 +1,358 @@
+"""The job-queue contract on RabbitMQ: PostgreSQL stays the record, RabbitMQ carries pointers.
+
+Every write goes to PostgreSQL exactly as on the PostgreSQL backend, with dispatch generations
+and the outbox on: a transition that starts a new dispatch episode writes its pointer in the
+same transaction, and the relay publishes it after the commit. ``claim`` takes the project's
+buffered deliveries and makes the fenced pointer claim for each; a miss goes through
+``workflows.dispatch.decide_miss`` (drop, or re-delay through a wait tier). A claimed job's
+delivery is held until its settle commits, then acknowledged, whether or not the settle
+applied (a refused settle means the delivery was stale).
+
+``claim`` serves projects with dedicated queues (``projects``); the default fleet's Dramatiq
+actors serve the shared lane queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import pika
+
+from actors.deliveries import REASON_HEADER, Delivery, ProjectDeliveries
+from actors.relay import Relay
+from actors.topology import QueueNames
+from store.dispatch import DispatchRecords
+from store.jobs import PostgresJobRepository
+from workflows.dispatch import (
+    DispatchEnvelope,
+    Drop,
+    EnvelopeError,
+    Lane,
+    RowSnapshot,
+    WaitTiers,
+    decide_miss,
+    decode,
+    encode,
+    tier_name,
+)
+from workflows.job import FailureClass, JobState, canonical_kind
+from workflows.queue import (
+    AnswerOutcome,
+    Enqueued,
+    EnqueueRequest,
+    Gate,
+    GateRequest,
+    Job,
+    JsonObject,
+    Lease,
+    ReapResult,
+    Settled,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RabbitMqQueueOptions:
+    prefetch: int = 16
+    first_claim_wait: timedelta = timedelta(seconds=2)
+    redispatch_after: timedelta = timedelta(minutes=2)
+    reclaim_after: timedelta = timedelta(seconds=30)
+
+
+class RabbitMqJobRepository:
+    """The RabbitMQ backend of :class:`workflows.queue.JobRepository`."""
+
+    def __init__(
+        self,
+        *,
+        store: PostgresJobRepository,
+        records: DispatchRecords,
+        relay: Relay,
+        url: str,
+        names: QueueNames,
+        tiers: WaitTiers,
+        projects: Collection[str],
+        options: RabbitMqQueueOptions | None = None,
+    ) -> None:
+        if not store.dispatching:
+            raise ValueError("the RabbitMQ backend needs a store with dispatch on")
+        self._store = store
+        self._records = records
+        self._relay = relay
+        self._url = url
+        self._names = names
+        self._tiers = tiers
+        self._projects = frozenset(projects)
+        self._options = options or RabbitMqQueueOptions()
+        self._consumers: dict[str, ProjectDeliveries] = {}
+        self._held: dict[tuple[UUID, UUID], tuple[ProjectDeliveries, Delivery]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            consumers, self._consumers = list(self._consumers.values()), {}
+        for consumer in consumers:
+            consumer.stop()
+
+    # -- deliveries ------------------------------------------------------------------------
+
+    def deliveries(self, project_id: str) -> ProjectDeliveries:
+        """The project's consumer, started on first use (then waiting ``first_claim_wait``
+        so a fresh consumer does not report "nothing ready" before the broker pushed)."""
+        with self._lock:
+            consumer = self._consumers.get(project_id)
+            fresh = consumer is None
+            if consumer is None:
+                if project_id not in self._projects:
+                    raise ValueError(
+                        f"project {project_id!r} has no dedicated queues here; the default "
+                        "fleet's actors serve it (or add it to the dedicated projects)"
+                    )
+                queues = [self._names.work_queue(lane, project_id) for lane in Lane]
+                consumer = ProjectDeliveries(
+                    url=self._url, queues=queues, prefetch=self._options.prefetch
+                )
+                consumer.start()
+                self._consumers[project_id] = consumer
+        if fresh:
+            consumer.wait(self._options.first_claim_wait.total_seconds())
+        return consumer
+
+    def claim(
+        self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
+    ) -> list[Job]:
+        consumer = self.deliveries(project_id)
+        wanted = None if kinds is None else {canonical_kind(k) for k in kinds}
+        claimed: list[Job] = []
+        skipped: list[Delivery] = []
+        while len(claimed) < limit and (delivery := consumer.take()) is not None:
+            envelope = self._envelope(consumer, delivery, project_id)
+            if envelope is None:
+                continue
+            if wanted is not None and envelope.kind not in wanted:
+                skipped.append(delivery)
+                continue
+            job = self._records.claim_pointer(
+                job_id=envelope.job_id,
+                project_id=project_id,
+                seq=envelope.dispatch_seq,
+                owner=owner,
+            )
+            if job is None:
+                self._missed(consumer, delivery, envelope)
+                continue
+            self._hold(job, consumer, delivery)
+            claimed.append(job)
+        consumer.put_back(skipped)
+        claimed.sort(key=lambda j: (-j.priority, j.run_after, j.id))
+        return claimed
+
+    def _envelope(
+        self, consumer: ProjectDeliveries, delivery: Delivery, project_id: str
+    ) -> DispatchEnvelope | None:
+        try:
+            envelope = decode(delivery.body)
+        except EnvelopeError as exc:
+            self._reject(consumer, delivery, str(exc.reason), str(exc))
+            return None
+        if envelope.project_id != project_id:
+            self._reject(consumer, delivery, "wrong_project", f"{envelope.project_id!r} here")
+            return None
+        return envelope
+
+    def _reject(
+        self, consumer: ProjectDeliveries, delivery: Delivery, reason: str, detail: str
+    ) -> None:
+        log.warning("rejected a delivery (%s): %s", reason, detail)
+        consumer.reject(
+            delivery, reason=reason, detail=detail, dead_exchange=self._names.dead_exchange
+        )
+
+    def _missed(
+        self, consumer: ProjectDeliveries, delivery: Delivery, envelope: DispatchEnvelope
+    ) -> None:
+        row = self._records.snapshot(job_id=envelope.job_id, project_id=envelope.project_id)
+        now = row.now if row is not None else datetime.now(UTC)
+        snapshot = None
+        if row is not None:
+            snapshot = RowSnapshot(
+                state=row.state,
+                dispatch_seq=row.dispatch_seq,
+                run_after=row.run_after,
+                lease_expires_at=row.lease_expires_at,
+                deps_met=row.deps_met,
+            )
+        decision = decide_miss(snapshot, envelope.dispatch_seq, now)
+        if isinstance(decision, Drop):
+            consumer.ack(delivery)
+            return
+        # Never straight back to the work queue: even a raced pointer waits the smallest tier.
+        tier = self._tiers.route(decision.until - now) or self._tiers.smallest
+        consumer.republish(
+            delivery,
+            exchange=self._names.tier_exchange(tier_name(tier)),
+            body=encode(envelope),
+            message_id=envelope.message_id,
+            content_type="application/json",
+        )
+
+    def _hold(self, job: Job, consumer: ProjectDeliveries, delivery: Delivery) -> None:
+        token = job.lease_token
+        assert token is not None
+        with self._lock:
+            superseded = [key for key in self._held if key[0] == job.id]
+            released = [self._held.pop(key) for key in superseded]
+            self._held[(job.id, token)] = (consumer, delivery)
+        for old_consumer, old_delivery in released:  # an older lease's delivery: stale now
+            old_consumer.ack(old_delivery)
+
+    def _release(self, lease: Lease) -> None:
+        with self._lock:
+            held = self._held.pop((lease.job_id, lease.token), None)
+        if held is not None:
+            consumer, delivery = held
+            consumer.ack(delivery)
+
+    # -- settles: the record first, then the held delivery ---------------------------------
+
+    def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
+        settled = self._store.ack(lease, result=result)
+        self._release(lease)
+        return settled
+
+    def nack(
+        self,
+        lease: Lease,
+        *,
+        error: str,
+        failure_class: FailureClass,
+        retry_in: timedelta | None = None,
+    ) -> Settled:
+        settled = self._store.nack(
+            lease, error=error, failure_class=failure_class, retry_in=retry_in
+        )
+        self._release(lease)
+        return settled
+
+    def defer(
+        self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
+    ) -> Settled:
+        settled = self._store.defer(lease, delay=delay, reason=reason, capacity=capacity)
+        self._release(lease)
+        return settled
+
+    def park(self, lease: Lease, gate: GateRequest) -> Settled:
+        settled = self._store.park(lease, gate)
+        self._release(lease)
+        return settled
+
+    def heartbeat(self, lease: Lease) -> Settled:
+        return self._store.heartbeat(lease)
+
+    def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
+        return self._store.grant(lease, max_attempts=max_attempts)
+
+    def assign(self, lease: Lease, *, engine_id: str) -> Settled:
+        return self._store.assign(lease, engine_id=engine_id)
+
+    # -- the rest is the record's ------------------------------------------------------------
+
+    def enqueue(self, request: EnqueueRequest) -> Enqueued:
+        return self._store.enqueue(request)
+
+    def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+        return self._store.enqueue_batch(requests)
+
+    def answer_gate(
+        self, gate_id: UUID, *, answer: str, answered_by: str, grant_attempts: int = 0
+    ) -> AnswerOutcome:
+        return self._store.answer_gate(
+            gate_id, answer=answer, answered_by=answered_by, grant_attempts=grant_attempts
+        )
+
+    def reap(self) -> ReapResult:
+        """Reconcile: reap expired leases (with a redispatch), sweep lost dispatches, drain
+        the outbox, and park what the dead-letter queue holds."""
+        result = self._store.reap()
+        self._records.sweep_lost(redispatch_after=self._options.redispatch_after)
+        self._relay.drain(reclaim_after=self._options.reclaim_after)
+        parked = self.drain_dead_letters()
+        return ReapResult(requeued=result.requeued, parked=result.parked + parked)
+
+    def drain_dead_letters(self, *, limit: int = 500) -> int:
+        """Park the job of every pointer that exceeded the delivery limit; count the parks."""
+        parked = 0
+        connection = pika.BlockingConnection(pika.URLParameters(self._url))
+        try:
+            channel = connection.channel()
+            for _ in range(limit):
+                method, properties, body = channel.basic_get(self._names.dead_queue)
+                if method is None:
+                    break
+                parked += self._park_dead_letter(properties, body)
+                channel.basic_ack(method.delivery_tag)
+        finally:
+            connection.close()
+        return parked
+
+    def _park_dead_letter(self, properties: Any, body: bytes) -> int:
+        headers: Mapping[str, Any] = properties.headers or {}
+        if REASON_HEADER in headers:  # rejected as malformed: logged when it was rejected
+            return 0
+        try:
+            envelope = decode(body)
+        except EnvelopeError:
+            return 0
+        return int(
+            self._records.park_dead_letter(
+                job_id=envelope.job_id,
+                project_id=envelope.project_id,
+                seq=envelope.dispatch_seq,
+                reason="delivery limit exceeded: it killed its consumer every time",
+            )
+        )
+
+    def get(self, job_id: UUID) -> Job | None:
+        return self._store.get(job_id)
+
+    def get_gate(self, gate_id: UUID) -> Gate | None:
+        return self._store.get_gate(gate_id)
+
+    def open_gates(self, project_id: str | None = None) -> list[Gate]:
+        return self._store.open_gates(project_id)
+
+    def count_unsettled(
+        self,
+        project_id: str,
+        *,
+        cycle: int | None = None,
+        kinds: Collection[str] | None = None,
+        exclude: UUID | None = None,
+    ) -> int:
+        return self._store.count_unsettled(project_id, cycle=cycle, kinds=kinds, exclude=exclude)
+
+    def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
+        return self._store.queue_depth(project_id)
+
+    def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
+        return self._store.list_for_cycle(project_id, cycle)
+
+
+class RabbitMqJobWakeup:
+    """Wakes when a delivery for the project is buffered (the same idle tick remains)."""
+
+    def __init__(self, repository: RabbitMqJobRepository) -> None:
+        self._repository = repository
+
+    def wait(self, project_id: str, timeout: float) -> bool:
+        return self._repository.deliveries(project_id).wait(timeout)
+
+    def close(self) -> None:
+        """The repository owns the consumers."""
