@@ -19,12 +19,10 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
-import pika
-
-from actors.deliveries import REASON_HEADER, Delivery, ProjectDeliveries
+from actors.deliveries import Delivery, ProjectDeliveries
+from actors.reconcile import Reconciler
 from actors.relay import Relay
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
@@ -93,6 +91,15 @@ class RabbitMqJobRepository:
         self._options = options or RabbitMqQueueOptions()
         self._consumers: dict[str, ProjectDeliveries] = {}
         self._held: dict[tuple[UUID, UUID], tuple[ProjectDeliveries, Delivery]] = {}
+        self._reconciler = Reconciler(
+            store=store,
+            records=records,
+            relay=relay,
+            url=url,
+            names=names,
+            redispatch_after=self._options.redispatch_after,
+            reclaim_after=self._options.reclaim_after,
+        )
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -280,43 +287,9 @@ class RabbitMqJobRepository:
     def reap(self) -> ReapResult:
         """Reconcile: reap expired leases (with a redispatch), sweep lost dispatches, drain
         the outbox, and park what the dead-letter queue holds."""
-        result = self._store.reap()
-        self._records.sweep_lost(redispatch_after=self._options.redispatch_after)
-        self._relay.drain(reclaim_after=self._options.reclaim_after)
-        parked = self.drain_dead_letters()
-        return ReapResult(requeued=result.requeued, parked=result.parked + parked)
-
-    def drain_dead_letters(self, *, limit: int = 500) -> int:
-        """Park the job of every pointer that exceeded the delivery limit; count the parks."""
-        parked = 0
-        connection = pika.BlockingConnection(pika.URLParameters(self._url))
-        try:
-            channel = connection.channel()
-            for _ in range(limit):
-                method, properties, body = channel.basic_get(self._names.dead_queue)
-                if method is None:
-                    break
-                parked += self._park_dead_letter(properties, body)
-                channel.basic_ack(method.delivery_tag)
-        finally:
-            connection.close()
-        return parked
-
-    def _park_dead_letter(self, properties: Any, body: bytes) -> int:
-        headers: Mapping[str, Any] = properties.headers or {}
-        if REASON_HEADER in headers:  # rejected as malformed: logged when it was rejected
-            return 0
-        try:
-            envelope = decode(body)
-        except EnvelopeError:
-            return 0
-        return int(
-            self._records.park_dead_letter(
-                job_id=envelope.job_id,
-                project_id=envelope.project_id,
-                seq=envelope.dispatch_seq,
-                reason="delivery limit exceeded: it killed its consumer every time",
-            )
+        report = self._reconciler.run_once()
+        return ReapResult(
+            requeued=report.requeued, parked=report.parked + report.dead_letters_parked
         )
 
     def get(self, job_id: UUID) -> Job | None:

@@ -1,0 +1,189 @@
+"""Dramatiq on RabbitMQ, adapted to carry vibey's dispatch pointers.
+
+Dramatiq stays the transport and the worker runtime (processes × threads, prefetch, graceful
+shutdown, middleware hooks); PostgreSQL owns state, attempts and delays. What fights that is
+neutralised here:
+
+* **The wire format is the pointer**, ``vibey.job.dispatch/1`` (``workflows.dispatch``), not
+  Dramatiq's JSON: the consumer decodes it strictly into a Dramatiq message for the step actor
+  of the queue it came from. A malformed body is dead-lettered with its reason and never
+  reaches an actor.
+* **No delay queues, no ``eta``**: ``declare_queue`` emits no ``declare_delay_queue``, so the
+  worker starts no ``.DQ`` consumer (nothing is held in worker memory); delays are wait tiers.
+* **The topology is vibey's** (``actors.topology``), declared once at start; Dramatiq's own
+  declarations (classic queues with ``.DQ``/``.XQ`` siblings) are never made. ``enqueue`` is
+  refused: pointers are published by the outbox relay, never by Dramatiq.
+* **No stale acks**: Dramatiq acknowledges through whichever consumer is current, so after a
+  channel closed (``consumer_timeout``, a broker restart) a finished step would acknowledge an
+  old delivery tag on the new channel — another message. Each message remembers the consumer
+  (channel) it came from, and an ack or nack on any other consumer is skipped: the broker
+  redelivers that message, and its stale generation or live lease turns it into a no-op.
+* **No Retries, Callbacks, Pipelines, Results or AgeLimit**: the middleware list is empty
+  unless a caller adds vibey's own.
+
+Only this module (and the relay and deliveries modules beside it) import pika.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pika
+from dramatiq import Message, MessageProxy
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
+from dramatiq.errors import ConnectionClosed
+from dramatiq.middleware import Middleware
+
+from actors.deliveries import DETAIL_HEADER, REASON_HEADER
+from workflows.dispatch import EnvelopeError, decode
+
+log = logging.getLogger(__name__)
+
+STEP_ACTOR_PREFIX = "run_step@"
+_CONSUMER_SERIALS = itertools.count(1)
+
+
+def step_actor_name(queue: str) -> str:
+    return f"{STEP_ACTOR_PREFIX}{queue}"
+
+
+class PointerConsumer(_RabbitmqConsumer):
+    """Decodes pointers; acknowledges only deliveries of its own channel."""
+
+    def __init__(self, broker: VibeyBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)
+        self.serial = next(_CONSUMER_SERIALS)  # unlike id(), never reused by a later consumer
+        self._dead_exchange = broker.dead_exchange
+        self.rejected = 0
+
+    def __next__(self) -> MessageProxy | None:
+        try:
+            method, _properties, body = next(self.iterator)
+            if method is None:
+                return None
+        except (
+            AssertionError,
+            pika.exceptions.AMQPConnectionError,
+            pika.exceptions.AMQPChannelError,
+        ) as exc:
+            raise ConnectionClosed(exc) from None
+        try:
+            envelope = decode(body)
+        except EnvelopeError as exc:
+            self._dead_letter(method, body, str(exc.reason), str(exc))
+            return None
+        message: Message[None] = Message(
+            queue_name=self.queue_name,
+            actor_name=step_actor_name(self.queue_name),
+            args=(),
+            kwargs={
+                "job_id": str(envelope.job_id),
+                "project_id": envelope.project_id,
+                "seq": envelope.dispatch_seq,
+                "kind": envelope.kind,
+                "routing_key": method.routing_key,
+            },
+            options={},
+            message_id=envelope.message_id,
+        )
+        proxy = _RabbitmqMessage(method.redelivered, method.delivery_tag, message)
+        proxy.options["vibey_consumer"] = self.serial
+        self.known_tags.add(method.delivery_tag)
+        return proxy
+
+    def _dead_letter(self, method: Any, body: bytes, reason: str, detail: str) -> None:
+        """Republish to the dead-letter exchange with the reason, then ack: the consumer
+        thread owns this channel, so this runs inline, in order."""
+        log.warning("dead-lettering a malformed pointer on %s: %s", self.queue_name, detail)
+        properties = pika.BasicProperties(
+            delivery_mode=2, headers={REASON_HEADER: reason, DETAIL_HEADER: detail[:500]}
+        )
+        self.channel.basic_publish(self._dead_exchange, method.routing_key, body, properties)
+        self.channel.basic_ack(method.delivery_tag)
+        self.rejected += 1
+
+    def ack(self, message: MessageProxy) -> None:
+        if self._mine(message, "ack"):
+            super().ack(message)
+
+    def nack(self, message: MessageProxy) -> None:
+        if self._mine(message, "nack"):
+            super().nack(message)
+
+    def _mine(self, message: MessageProxy, what: str) -> bool:
+        if message.options.get("vibey_consumer") == self.serial:
+            return True
+        log.warning(
+            "not settling (%s) %s: its channel closed since it was delivered; the broker "
+            "redelivers it and its generation or lease makes that a no-op",
+            what,
+            message.message_id,
+        )
+        return False
+
+
+class VibeyBroker(RabbitmqBroker):
+    """A RabbitmqBroker whose queues are vibey's lane queues, declared by ``declare``."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        dead_exchange: str,
+        declare: Callable[[Any], None],
+        middleware: list[Middleware] | None = None,
+        heartbeat: int = 30,
+    ) -> None:
+        separator = "&" if "?" in url else "?"
+        super().__init__(
+            url=f"{url}{separator}heartbeat={heartbeat}",
+            confirm_delivery=True,
+            middleware=middleware or [],
+        )
+        self.dead_exchange = dead_exchange
+        self._declare = declare
+        self._declared = False
+
+    @property
+    def consumer_class(self) -> type[PointerConsumer]:
+        return PointerConsumer
+
+    def declare_queue(self, queue_name: str, *, ensure: bool = False) -> None:
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)  # and no delay queue, ever
+        if ensure:
+            self._ensure_queue(queue_name)
+
+    def _ensure_queue(self, queue_name: str) -> None:
+        if not self._declared:
+            self._declare(self.channel)
+            self._declared = True
+
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        raise RuntimeError(
+            "vibey publishes pointers through the outbox relay; Dramatiq's enqueue is not used"
+        )
+
+    def publish(
+        self,
+        *,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        headers: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        """Publish on this thread's confirm-mode channel (mandatory): used to re-delay a
+        pointer through a wait tier."""
+        properties = pika.BasicProperties(
+            delivery_mode=2,
+            content_type="application/json",
+            message_id=message_id,
+            headers=dict(headers) if headers else None,
+        )
+        self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)

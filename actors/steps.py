@@ -1,0 +1,168 @@
+"""The step actor's body: fenced claim of the pointer, the handler, one settle.
+
+``StepRunner.run`` is what every ``run_step@<queue>`` actor calls with a decoded pointer. It
+never raises: a handler's exception becomes a ``vibey``-class failure (a nack the attempt
+budget bounds), so Dramatiq always acknowledges the delivery after the settle committed. A
+pointer whose claim missed is dropped or re-delayed through a wait tier by
+``workflows.dispatch.decide_miss``.
+
+While a handler runs, a heartbeat thread extends the lease every third of its timeout, so a
+two-hour step holds its lease however long it takes, and loses it (and any settle) as soon as
+its process stops beating.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from actors.broker import VibeyBroker
+from actors.topology import QueueNames
+from store.dispatch import DispatchRecords
+from store.jobs import PostgresJobRepository
+from workflows.dispatch import (
+    DispatchEnvelope,
+    Drop,
+    RowSnapshot,
+    WaitTiers,
+    decide_miss,
+    encode,
+    tier_name,
+)
+from workflows.job import FailureClass
+from workflows.queue import Job, Lease, Settled
+from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Success
+
+log = logging.getLogger(__name__)
+
+
+class StepResult(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEFERRED = "deferred"
+    PARKED = "parked"
+    STALE = "stale"  # the settle found its lease lost
+    DROPPED = "dropped"
+    REDELAYED = "redelayed"
+
+
+class StepRunner:
+    def __init__(
+        self,
+        *,
+        store: PostgresJobRepository,
+        records: DispatchRecords,
+        broker: VibeyBroker,
+        names: QueueNames,
+        tiers: WaitTiers,
+        handlers: Handlers,
+        owner: str,
+    ) -> None:
+        self._store = store
+        self._records = records
+        self._broker = broker
+        self._names = names
+        self._tiers = tiers
+        self._handlers = handlers
+        self._owner = owner
+
+    def run(
+        self, *, job_id: str, project_id: str, seq: int, kind: str, routing_key: str
+    ) -> StepResult:
+        envelope_job = UUID(job_id)
+        job = self._records.claim_pointer(
+            job_id=envelope_job, project_id=project_id, seq=seq, owner=self._owner
+        )
+        if job is None:
+            return self._missed(envelope_job, project_id, seq, kind, routing_key)
+        with self._heartbeat(job):
+            outcome = self._handle(job)
+        return self._settle(job.lease, outcome)
+
+    def _handle(self, job: Job) -> Outcome:
+        handler = self._handlers.get(job.kind)
+        if handler is None:
+            return Failure(FailureClass.VIBEY, f"no handler is registered for kind {job.kind!r}")
+        try:
+            return handler(job)
+        except Exception as exc:
+            log.exception("handler for %s failed on job %s", job.kind, job.id)
+            return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
+
+    def _settle(self, lease: Lease, outcome: Outcome) -> StepResult:
+        settled: Settled
+        match outcome:
+            case Success(result=result):
+                settled, label = self._store.ack(lease, result=result), StepResult.SUCCEEDED
+            case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
+                settled = self._store.nack(
+                    lease, error=detail, failure_class=cls, retry_in=retry_in
+                )
+                label = StepResult.FAILED
+            case Defer(delay=delay, reason=reason, capacity=capacity):
+                settled = self._store.defer(lease, delay=delay, reason=reason, capacity=capacity)
+                label = StepResult.DEFERRED
+            case Park(gate=gate):
+                settled, label = self._store.park(lease, gate), StepResult.PARKED
+        if not settled.applied:
+            log.warning("job %s: settle refused, the lease was lost (%s)", lease.job_id, label)
+            return StepResult.STALE
+        return label
+
+    def _missed(
+        self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
+    ) -> StepResult:
+        row = self._records.snapshot(job_id=job_id, project_id=project_id)
+        now = row.now if row is not None else datetime.now(UTC)
+        snapshot = None
+        if row is not None:
+            snapshot = RowSnapshot(
+                state=row.state,
+                dispatch_seq=row.dispatch_seq,
+                run_after=row.run_after,
+                lease_expires_at=row.lease_expires_at,
+                deps_met=row.deps_met,
+            )
+        decision = decide_miss(snapshot, seq, now)
+        if isinstance(decision, Drop):
+            return StepResult.DROPPED
+        # Never straight back to the work queue: even a raced pointer waits the smallest tier.
+        tier = self._tiers.route(decision.until - now) or self._tiers.smallest
+        envelope = DispatchEnvelope(
+            job_id=job_id,
+            project_id=project_id,
+            dispatch_seq=seq,
+            kind=kind,
+            not_before=decision.until,
+        )
+        self._broker.publish(
+            exchange=self._names.tier_exchange(tier_name(tier)),
+            routing_key=routing_key,
+            body=encode(envelope),
+            message_id=envelope.message_id,
+        )
+        return StepResult.REDELAYED
+
+    @contextmanager
+    def _heartbeat(self, job: Job) -> Iterator[None]:
+        stop = threading.Event()
+        interval = max(job.lease_timeout / 3, timedelta(milliseconds=50)).total_seconds()
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                if not self._store.heartbeat(job.lease).applied:
+                    log.warning("job %s: heartbeat refused, the lease was lost", job.id)
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{job.id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()

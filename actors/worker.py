@@ -1,0 +1,257 @@
+"""The worker fleet: Dramatiq workers on vibey's lane queues, under a supervisor.
+
+:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job store, the outbox
+relay, the adapted Dramatiq broker, one step actor per consumed queue, the reconciler on
+APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` runs several
+such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
+
+A process serves the shared lane queues (the default fleet, every project) or, given
+``projects``, only those projects' dedicated queues.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import dramatiq
+
+from actors.broker import VibeyBroker, step_actor_name
+from actors.capabilities import detect
+from actors.reconcile import Reconciler
+from actors.relay import Relay, Router
+from actors.steps import StepResult, StepRunner
+from actors.topology import QueueNames, Topology
+from store.dispatch import DispatchRecords
+from store.jobs import PostgresJobRepository
+from store.pool import open_pool
+from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
+from workflows.job import LeasePolicy
+from workflows.steps import Handlers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    pg_url: str
+    amqp_url: str
+    prefix: str = "vibey"
+    lanes: tuple[str, ...] = tuple(lane.value for lane in Lane)
+    projects: tuple[str, ...] = ()  # serve only these projects' dedicated queues
+    dedicated_projects: tuple[str, ...] = ()  # every project routed to dedicated queues
+    tiers: WaitTiers = DEFAULT_WAIT_TIERS
+    leases: LeasePolicy = field(default_factory=LeasePolicy)
+    threads: int = 8
+    prefetch: int | None = None  # default: threads (low, so a crash redelivers little)
+    delivery_limit: int = 20
+    reconcile_interval: timedelta = timedelta(seconds=30)
+    redispatch_after: timedelta = timedelta(minutes=2)
+    reclaim_after: timedelta = timedelta(seconds=30)
+    handlers: str = "actors.handlers:HANDLERS"
+
+    @property
+    def names(self) -> QueueNames:
+        return QueueNames(self.prefix)
+
+    def queues(self) -> list[str]:
+        if self.projects:
+            return [self.names.work_queue(lane, p) for p in self.projects for lane in self.lanes]
+        return [self.names.work_queue(lane) for lane in self.lanes]
+
+    def topology(self) -> Topology:
+        return Topology(
+            self.names,
+            dict(zip(self.tiers.names, self.tiers.tiers, strict=True)),
+            self.lanes,
+            dedicated_projects=tuple(dict.fromkeys((*self.dedicated_projects, *self.projects))),
+            delivery_limit=self.delivery_limit,
+        )
+
+
+def load_handlers(path: str) -> Handlers:
+    """``module:attribute`` → the handler registry it names."""
+    module_name, _, attribute = path.partition(":")
+    handlers: Handlers = getattr(importlib.import_module(module_name), attribute or "HANDLERS")
+    return handlers
+
+
+class Runtime:
+    """One worker process's parts, started and stopped together."""
+
+    def __init__(
+        self, config: WorkerConfig, *, handlers: Handlers, owner: str | None = None
+    ) -> None:
+        self.config = config
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        names = config.names
+        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 4)
+        self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
+        dedicated = (*config.dedicated_projects, *config.projects)
+        self.relay = Relay(
+            url=config.amqp_url,
+            records=self.records,
+            router=Router(names=names, tiers=config.tiers, dedicated=dedicated),
+        )
+        self.store = PostgresJobRepository(
+            pool=self.pool,
+            leases=config.leases,
+            dispatch=True,
+            relay_id=self.owner,
+            after_commit=self.relay.submit,
+        )
+        topology = config.topology()
+        self.broker = VibeyBroker(
+            url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
+        )
+        self.runner = StepRunner(
+            store=self.store,
+            records=self.records,
+            broker=self.broker,
+            names=names,
+            tiers=config.tiers,
+            handlers=handlers,
+            owner=self.owner,
+        )
+        self.reconciler = Reconciler(
+            store=self.store,
+            records=self.records,
+            relay=self.relay,
+            url=config.amqp_url,
+            names=names,
+            redispatch_after=config.redispatch_after,
+            reclaim_after=config.reclaim_after,
+        )
+        self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
+        self._results_lock = threading.Lock()
+        for queue in config.queues():
+            dramatiq.Actor(
+                self._step,
+                broker=self.broker,
+                actor_name=step_actor_name(queue),
+                queue_name=queue,
+                priority=0,
+                options={"max_retries": 0},
+            )
+        self._worker: dramatiq.Worker | None = None
+
+    def _declarer(self, topology: Topology) -> Any:
+        projects = self.config.projects
+
+        def declare(channel: Any) -> None:
+            caps = detect(channel.connection)
+            topology.declare(channel, caps)
+            for project in projects:
+                for lane in self.config.lanes:
+                    topology.declare_dedicated(channel, caps, lane, project)
+
+        return declare
+
+    def _step(self, **pointer: Any) -> None:
+        result = self.runner.run(**pointer)
+        with self._results_lock:
+            self.results[result] += 1
+
+    def start(self) -> None:
+        self.relay.start()
+        self.broker.channel  # noqa: B018 - opens this thread's channel, declaring the topology
+        self.broker._ensure_queue(self.config.queues()[0])
+        prefetch = self.config.prefetch or self.config.threads
+        self._worker = dramatiq.Worker(
+            self.broker, queues=set(self.config.queues()), worker_threads=self.config.threads
+        )
+        self._worker.queue_prefetch = prefetch
+        self._worker.start()
+        self.reconciler.start(interval=self.config.reconcile_interval)
+
+    def stop(self, *, timeout: float = 600.0) -> None:
+        """Stop consuming, let running steps settle, then close everything."""
+        self.reconciler.stop()
+        if self._worker is not None:
+            self._worker.stop(timeout=int(timeout * 1000))
+        self.relay.stop()
+        self.broker.close()
+        self.pool.close()
+
+
+def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
+    """A worker process: run until SIGTERM or SIGINT, then drain."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(processName)s %(name)s %(message)s"
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    runtime = Runtime(config, handlers=load_handlers(config.handlers))
+    runtime.start()
+    if ready is not None:
+        ready.set()
+    stop.wait()
+    runtime.stop()
+
+
+class Supervisor:
+    """Runs ``processes`` worker processes and respawns any that dies (by pid), until
+    :meth:`stop`; then stops them all gracefully (SIGTERM: each drains)."""
+
+    def __init__(self, config: WorkerConfig, *, processes: int) -> None:
+        self._config = config
+        self._ctx = mp.get_context("spawn")
+        self._children: list[Any] = [None] * processes
+        self._stopping = threading.Event()
+        self.respawns = 0
+
+    def run(self) -> int:
+        for slot in range(len(self._children)):
+            self._spawn(slot)
+        while not self._stopping.wait(0.5):
+            self._respawn_dead()
+        self._terminate()
+        return self.respawns
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def pids(self) -> list[int]:
+        return [child.pid for child in self._children if child is not None]
+
+    def _spawn(self, slot: int) -> None:
+        child = self._ctx.Process(
+            target=run_process, args=(self._config,), name=f"vibey-worker-{slot}"
+        )
+        child.start()
+        self._children[slot] = child
+
+    def _respawn_dead(self) -> None:
+        for slot, child in enumerate(self._children):
+            if child is not None and not child.is_alive() and not self._stopping.is_set():
+                log.warning(
+                    "worker %s (pid %s) exited %s; respawning", slot, child.pid, child.exitcode
+                )
+                self.respawns += 1
+                self._spawn(slot)
+
+    def _terminate(self) -> None:
+        live = [c for c in self._children if c is not None and c.is_alive()]
+        for child in live:
+            os.kill(child.pid, signal.SIGTERM)
+        for child in self._children:
+            if child is not None:
+                child.join()
+
+
+def supervise(config: WorkerConfig, *, processes: int) -> int:
+    """Run a supervised fleet until SIGTERM or SIGINT; returns the number of respawns."""
+    supervisor = Supervisor(config, processes=processes)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: supervisor.stop())
+    return supervisor.run()

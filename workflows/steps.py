@@ -1,0 +1,46 @@
+"""What a step handler may say happened: the seam between a handler and the runtime.
+
+A handler receives its claimed :class:`workflows.queue.Job` and returns one outcome; the
+runtime turns it into the matching fenced settle (ack, nack, defer, park) in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from workflows.job import FailureClass
+from workflows.queue import GateRequest, Job, JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    result: JsonObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    failure_class: FailureClass
+    detail: str
+    retry_in: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Try again after ``delay`` without burning an attempt. ``capacity`` only when the engine
+    really refused for lack of capacity (it opens the circuit; a verify wait does not)."""
+
+    delay: timedelta
+    reason: str
+    capacity: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    gate: GateRequest
+
+
+Outcome = Success | Failure | Defer | Park
+Handler = Callable[[Job], Outcome]
+Handlers = Mapping[str, Handler]
