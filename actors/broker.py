@@ -61,7 +61,7 @@ class PointerConsumer(_RabbitmqConsumer):
 
     def __next__(self) -> MessageProxy | None:
         try:
-            method, _properties, body = next(self.iterator)
+            method, properties, body = next(self.iterator)
             if method is None:
                 return None
         except (
@@ -85,6 +85,8 @@ class PointerConsumer(_RabbitmqConsumer):
                 "seq": envelope.dispatch_seq,
                 "kind": envelope.kind,
                 "routing_key": method.routing_key,
+                # Quorum queues count redeliveries (channel deaths, requeues) per message.
+                "delivery": int((properties.headers or {}).get("x-delivery-count", 0)),
             },
             options={},
             message_id=envelope.message_id,
@@ -123,6 +125,19 @@ class PointerConsumer(_RabbitmqConsumer):
             message.message_id,
         )
         return False
+
+    def close(self) -> None:
+        """Dramatiq's close stops at the channel: once the broker closed it (consumer_timeout,
+        a 406) ``channel.close()`` raises and the connection is never closed, one leaked
+        connection per channel error. Close the connection whatever the channel did."""
+        try:
+            super().close()
+        finally:
+            if self.connection.is_open:
+                try:
+                    self.connection.close()
+                except pika.exceptions.AMQPError:
+                    log.debug("closing the consumer's connection failed", exc_info=True)
 
 
 class VibeyBroker(RabbitmqBroker):

@@ -107,6 +107,7 @@ class RabbitMqJobRepository:
             consumers, self._consumers = list(self._consumers.values()), {}
         for consumer in consumers:
             consumer.stop()
+        self._reconciler.stop()
 
     # -- deliveries ------------------------------------------------------------------------
 

@@ -10,13 +10,16 @@ SKIP LOCKED, generation checks). APScheduler runs it every ``interval`` in each 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pika
+import pika.exceptions
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from actors.deliveries import REASON_HEADER
@@ -60,6 +63,9 @@ class Reconciler:
         self._redispatch_after = redispatch_after
         self._reclaim_after = reclaim_after
         self._scheduler: BackgroundScheduler | None = None
+        self._connection: pika.BlockingConnection | None = None
+        self._dead_channel: Any = None
+        self._lock = threading.Lock()
 
     def run_once(self) -> ReconcileReport:
         reaped = self._store.reap()
@@ -72,18 +78,34 @@ class Reconciler:
         """Park the job of every pointer in the dead-letter queue; count the parks. Pointers
         rejected as malformed carry their reason and were logged when rejected."""
         parked = 0
-        connection = pika.BlockingConnection(pika.URLParameters(self._url))
-        try:
-            channel = connection.channel()
-            for _ in range(limit):
-                method, properties, body = channel.basic_get(self._names.dead_queue)
-                if method is None:
-                    break
-                parked += self._park(properties, body)
-                channel.basic_ack(method.delivery_tag)
-        finally:
-            connection.close()
+        with self._lock:
+            try:
+                channel = self._channel()
+                for _ in range(limit):
+                    method, properties, body = channel.basic_get(self._names.dead_queue)
+                    if method is None:
+                        break
+                    parked += self._park(properties, body)
+                    channel.basic_ack(method.delivery_tag)
+            except pika.exceptions.AMQPError:
+                self._close()
+                raise
         return parked
+
+    def _channel(self) -> Any:
+        """One connection kept open across runs (reopened after an error)."""
+        if self._connection is None or not self._connection.is_open:
+            self._connection = pika.BlockingConnection(pika.URLParameters(self._url))
+            self._dead_channel = None
+        if self._dead_channel is None or not self._dead_channel.is_open:
+            self._dead_channel = self._connection.channel()
+        return self._dead_channel
+
+    def _close(self) -> None:
+        connection, self._connection, self._dead_channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()
 
     def _park(self, properties: Any, body: bytes) -> int:
         headers: Mapping[str, Any] = properties.headers or {}
@@ -121,6 +143,8 @@ class Reconciler:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
+        with self._lock:
+            self._close()
 
     def _scheduled(self) -> None:
         try:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 from uuid import UUID
 
 from actors.broker import VibeyBroker
@@ -51,6 +52,20 @@ class StepResult(enum.StrEnum):
     REDELAYED = "redelayed"
 
 
+class CrashPoint(enum.StrEnum):
+    """Named places where a chaos test may kill the process (``CrashPoints.reached``)."""
+
+    BEFORE_CLAIM = "before_claim"  # the delivery is held, nothing committed
+    AFTER_WORK = "after_work"  # the handler ran (and stopped heartbeating), not settled
+    AFTER_SETTLE = "after_settle"  # the settle committed, the delivery not yet acked
+
+
+class CrashPoints(Protocol):
+    def reached(self, point: CrashPoint, job_id: UUID, seq: int, count: int) -> None:
+        """``count`` is the delivery count before the claim, the attempt after it: a key
+        that changes on every retry, so a seeded decision cannot repeat forever."""
+
+
 class StepRunner:
     def __init__(
         self,
@@ -62,6 +77,8 @@ class StepRunner:
         tiers: WaitTiers,
         handlers: Handlers,
         owner: str,
+        crash: CrashPoints | None = None,
+        on_result: Callable[[StepResult], None] | None = None,
     ) -> None:
         self._store = store
         self._records = records
@@ -70,19 +87,42 @@ class StepRunner:
         self._tiers = tiers
         self._handlers = handlers
         self._owner = owner
+        self._crash = crash
+        self._on_result = on_result
 
     def run(
-        self, *, job_id: str, project_id: str, seq: int, kind: str, routing_key: str
+        self,
+        *,
+        job_id: str,
+        project_id: str,
+        seq: int,
+        kind: str,
+        routing_key: str,
+        delivery: int = 0,
     ) -> StepResult:
         envelope_job = UUID(job_id)
+        self._reached(CrashPoint.BEFORE_CLAIM, envelope_job, seq, delivery)
         job = self._records.claim_pointer(
             job_id=envelope_job, project_id=project_id, seq=seq, owner=self._owner
         )
         if job is None:
-            return self._missed(envelope_job, project_id, seq, kind, routing_key)
+            return self._record(self._missed(envelope_job, project_id, seq, kind, routing_key))
         with self._heartbeat(job):
             outcome = self._handle(job)
-        return self._settle(job.lease, outcome)
+        self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
+        result = self._settle(job.lease, outcome)
+        self._record(result)
+        self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
+        return result
+
+    def _record(self, result: StepResult) -> StepResult:
+        if self._on_result is not None:
+            self._on_result(result)
+        return result
+
+    def _reached(self, point: CrashPoint, job_id: UUID, seq: int, count: int) -> None:
+        if self._crash is not None:
+            self._crash.reached(point, job_id, seq, count)
 
     def _handle(self, job: Job) -> Outcome:
         handler = self._handlers.get(job.kind)

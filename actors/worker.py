@@ -57,6 +57,8 @@ class WorkerConfig:
     redispatch_after: timedelta = timedelta(minutes=2)
     reclaim_after: timedelta = timedelta(seconds=30)
     handlers: str = "actors.handlers:HANDLERS"
+    crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
+    tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
     @property
     def names(self) -> QueueNames:
@@ -77,10 +79,14 @@ class WorkerConfig:
         )
 
 
-def load_handlers(path: str) -> Handlers:
-    """``module:attribute`` → the handler registry it names."""
+def load_object(path: str) -> Any:
+    """``module:attribute`` → the object it names."""
     module_name, _, attribute = path.partition(":")
-    handlers: Handlers = getattr(importlib.import_module(module_name), attribute or "HANDLERS")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def load_handlers(path: str) -> Handlers:
+    handlers: Handlers = load_object(path)
     return handlers
 
 
@@ -120,6 +126,8 @@ class Runtime:
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
+            crash=load_object(config.crash_points) if config.crash_points else None,
+            on_result=self._count,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -156,9 +164,15 @@ class Runtime:
         return declare
 
     def _step(self, **pointer: Any) -> None:
-        result = self.runner.run(**pointer)
+        self.runner.run(**pointer)
+
+    def _count(self, result: StepResult) -> None:
         with self._results_lock:
             self.results[result] += 1
+        if self.config.tally_dir:  # appended at once: a process killed later keeps its count
+            path = os.path.join(self.config.tally_dir, f"{os.getpid()}.log")
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(f"{result.value}\n")
 
     def start(self) -> None:
         self.relay.start()
@@ -204,7 +218,10 @@ class Supervisor:
 
     def __init__(self, config: WorkerConfig, *, processes: int) -> None:
         self._config = config
-        self._ctx = mp.get_context("spawn")
+        # forkserver: the server imports vibey once, so a respawn is a fork, not a new
+        # interpreter importing Dramatiq, psycopg and pika again.
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(["actors.worker"])
         self._children: list[Any] = [None] * processes
         self._stopping = threading.Event()
         self.respawns = 0

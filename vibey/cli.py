@@ -2,13 +2,16 @@
 
 Exit codes (:class:`ExitCode`, the only place they are defined)::
 
-    0  OK           done; for ``doctor``: healthy
+    0  OK           done; for ``doctor``: healthy; for ``worker``: stopped by SIGTERM or SIGINT
     1  FAILURE      the command ran and found a problem (a store error, an unhealthy doctor)
     2  USAGE        a bad argument or a bad configuration (a SettingsError)
     3  UNAVAILABLE  a service did not answer (PostgreSQL)
 
 Errors are one line on stderr, ``vibey: <what happened and what to do>``; ``-v/--verbose``
 adds the traceback and the library logs (connect retries among them).
+
+The ``actors`` modules (Dramatiq, pika) are imported by the commands that use them, so that
+``migrate`` and ``--version`` do not pay for them.
 """
 
 from __future__ import annotations
@@ -16,21 +19,32 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
+from types import FrameType
 from typing import Annotated, Any
 
 from cyclopts import App, CycloptsError, Parameter
 from rich.console import Console
 from rich.text import Text
 
+from actors.capabilities import BrokerCapabilities
 from store import migrate as migrations
 from store.errors import DatabaseUnavailable, StoreError
 from store.pool import redact
-from vibey.settings import Settings, SettingsError, load_settings
+from vibey.settings import (
+    QueueBackendNotConfigured,
+    Settings,
+    SettingsError,
+    load_settings,
+    split_list,
+)
+
+PROBE_TIMEOUT_SECONDS = 5.0
 
 
 class ExitCode(enum.IntEnum):
@@ -81,6 +95,8 @@ def _launch(
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not verbose:  # pika logs its own connect failures; doctor reports them in one line
+        logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         result = app(tokens)
     except SettingsError as exc:
@@ -121,16 +137,23 @@ def migrate() -> ExitCode:
 
 
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    plural = f"{noun}es" if noun.endswith("s") else f"{noun}s"
+    return f"{n} {noun}" if n == 1 else f"{n} {plural}"
 
 
 @dataclass(frozen=True, slots=True)
 class DoctorReport:
-    """What ``vibey doctor --json`` prints: one flat JSON object with exactly these keys.
+    """What ``vibey doctor --json`` prints: one JSON object with exactly these keys, flat but
+    for ``broker_capabilities``.
 
     URLs have their password replaced by ``***``; ``null`` means not set. ``postgres_error``
     is null when PostgreSQL answered. ``pending_migrations`` lists ``NNNN_name`` strings.
-    ``healthy`` is true when PostgreSQL answered and no migration is pending.
+    ``amqp_ok`` is true when RabbitMQ answered, false when it did not (or the rabbitmq backend
+    has no AMQP URL), null when it was not asked (no AMQP URL, on the postgres backend);
+    ``amqp_error`` says why it is not true (null on the postgres backend without a URL).
+    ``broker_version`` and ``broker_capabilities`` (``{name: bool}``, see
+    ``actors.capabilities``) are null unless RabbitMQ answered. ``healthy`` is true when
+    PostgreSQL answered, no migration is pending and, on the rabbitmq backend, RabbitMQ answered.
     """
 
     version: str
@@ -148,6 +171,10 @@ class DoctorReport:
     postgres_ok: bool
     postgres_error: str | None
     pending_migrations: list[str]
+    amqp_ok: bool | None
+    amqp_error: str | None
+    broker_version: str | None
+    broker_capabilities: dict[str, bool] | None
     healthy: bool
 
 
@@ -155,24 +182,52 @@ class DoctorReport:
 def doctor(
     *, json_output: Annotated[bool, Parameter(name="--json", negative=())] = False
 ) -> ExitCode:
-    """Show the settings in effect and check PostgreSQL and the migrations.
+    """Show the settings in effect and check PostgreSQL, the migrations and RabbitMQ.
 
-    Exits 0 when healthy, 1 when PostgreSQL does not answer or a migration is pending.
+    RabbitMQ is asked (one connection, 5 s at most) whenever an AMQP URL is set: whether it
+    answers, its version and what that version honours. Exits 0 when healthy, 1 when
+    PostgreSQL does not answer, a migration is pending, or (on the rabbitmq backend) RabbitMQ
+    does not answer or has no AMQP URL.
 
     Parameters
     ----------
     json_output
-        Print one flat JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
+        Print one JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
     """
-    report = _diagnose(load_settings())
+    report, caps = _diagnose(load_settings())
     if json_output:
         print(json.dumps(asdict(report), indent=2))
     else:
-        _print_report(report)
+        _print_report(report, caps)
     return ExitCode.OK if report.healthy else ExitCode.FAILURE
 
 
-def _diagnose(settings: Settings) -> DoctorReport:
+@dataclass(frozen=True, slots=True)
+class _AmqpCheck:
+    ok: bool | None
+    error: str | None
+    caps: BrokerCapabilities | None
+
+
+def _check_rabbitmq(settings: Settings) -> _AmqpCheck:
+    url = settings.bus.amqp_url
+    if url is None:
+        if settings.queue.backend == "rabbitmq":
+            return _AmqpCheck(False, _one_line(str(QueueBackendNotConfigured())), None)
+        return _AmqpCheck(None, None, None)
+    from actors.probe import probe  # pika: see the module docstring
+
+    caps, why = probe(url, PROBE_TIMEOUT_SECONDS)
+    if caps is None:
+        return _AmqpCheck(False, f"RabbitMQ at {redact(url)} {why}", None)
+    return _AmqpCheck(True, None, caps)
+
+
+def _capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
+    return {f.name: getattr(caps, f.name) for f in fields(caps) if f.name != "version"}
+
+
+def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | None]:
     url = settings.database.url
     error: str | None = None
     pending: list[str] = []
@@ -181,7 +236,9 @@ def _diagnose(settings: Settings) -> DoctorReport:
         pending = [f"{m.version:04d}_{m.name}" for m in found]
     except (SettingsError, DatabaseUnavailable) as exc:
         error = _one_line(str(exc))
-    return DoctorReport(
+    amqp = _check_rabbitmq(settings)
+    rabbitmq_fine = settings.queue.backend != "rabbitmq" or amqp.ok is True
+    report = DoctorReport(
         version=_version(),
         config_file=None if settings.config_file is None else str(settings.config_file),
         database_url=None if url is None else redact(url),
@@ -197,11 +254,16 @@ def _diagnose(settings: Settings) -> DoctorReport:
         postgres_ok=error is None,
         postgres_error=error,
         pending_migrations=pending,
-        healthy=error is None and not pending,
+        amqp_ok=amqp.ok,
+        amqp_error=amqp.error,
+        broker_version=None if amqp.caps is None else amqp.caps.version,
+        broker_capabilities=None if amqp.caps is None else _capability_map(amqp.caps),
+        healthy=error is None and not pending and rabbitmq_fine,
     )
+    return report, amqp.caps
 
 
-def _print_report(report: DoctorReport) -> None:
+def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None:
     rows: list[tuple[str, Any]] = [
         ("vibey", report.version),
         ("config file", report.config_file or "none"),
@@ -214,15 +276,106 @@ def _print_report(report: DoctorReport) -> None:
     ]
     if report.postgres_ok:
         rows.append(("migrations", _migrations_line(report.pending_migrations)))
+    rows.append(("rabbitmq", _rabbitmq_line(report)))
     for label, value in rows:
         print(f"{label + ':':<15} {value}")
+    for label, value in caps.as_table()[1:] if caps is not None else ():
+        print(f"  {label}: {value}")
     print("healthy" if report.healthy else "not healthy")
+
+
+def _rabbitmq_line(report: DoctorReport) -> str:
+    if report.amqp_ok is None:
+        return "not asked (no AMQP URL; the postgres backend needs none)"
+    if not report.amqp_ok:
+        return f"PROBLEM: {report.amqp_error}"
+    return f"answers, RabbitMQ {report.broker_version}; what it honours:"
 
 
 def _migrations_line(pending: Sequence[str]) -> str:
     if not pending:
         return "up to date"
     return f"PROBLEM: {len(pending)} pending ({', '.join(pending)}): run `vibey migrate`"
+
+
+@app.command
+def worker(
+    *,
+    processes: int | None = None,
+    threads: int | None = None,
+    project: Annotated[
+        tuple[str, ...], Parameter(name="--project", negative=(), show_default=False)
+    ] = (),
+    lanes: str | None = None,
+    handlers: str | None = None,
+) -> ExitCode:
+    """Run the Dramatiq worker fleet (rabbitmq backend) until SIGTERM or SIGINT.
+
+    Runs PROCESSES worker processes of THREADS threads each under a supervisor that respawns
+    a process that dies. Without --project the fleet serves the shared lane queues (every
+    project); with it, only those projects' dedicated queues. It prints one line saying what
+    it runs; SIGTERM or Ctrl-C lets running steps settle, then exits 0. The flags override
+    [worker] in vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL and VIBEY_AMQP_URL.
+
+    Parameters
+    ----------
+    processes
+        Worker processes (default: [worker] processes, 2).
+    threads
+        Threads per process (default: [worker] threads, 8).
+    project
+        Serve only this project's dedicated queues; repeat for several.
+    lanes
+        Comma-separated lanes to consume, of interactive and build (default: both).
+    handlers
+        The step handlers, as module:attribute (default: actors.handlers:HANDLERS).
+    """
+    settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
+    from actors.worker import supervise  # Dramatiq: see the module docstring
+    from vibey.wiring import worker_config
+
+    config = worker_config(settings, projects=project)
+    count = settings.worker.processes
+    # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
+    signal.signal(signal.SIGTERM, _interrupt)
+    logging.getLogger("actors.worker").setLevel(logging.INFO)  # respawns are worth a line
+    try:
+        print(
+            f"vibey worker: {_count(count, 'process')} of {_count(config.threads, 'thread')} "
+            f"each on {', '.join(config.queues())} at {redact(config.amqp_url)}; "
+            "SIGTERM or Ctrl-C stops it",
+            flush=True,
+        )
+        respawns = supervise(config, processes=count)
+    except KeyboardInterrupt:
+        return ExitCode.OK
+    print(f"vibey worker: stopped ({_count(respawns, 'respawn')})", flush=True)
+    return ExitCode.OK
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _with_worker_flags(
+    settings: Settings,
+    processes: int | None,
+    threads: int | None,
+    lanes: str | None,
+    handlers: str | None,
+) -> Settings:
+    """The settings with the command line's choices in [worker] (checked like the rest)."""
+    given: dict[str, Any] = {}
+    if lanes is not None:
+        parsed = split_list(lanes)
+        if parsed is None:
+            raise SettingsError(
+                f"--lanes has an empty item in {lanes!r}: separate the lanes with single commas"
+            )
+        given["lanes"] = parsed
+    flags = {"processes": processes, "threads": threads, "handlers": handlers}
+    given.update({name: value for name, value in flags.items() if value is not None})
+    return replace(settings, worker=replace(settings.worker, **given)) if given else settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,10 +21,36 @@ The file, every key optional (unknown sections and keys are errors)::
     default = 120                    # VIBEY_QUEUE_LEASE_SECONDS_DEFAULT
     "build.implement" = 7200
 
+    [queue.rabbitmq]                 # the rabbitmq backend
+    wait_tiers_seconds = [1, 5, 30, 120, 600, 3600]   # VIBEY_QUEUE_WAIT_TIERS=1,5,30,...
+    delivery_limit = 20              # work queues' x-delivery-limit; VIBEY_QUEUE_DELIVERY_LIMIT
+    reconcile_interval_seconds = 30  # VIBEY_QUEUE_RECONCILE_INTERVAL
+    redispatch_after_seconds = 120   # resend a lost pointer after; VIBEY_QUEUE_REDISPATCH_AFTER
+    reclaim_after_seconds = 30       # outbox rows a dead relay held; VIBEY_QUEUE_RECLAIM_AFTER
+    first_claim_wait_seconds = 2     # VIBEY_QUEUE_FIRST_CLAIM_WAIT
+    dedicated_projects = []          # VIBEY_QUEUE_DEDICATED_PROJECTS=p1,p2
+    # prefetch = 8                   # unset: the worker's threads; VIBEY_QUEUE_PREFETCH
+
     [bus]
     amqp_url = "amqp://guest:guest@127.0.0.1:5672/"   # VIBEY_AMQP_URL
     prefix = "vibey"                                  # VIBEY_BUS_PREFIX
     vhost = "/"                                       # VIBEY_BUS_VHOST
+
+    [worker]                         # `vibey worker`; its flags override these
+    processes = 2                    # VIBEY_WORKER_PROCESSES
+    threads = 8                      # per process; VIBEY_WORKER_THREADS
+    lanes = ["interactive", "build"] # VIBEY_WORKER_LANES=interactive,build
+    handlers = "actors.handlers:HANDLERS"             # VIBEY_WORKER_HANDLERS
+
+Lists come from the environment comma-separated (``1,5,30``); an empty item is an error.
+Durations are numbers of seconds: finite, more than 0 (``first_claim_wait_seconds`` may be 0)
+and at most a year. Project ids, lanes and wait tiers must each appear once. A project id is
+non-empty, has no '.', '*', '#' or whitespace and at most 200 characters (it is a word of a
+routing key).
+
+This module is past 600 lines on purpose: it is the one place that names every setting, its
+variable, its default and its check, and the error messages must agree with each other. Should
+it grow further, the per-section dataclasses are the seam to split along.
 
 Exceptions::
 
@@ -37,13 +63,15 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
+from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import REGISTERED_KINDS, LeasePolicy, UnknownJobKindError
 
 QueueBackend = Literal["rabbitmq", "postgres"]
@@ -63,6 +91,15 @@ AMQP_FIX = (
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
 _AMQP_SCHEMES = ("amqp://", "amqps://")
+LANES: tuple[str, ...] = tuple(lane.value for lane in Lane)
+# A project id is one word of a routing key: no separator, no wildcard, no whitespace.
+_NOT_IN_PROJECT_ID = re.compile(r"[.*#\s]")
+# Every exchange and queue name starts with the prefix; a wildcard there would match others.
+_NOT_IN_PREFIX = re.compile(r"[*#\s]")
+# "module:attribute", as `vibey worker --handlers` and [worker] handlers take it.
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+# The longest interval a setting takes: a year (anything longer is a typo).
+MAX_INTERVAL_SECONDS = 365 * 24 * 3600.0
 
 # Every TOML key, by section, with the environment variable that overrides it (if any).
 _KEYS: Mapping[str, Mapping[str, str | None]] = {
@@ -75,9 +112,26 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "backend": "VIBEY_QUEUE_BACKEND",
         "poll_interval_seconds": "VIBEY_QUEUE_POLL_INTERVAL",
         "max_attempts": "VIBEY_QUEUE_MAX_ATTEMPTS",
-        "lease_seconds": None,
+        "lease_seconds": None,  # a table of its own, read by _lease
+        "rabbitmq": None,  # the table below
+    },
+    "queue.rabbitmq": {
+        "wait_tiers_seconds": "VIBEY_QUEUE_WAIT_TIERS",
+        "delivery_limit": "VIBEY_QUEUE_DELIVERY_LIMIT",
+        "reconcile_interval_seconds": "VIBEY_QUEUE_RECONCILE_INTERVAL",
+        "redispatch_after_seconds": "VIBEY_QUEUE_REDISPATCH_AFTER",
+        "reclaim_after_seconds": "VIBEY_QUEUE_RECLAIM_AFTER",
+        "first_claim_wait_seconds": "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
+        "dedicated_projects": "VIBEY_QUEUE_DEDICATED_PROJECTS",
+        "prefetch": "VIBEY_QUEUE_PREFETCH",
     },
     "bus": {"amqp_url": "VIBEY_AMQP_URL", "prefix": "VIBEY_BUS_PREFIX", "vhost": "VIBEY_BUS_VHOST"},
+    "worker": {
+        "processes": "VIBEY_WORKER_PROCESSES",
+        "threads": "VIBEY_WORKER_THREADS",
+        "lanes": "VIBEY_WORKER_LANES",
+        "handlers": "VIBEY_WORKER_HANDLERS",
+    },
 }
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
 # job.lease_ms is a PostgreSQL integer: a lease is at most 2^31-1 ms (about 24.8 days).
@@ -118,12 +172,104 @@ class DatabaseSettings:
             )
 
 
+def _fix(variable: str, key: str, section: str) -> str:
+    return f"fix {variable} (or {key} under [{section}])"
+
+
+def _check_interval(value: float, variable: str, key: str, *, zero_ok: bool = False) -> None:
+    low_ok = value >= 0 if zero_ok else value > 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_INTERVAL_SECONDS):
+        low = "at least 0" if zero_ok else "more than 0"
+        raise SettingsError(
+            f"{key} must be {low} and at most {MAX_INTERVAL_SECONDS:.0f} seconds, got {value}: "
+            + _fix(variable, key, "queue.rabbitmq")
+        )
+
+
+def _check_unique(values: tuple[Any, ...], what: str, fix: str) -> None:
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise SettingsError(f"{what} repeat ({', '.join(repeated)}): list each once; {fix}")
+
+
+def check_project_ids(project_ids: Iterable[str], fix: str) -> tuple[str, ...]:
+    """The ids as a tuple when each can be a word of a routing key and none repeats.
+
+    ``fix`` names where they came from, e.g. ``"fix --project"``.
+    """
+    ids = tuple(project_ids)
+    for project in ids:
+        if not project or _NOT_IN_PROJECT_ID.search(project):
+            raise SettingsError(
+                f"project id {project!r} cannot be a word of a routing key: it must be non-empty "
+                f"and contain no '.', '*', '#' or whitespace; {fix}"
+            )
+        if len(project) > MAX_PROJECT_ID_CHARS:
+            raise SettingsError(
+                f"project id {project[:20]!r}... is {len(project)} characters; the limit is "
+                f"{MAX_PROJECT_ID_CHARS}; {fix}"
+            )
+    _check_unique(ids, "project ids", fix)
+    return ids
+
+
+@dataclass(frozen=True, slots=True)
+class RabbitMqSettings:
+    """``[queue.rabbitmq]``: the wait tiers, queue arguments and reconcile timings."""
+
+    wait_tiers: WaitTiers = DEFAULT_WAIT_TIERS
+    delivery_limit: int = 20
+    reconcile_interval_seconds: float = 30.0
+    redispatch_after_seconds: float = 120.0
+    reclaim_after_seconds: float = 30.0
+    first_claim_wait_seconds: float = 2.0
+    dedicated_projects: tuple[str, ...] = ()
+    prefetch: int | None = None  # None: as many as the worker has threads
+
+    def __post_init__(self) -> None:
+        if self.delivery_limit < 0:
+            raise SettingsError(
+                f"delivery_limit must be at least 0, got {self.delivery_limit}: "
+                + _fix("VIBEY_QUEUE_DELIVERY_LIMIT", "delivery_limit", "queue.rabbitmq")
+            )
+        _check_interval(
+            self.reconcile_interval_seconds,
+            "VIBEY_QUEUE_RECONCILE_INTERVAL",
+            "reconcile_interval_seconds",
+        )
+        _check_interval(
+            self.redispatch_after_seconds,
+            "VIBEY_QUEUE_REDISPATCH_AFTER",
+            "redispatch_after_seconds",
+        )
+        _check_interval(
+            self.reclaim_after_seconds, "VIBEY_QUEUE_RECLAIM_AFTER", "reclaim_after_seconds"
+        )
+        _check_interval(
+            self.first_claim_wait_seconds,
+            "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
+            "first_claim_wait_seconds",
+            zero_ok=True,
+        )
+        check_project_ids(
+            self.dedicated_projects,
+            _fix("VIBEY_QUEUE_DEDICATED_PROJECTS", "dedicated_projects", "queue.rabbitmq"),
+        )
+        if self.prefetch is not None and self.prefetch < 1:
+            raise SettingsError(
+                f"prefetch must be at least 1, got {self.prefetch}: "
+                + _fix("VIBEY_QUEUE_PREFETCH", "prefetch", "queue.rabbitmq")
+                + ", or leave it unset (as many as the worker has threads)"
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
     backend: QueueBackend = "rabbitmq"
     poll_interval_seconds: float = 5.0
     max_attempts: int = 5
     lease: LeasePolicy = field(default_factory=LeasePolicy)
+    rabbitmq: RabbitMqSettings = field(default_factory=RabbitMqSettings)
 
     def __post_init__(self) -> None:
         if self.backend not in QUEUE_BACKENDS:
@@ -156,8 +302,46 @@ class BusSettings:
                 f"the AMQP URL must start with amqp:// or amqps://, got {_scheme(self.amqp_url)}: "
                 "fix VIBEY_AMQP_URL (or amqp_url under [bus])"
             )
-        if not self.prefix:
-            raise SettingsError("the bus prefix must not be empty: fix prefix under [bus]")
+        if not self.prefix or _NOT_IN_PREFIX.search(self.prefix):
+            raise SettingsError(
+                f"the bus prefix {self.prefix!r} must be non-empty and contain no '*', '#' or "
+                "whitespace: fix VIBEY_BUS_PREFIX (or prefix under [bus])"
+            )
+
+
+def _worker_fix(key: str) -> str:
+    return f"fix --{key}, VIBEY_WORKER_{key.upper()} (or {key} under [worker])"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """``[worker]``: what ``vibey worker`` runs; its flags override these (``replace``)."""
+
+    processes: int = 2
+    threads: int = 8
+    lanes: tuple[str, ...] = LANES
+    handlers: str = "actors.handlers:HANDLERS"
+
+    def __post_init__(self) -> None:
+        for key, value in (("processes", self.processes), ("threads", self.threads)):
+            if value < 1:
+                raise SettingsError(
+                    f"the worker's {key} must be at least 1, got {value}: " + _worker_fix(key)
+                )
+        fix = _worker_fix("lanes")
+        if not self.lanes:
+            raise SettingsError(f"a worker needs at least one lane ({', '.join(LANES)}): {fix}")
+        for lane in self.lanes:
+            if lane not in LANES:
+                raise SettingsError(
+                    f"unknown lane {lane!r}: the lanes are {', '.join(LANES)}; {fix}"
+                )
+        _check_unique(self.lanes, "lanes", fix)
+        if not _IMPORT_PATH.fullmatch(self.handlers):
+            raise SettingsError(
+                f"the handlers {self.handlers!r} are not an import path module:attribute "
+                f"(as in actors.handlers:HANDLERS): {_worker_fix('handlers')}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +349,7 @@ class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
     bus: BusSettings = field(default_factory=BusSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
     config_file: Path | None = None
 
     def require_database_url(self) -> str:
@@ -189,13 +374,21 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
     table = _read_toml(path) if path is not None else {}
     where = str(path) if path is not None else CONFIG_FILENAME
     _check_keys(table, where)
-    src = {name: _Source(name, table.get(name, {}), env, f"{where} [{name}]") for name in _KEYS}
+    src = {name: _Source(name, _table(table, name), env, f"{where} [{name}]") for name in _KEYS}
     return Settings(
         database=_database(src["database"]),
-        queue=_queue(src["queue"]),
+        queue=_queue(src["queue"], src["queue.rabbitmq"]),
         bus=_bus(src["bus"]),
+        worker=_worker(src["worker"]),
         config_file=path,
     )
+
+
+def _table(table: Mapping[str, Any], dotted: str) -> Mapping[str, Any]:
+    """The (checked) table ``dotted`` names, as in ``queue.rabbitmq``; empty when absent."""
+    for part in dotted.split("."):
+        table = table.get(part, {})
+    return table
 
 
 def _config_path(env: Mapping[str, str], cwd: Path) -> Path | None:
@@ -224,18 +417,24 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _check_keys(table: Mapping[str, Any], where: str) -> None:
     for section, body in table.items():
-        if section not in _KEYS:
+        if section not in _KEYS or "." in section:
             raise SettingsError(
                 f"{where}: unknown section [{section}]; known sections: {', '.join(_KEYS)}"
             )
-        if not isinstance(body, dict):
-            raise SettingsError(f"{where}: {section} must be a [{section}] table")
-        for key in body:
-            if key not in _KEYS[section]:
-                raise SettingsError(
-                    f"{where}: unknown key {key!r} in [{section}]; "
-                    f"known keys: {', '.join(_KEYS[section])}"
-                )
+        _check_section(section, body, where)
+
+
+def _check_section(section: str, body: Any, where: str) -> None:
+    if not isinstance(body, dict):
+        raise SettingsError(f"{where}: {section} must be a [{section}] table")
+    for key, value in body.items():
+        if key not in _KEYS[section]:
+            raise SettingsError(
+                f"{where}: unknown key {key!r} in [{section}]; "
+                f"known keys: {', '.join(_KEYS[section])}"
+            )
+        if f"{section}.{key}" in _KEYS:
+            _check_section(f"{section}.{key}", value, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +471,30 @@ class _Source:
             raise self._wrong_type(key, value, "a number of seconds")
         return None if value is None else float(value)
 
+    def seconds_list(self, key: str) -> tuple[float, ...] | None:
+        variable, value = self._lookup(key)
+        if variable is not None:
+            items = _env_items(variable, value)
+            try:
+                return tuple(float(item) for item in items)
+            except ValueError:
+                raise SettingsError(
+                    f"{variable} must be comma-separated seconds (as in 1,5,30), got {value!r}"
+                ) from None
+        if value is not None and not (isinstance(value, list) and all(map(_is_number, value))):
+            raise self._wrong_type(key, value, "a list of numbers of seconds")
+        return None if value is None else tuple(float(v) for v in value)
+
+    def words(self, key: str) -> tuple[str, ...] | None:
+        variable, value = self._lookup(key)
+        if variable is not None:
+            return _env_items(variable, value)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            raise self._wrong_type(key, value, "a list of strings")
+        return None if value is None else tuple(value)
+
     def _lookup(self, key: str) -> tuple[str | None, Any]:
         variable = _KEYS[self.section][key]
         if variable is not None and variable in self.env:
@@ -288,6 +511,21 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return _is_int(value) or isinstance(value, float)
+
+
+def split_list(raw: str) -> tuple[str, ...] | None:
+    """The items of a comma-separated list, stripped; None when an item is empty."""
+    items = tuple(item.strip() for item in raw.split(","))
+    return None if any(not item for item in items) else items
+
+
+def _env_items(variable: str, raw: str) -> tuple[str, ...]:
+    items = split_list(raw)
+    if items is None:
+        raise SettingsError(
+            f"{variable} has an empty item in {raw!r}: separate the values with single commas"
+        )
+    return items
 
 
 def _env_seconds(variable: str, raw: str) -> float:
@@ -312,15 +550,44 @@ def _database(src: _Source) -> DatabaseSettings:
     )
 
 
-def _queue(src: _Source) -> QueueSettings:
+def _queue(src: _Source, rabbitmq: _Source) -> QueueSettings:
     return QueueSettings(
         **_given(
             backend=src.text("backend"),
             poll_interval_seconds=src.seconds("poll_interval_seconds"),
             max_attempts=src.integer("max_attempts"),
             lease=_lease(src),
+            rabbitmq=_rabbitmq(rabbitmq),
         )
     )
+
+
+def _rabbitmq(src: _Source) -> RabbitMqSettings:
+    return RabbitMqSettings(
+        **_given(
+            wait_tiers=_wait_tiers(src.seconds_list("wait_tiers_seconds")),
+            delivery_limit=src.integer("delivery_limit"),
+            reconcile_interval_seconds=src.seconds("reconcile_interval_seconds"),
+            redispatch_after_seconds=src.seconds("redispatch_after_seconds"),
+            reclaim_after_seconds=src.seconds("reclaim_after_seconds"),
+            first_claim_wait_seconds=src.seconds("first_claim_wait_seconds"),
+            dedicated_projects=src.words("dedicated_projects"),
+            prefetch=src.integer("prefetch"),
+        )
+    )
+
+
+def _wait_tiers(seconds: tuple[float, ...] | None) -> WaitTiers | None:
+    if seconds is None:
+        return None
+    try:
+        return WaitTiers.from_seconds(seconds)
+    except (ValueError, OverflowError) as exc:  # OverflowError: inf, or beyond timedelta
+        shown = ", ".join(f"{s:g}" for s in seconds)
+        raise SettingsError(
+            f"the wait tiers [{shown}] are not usable ({exc}): "
+            + _fix("VIBEY_QUEUE_WAIT_TIERS", "wait_tiers_seconds", "queue.rabbitmq")
+        ) from exc
 
 
 def _lease(src: _Source) -> LeasePolicy:
@@ -361,6 +628,17 @@ def _lease(src: _Source) -> LeasePolicy:
 def _bus(src: _Source) -> BusSettings:
     return BusSettings(
         **_given(amqp_url=src.text("amqp_url"), prefix=src.text("prefix"), vhost=src.text("vhost"))
+    )
+
+
+def _worker(src: _Source) -> WorkerSettings:
+    return WorkerSettings(
+        **_given(
+            processes=src.integer("processes"),
+            threads=src.integer("threads"),
+            lanes=src.words("lanes"),
+            handlers=src.text("handlers"),
+        )
     )
 
 

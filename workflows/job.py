@@ -243,6 +243,10 @@ class LeasePolicy:
             normalised[canonical_kind(kind)] = duration
         object.__setattr__(self, "by_kind", MappingProxyType(normalised))
 
+    def __reduce__(self) -> tuple[type[LeasePolicy], tuple[timedelta, dict[str, timedelta]]]:
+        # The read-only mapping does not pickle; worker processes receive the policy pickled.
+        return (LeasePolicy, (self.default, dict(self.by_kind)))
+
     def lease_for(self, kind: str) -> timedelta:
         return self.by_kind.get(canonical_kind(kind), self.default)
 

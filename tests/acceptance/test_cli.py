@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
+from typing import TypeVar
 
+import pika
+import pika.exceptions
 import psycopg
 import pytest
 
+from actors.capabilities import BrokerCapabilities, capabilities_for, detect
+from actors.topology import QueueNames
 from store.migrate import shipped
+from tests.amqp_fixtures import Amqp
 from vibey.cli import DoctorReport
+from vibey.settings import AMQP_FIX
+from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -127,9 +139,25 @@ def test_a_changed_migration_exits_1_with_one_line(tmp_path: Path, pg_url: str) 
     assert "was changed after it was applied" in run.stderr
 
 
-def test_doctor_json_on_a_migrated_database_is_healthy(tmp_path: Path, pg_url: str) -> None:
+def announced_version(url: str) -> str:
+    """The version the broker at ``url`` announces, read here without vibey's probe."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return detect(connection).version
+    finally:
+        connection.close()
+
+
+def capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
+    return {name: getattr(caps, name) for name in caps.__dataclass_fields__ if name != "version"}
+
+
+def test_doctor_json_on_a_migrated_database_is_healthy(
+    tmp_path: Path, pg_url: str, amqp_url: str
+) -> None:
     url = with_password(pg_url, "hunter2")
-    run = vibey("doctor", "--json", cwd=tmp_path, env=clean_env(VIBEY_PG_URL=url))
+    env = clean_env(VIBEY_PG_URL=url, VIBEY_AMQP_URL=amqp_url)
+    run = vibey("doctor", "--json", cwd=tmp_path, env=env)
     assert run.code == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["healthy"] is True
@@ -140,7 +168,76 @@ def test_doctor_json_on_a_migrated_database_is_healthy(tmp_path: Path, pg_url: s
     assert "hunter2" not in run.stdout
     assert report["version"] == metadata.version("vibey")
     assert set(report) == {f.name for f in fields(DoctorReport)}  # the documented keys
-    assert all(not isinstance(v, dict) for v in report.values())  # flat
+    nested = {
+        k for k, v in report.items() if isinstance(v, dict | list) and k != "pending_migrations"
+    }
+    assert nested == {"broker_capabilities"}  # flat but for the capability map
+
+
+def test_doctor_json_reports_the_broker_and_what_it_honours(
+    tmp_path: Path, pg_url: str, amqp_url: str
+) -> None:
+    env = clean_env(VIBEY_PG_URL=pg_url, VIBEY_AMQP_URL=amqp_url)
+    report = json.loads(vibey("doctor", "--json", cwd=tmp_path, env=env).stdout)
+    assert report["amqp_ok"] is True
+    assert report["amqp_error"] is None
+    version = report["broker_version"]
+    assert version == announced_version(amqp_url)
+    assert version.startswith(("3.", "4."))  # this machine's broker is 3.10; production 4.x
+    expected = capability_map(capabilities_for(version))
+    assert report["broker_capabilities"] == expected
+    assert set(expected) >= {"per_queue_consumer_timeout", "xdeath_count_reliable"}
+    assert all(isinstance(v, bool) for v in report["broker_capabilities"].values())
+
+
+def test_doctor_text_shows_the_broker_capability_table(
+    tmp_path: Path, pg_url: str, amqp_url: str
+) -> None:
+    env = clean_env(VIBEY_PG_URL=pg_url, VIBEY_AMQP_URL=amqp_url)
+    run = vibey("doctor", cwd=tmp_path, env=env)
+    assert run.code == 0, run.stdout + run.stderr
+    version = announced_version(amqp_url)
+    assert f"rabbitmq:       answers, RabbitMQ {version}; what it honours:" in run.stdout
+    for label, answer in capabilities_for(version).as_table()[1:]:
+        assert f"  {label}: {answer}" in run.stdout
+    assert run.stdout.splitlines()[-1] == "healthy"
+
+
+def test_doctor_when_rabbitmq_does_not_answer_is_unhealthy(tmp_path: Path, pg_url: str) -> None:
+    amqp = f"amqp://guest:hunter2@127.0.0.1:{free_port()}/"
+    run = vibey(
+        "doctor", "--json", cwd=tmp_path, env=clean_env(VIBEY_PG_URL=pg_url, VIBEY_AMQP_URL=amqp)
+    )
+    assert run.code == 1
+    report = json.loads(run.stdout)
+    assert report["postgres_ok"] is True
+    assert report["amqp_ok"] is False
+    assert "did not answer" in report["amqp_error"]
+    assert (report["broker_version"], report["broker_capabilities"]) == (None, None)
+    assert report["healthy"] is False
+    assert "hunter2" not in run.stdout
+    assert run.stderr == ""  # pika's own connect errors are not printed
+
+
+def test_doctor_on_the_rabbitmq_backend_without_an_amqp_url_names_both_fixes(
+    tmp_path: Path, pg_url: str
+) -> None:
+    run = vibey("doctor", "--json", cwd=tmp_path, env=clean_env(VIBEY_PG_URL=pg_url))
+    assert run.code == 1
+    report = json.loads(run.stdout)
+    assert report["postgres_ok"] is True
+    assert report["amqp_ok"] is False
+    assert report["amqp_error"] == AMQP_FIX
+    assert report["healthy"] is False
+
+
+def test_doctor_on_the_postgres_backend_needs_no_rabbitmq(tmp_path: Path, pg_url: str) -> None:
+    env = clean_env(VIBEY_PG_URL=pg_url, VIBEY_QUEUE_BACKEND="postgres")
+    run = vibey("doctor", "--json", cwd=tmp_path, env=env)
+    assert run.code == 0, run.stdout
+    report = json.loads(run.stdout)
+    assert (report["amqp_ok"], report["amqp_error"]) == (None, None)
+    assert report["healthy"] is True
 
 
 def test_doctor_json_reports_pending_migrations(tmp_path: Path, empty_pg_url: str) -> None:
@@ -210,3 +307,196 @@ def test_the_console_script_entry_point_is_main(tmp_path: Path) -> None:
     assert main(["--version"]) == 0
     (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "vibey"]
     assert entry.value == "vibey.cli:main"
+
+
+# --- vibey worker -----------------------------------------------------------------------------
+
+PG_STUB = "postgresql://vibey@127.0.0.1:5432/vibey"  # never connected to: these runs stop before
+AMQP_STUB = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def test_worker_without_an_amqp_url_exits_2_naming_both_fixes(tmp_path: Path) -> None:
+    run = vibey("worker", cwd=tmp_path, env=clean_env(VIBEY_PG_URL=PG_STUB))
+    assert run.code == 2
+    assert run.stderr_lines == [f"vibey: {AMQP_FIX}"]
+    assert "export VIBEY_AMQP_URL=" in run.stderr
+    assert 'backend = "postgres"' in run.stderr
+    assert run.stdout == ""  # it never said it runs anything: nothing started
+
+
+def test_worker_without_any_url_names_the_amqp_fix_first(tmp_path: Path) -> None:
+    run = vibey("worker", "--processes", "1", cwd=tmp_path)
+    assert run.code == 2
+    assert run.stderr_lines == [f"vibey: {AMQP_FIX}"]
+
+
+def test_worker_on_the_postgres_backend_exits_2(tmp_path: Path) -> None:
+    env = clean_env(VIBEY_PG_URL=PG_STUB, VIBEY_AMQP_URL=AMQP_STUB, VIBEY_QUEUE_BACKEND="postgres")
+    run = vibey("worker", cwd=tmp_path, env=env)
+    assert run.code == 2
+    assert run.stderr_lines == [
+        "vibey: vibey worker runs the Dramatiq fleet on the rabbitmq backend; "
+        "set VIBEY_QUEUE_BACKEND=rabbitmq (and VIBEY_AMQP_URL)"
+    ]
+    assert run.stdout == ""
+
+
+def test_worker_help_documents_its_flags(tmp_path: Path) -> None:
+    run = vibey("worker", "--help", cwd=tmp_path)
+    assert run.code == 0, run.stderr
+    for flag in ("--processes", "--threads", "--project", "--lanes", "--handlers"):
+        assert flag in run.stdout
+    assert "SIGTERM" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--lanes", "interactive,fast"), "unknown lane 'fast'"),
+        (("--lanes", "build,,interactive"), "empty item"),
+        (("--project", "a.b"), "'a.b'"),
+        (("--project", "a*"), "'a*'"),
+        (("--project", "#"), "'#'"),
+        (("--project", "two words"), "'two words'"),
+        (("--threads", "0"), "--threads"),
+        (("--processes", "-1"), "--processes"),
+        (("--handlers", "no_such_module:HANDLERS"), "no_such_module"),
+        (("--handlers", "not an import path"), "module:attribute"),
+    ],
+)
+def test_worker_with_a_bad_flag_exits_2_with_one_line(
+    tmp_path: Path, args: tuple[str, ...], named: str
+) -> None:
+    env = clean_env(VIBEY_PG_URL=PG_STUB, VIBEY_AMQP_URL=AMQP_STUB)
+    run = vibey("worker", *args, cwd=tmp_path, env=env)
+    assert run.code == 2
+    assert len(run.stderr_lines) == 1, run.stderr
+    assert named in run.stderr
+    assert run.stdout == ""
+
+
+def test_worker_with_a_bad_lane_in_the_environment_exits_2(tmp_path: Path) -> None:
+    env = clean_env(VIBEY_PG_URL=PG_STUB, VIBEY_AMQP_URL=AMQP_STUB, VIBEY_WORKER_LANES="bulk")
+    run = vibey("worker", cwd=tmp_path, env=env)
+    assert run.code == 2
+    assert run.stderr_lines == [
+        "vibey: unknown lane 'bulk': the lanes are interactive, build; "
+        "fix --lanes, VIBEY_WORKER_LANES (or lanes under [worker])"
+    ]
+
+
+def wait_for(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+) -> T:
+    """``check()``'s first answer that is not None; fails at once if ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found is not None:
+            return found
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+    raise AssertionError(
+        f"no {what} within {timeout} s (exit code {process.poll()}); the worker's stderr ends:\n"
+        f"{tail}"
+    )
+
+
+def consumed(url: str, queues: list[str]) -> bool | None:
+    """True when every queue exists and has a consumer; None otherwise."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        for queue in queues:
+            channel = connection.channel()
+            try:
+                frame = channel.queue_declare(queue, passive=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                return None  # not declared yet (404)
+            if frame.method.consumer_count < 1:
+                return None
+        return True
+    finally:
+        connection.close()
+
+
+def the_topology(prefix: str) -> tuple[list[str], list[str]]:
+    """Every queue and exchange the default fleet declares under ``prefix``."""
+    names, tiers = QueueNames(prefix), DEFAULT_WAIT_TIERS.names
+    queues = [names.work_queue(lane) for lane in Lane] + [names.dead_queue]
+    queues += [names.tier_queue(tier) for tier in tiers]
+    exchanges = [names.work_exchange, names.dead_exchange]
+    exchanges += [names.tier_exchange(tier) for tier in tiers]
+    return queues, exchanges
+
+
+def delete_topology(url: str, prefix: str) -> list[str]:
+    """Delete the fleet's queues and exchanges; returns the names that still exist after."""
+    queues, exchanges = the_topology(prefix)
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            channel.queue_delete(queue)
+        for exchange in exchanges:
+            channel.exchange_delete(exchange)
+        left = []
+        for name, passive in [(q, "queue") for q in queues] + [(x, "exchange") for x in exchanges]:
+            channel = connection.channel()
+            try:
+                if passive == "queue":
+                    channel.queue_declare(name, passive=True)
+                else:
+                    channel.exchange_declare(name, passive=True)
+                left.append(name)
+            except pika.exceptions.ChannelClosedByBroker:
+                pass  # 404: gone
+        return left
+    finally:
+        connection.close()
+
+
+def test_worker_runs_the_fleet_until_sigterm_then_exits_0(
+    tmp_path: Path, pg_url: str, amqp: Amqp
+) -> None:
+    env = clean_env(VIBEY_PG_URL=pg_url, VIBEY_AMQP_URL=amqp.url, VIBEY_BUS_PREFIX=amqp.prefix)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    lanes = [QueueNames(amqp.prefix).work_queue(lane) for lane in Lane]
+    with out.open("w") as stdout, err.open("w") as stderr:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "vibey", "worker", "--processes", "1", "--threads", "2"],
+            cwd=tmp_path,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,  # its own process group, so a failed test can end it all
+        )
+    try:
+        line = wait_for(
+            lambda: next(iter(out.read_text().splitlines()), None),
+            20,
+            "line saying what runs",
+            worker,
+            err,
+        )
+        assert line.startswith(
+            f"vibey worker: 1 process of 2 threads each on {', '.join(lanes)} at amqp://"
+        ), line
+        wait_for(lambda: consumed(amqp.url, lanes), 30, "consumer on both lane queues", worker, err)
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=20)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        left = delete_topology(amqp.url, amqp.prefix)
+    log = err.read_text(errors="replace")
+    assert code == 0, log[-3000:]
+    assert out.read_text().splitlines()[-1] == "vibey worker: stopped (0 respawns)"
+    assert "Traceback" not in log
+    assert left == []

@@ -609,3 +609,10 @@ def test_lease_policy_does_not_share_the_callers_mapping() -> None:
     assert policy.lease_for("build.verify") == TWO_HOURS
     with pytest.raises(TypeError):
         policy.by_kind["build.verify"] = TWO_MINUTES  # type: ignore[index]
+
+
+def test_a_lease_policy_pickles_for_worker_processes() -> None:
+    import pickle
+
+    policy = LeasePolicy().with_overrides({"design.spec": timedelta(seconds=7)})
+    assert pickle.loads(pickle.dumps(policy)) == policy

@@ -12,13 +12,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.rabbitmq_queue import RabbitMqQueueOptions
+from actors.worker import WorkerConfig
 from vibey.settings import (
+    MAX_INTERVAL_SECONDS,
     DatabaseNotConfigured,
     QueueBackendNotConfigured,
+    RabbitMqSettings,
     Settings,
     SettingsError,
+    WorkerSettings,
+    check_project_ids,
     load_settings,
+    split_list,
 )
+from vibey.wiring import WORKER_NEEDS_RABBITMQ, rabbitmq_queue_options, worker_config
+from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy
 
 PG = "postgresql://vibey@127.0.0.1:5432/vibey"
@@ -64,6 +73,25 @@ def test_defaults_with_no_file_and_no_environment(empty_dir: Path) -> None:
     assert (settings.bus.amqp_url, settings.bus.prefix, settings.bus.vhost) == (None, "vibey", "/")
 
 
+def test_rabbitmq_and_worker_defaults(empty_dir: Path) -> None:
+    settings = load_settings({}, empty_dir)
+    rabbitmq, worker = settings.queue.rabbitmq, settings.worker
+    assert rabbitmq == RabbitMqSettings()
+    assert rabbitmq.wait_tiers == DEFAULT_WAIT_TIERS
+    assert rabbitmq.wait_tiers == WaitTiers.from_seconds([1, 5, 30, 120, 600, 3600])
+    assert rabbitmq.delivery_limit == 20
+    assert rabbitmq.reconcile_interval_seconds == 30
+    assert rabbitmq.redispatch_after_seconds == 120
+    assert rabbitmq.reclaim_after_seconds == 30
+    assert rabbitmq.first_claim_wait_seconds == 2
+    assert rabbitmq.dedicated_projects == ()
+    assert rabbitmq.prefetch is None
+    assert worker == WorkerSettings()
+    assert (worker.processes, worker.threads) == (2, 8)
+    assert worker.lanes == ("interactive", "build") == tuple(lane.value for lane in Lane)
+    assert worker.handlers == "actors.handlers:HANDLERS"
+
+
 FULL_TOML = f"""
 [database]
 url = "{PG}"
@@ -75,10 +103,26 @@ backend = "postgres"
 poll_interval_seconds = 2
 max_attempts = 3
 
+[queue.rabbitmq]
+wait_tiers_seconds = [1.5, 10]
+delivery_limit = 5
+reconcile_interval_seconds = 10
+redispatch_after_seconds = 60
+reclaim_after_seconds = 20
+first_claim_wait_seconds = 1
+dedicated_projects = ["gamma"]
+prefetch = 3
+
 [bus]
 amqp_url = "{AMQP}"
 prefix = "tomlprefix"
 vhost = "/toml"
+
+[worker]
+processes = 3
+threads = 4
+lanes = ["interactive"]
+handlers = "tests.handlers:TOML"
 """
 
 Getter = Callable[[Settings], Any]
@@ -94,6 +138,51 @@ OVERRIDES: list[tuple[str, str, Getter, Any]] = [
     ("VIBEY_AMQP_URL", "amqps://u:p@mq:5671/", lambda s: s.bus.amqp_url, AMQP),
     ("VIBEY_BUS_PREFIX", "envprefix", lambda s: s.bus.prefix, "tomlprefix"),
     ("VIBEY_BUS_VHOST", "/env", lambda s: s.bus.vhost, "/toml"),
+    ("VIBEY_QUEUE_DELIVERY_LIMIT", "7", lambda s: s.queue.rabbitmq.delivery_limit, 5),
+    (
+        "VIBEY_QUEUE_RECONCILE_INTERVAL",
+        "12.5",
+        lambda s: s.queue.rabbitmq.reconcile_interval_seconds,
+        10.0,
+    ),
+    (
+        "VIBEY_QUEUE_REDISPATCH_AFTER",
+        "90",
+        lambda s: s.queue.rabbitmq.redispatch_after_seconds,
+        60.0,
+    ),
+    ("VIBEY_QUEUE_RECLAIM_AFTER", "15", lambda s: s.queue.rabbitmq.reclaim_after_seconds, 20.0),
+    ("VIBEY_QUEUE_FIRST_CLAIM_WAIT", "0", lambda s: s.queue.rabbitmq.first_claim_wait_seconds, 1.0),
+    ("VIBEY_QUEUE_PREFETCH", "4", lambda s: s.queue.rabbitmq.prefetch, 3),
+    ("VIBEY_WORKER_PROCESSES", "5", lambda s: s.worker.processes, 3),
+    ("VIBEY_WORKER_THREADS", "16", lambda s: s.worker.threads, 4),
+    ("VIBEY_WORKER_HANDLERS", "pkg.mod:ENV", lambda s: s.worker.handlers, "tests.handlers:TOML"),
+]
+
+# The same for the list-valued settings: comma-separated in the environment.
+LIST_OVERRIDES: list[tuple[str, str, Getter, Any, Any]] = [
+    (
+        "VIBEY_QUEUE_WAIT_TIERS",
+        "200, 2,20",
+        lambda s: s.queue.rabbitmq.wait_tiers,
+        WaitTiers.from_seconds([1.5, 10]),
+        WaitTiers.from_seconds([2, 20, 200]),
+    ),
+    (
+        "VIBEY_QUEUE_DEDICATED_PROJECTS",
+        "alpha, beta",
+        lambda s: s.queue.rabbitmq.dedicated_projects,
+        ("gamma",),
+        ("alpha", "beta"),
+    ),
+    ("VIBEY_WORKER_LANES", "build", lambda s: s.worker.lanes, ("interactive",), ("build",)),
+    (
+        "VIBEY_WORKER_LANES",
+        "build,interactive",
+        lambda s: s.worker.lanes,
+        ("interactive",),
+        ("build", "interactive"),
+    ),
 ]
 
 
@@ -106,6 +195,15 @@ def test_environment_wins_over_toml(
     overridden = get(load_settings({variable: raw}, tmp_path))
     assert overridden != toml_value
     assert str(overridden) == raw or overridden == type(toml_value)(raw)
+
+
+@pytest.mark.parametrize(("variable", "raw", "get", "toml_value", "env_value"), LIST_OVERRIDES)
+def test_the_environment_wins_over_toml_for_lists(
+    tmp_path: Path, variable: str, raw: str, get: Getter, toml_value: Any, env_value: Any
+) -> None:
+    write_toml(tmp_path, FULL_TOML)
+    assert get(load_settings({}, tmp_path)) == toml_value
+    assert get(load_settings({variable: raw}, tmp_path)) == env_value
 
 
 def test_toml_values_are_read_with_their_types(tmp_path: Path) -> None:
@@ -168,6 +266,11 @@ def test_settings_are_frozen(empty_dir: Path) -> None:
         ("[queue]\nbackends = 'postgres'\n", "'backends'"),
         ("[bus]\nexchange = 'x'\n", "'exchange'"),
         ("top_level = 1\n", "[top_level]"),
+        ("[queue.rabbitmq]\ntiers = [1]\n", "'tiers'"),
+        ("[queue.rabbitmq]\nwait_tiers = [1]\n", "'wait_tiers'"),
+        ("[queue.rabbit]\nprefetch = 1\n", "'rabbit'"),
+        ("[worker]\nthread = 2\n", "'thread'"),
+        ("[workers]\nthreads = 2\n", "[workers]"),
     ],
 )
 def test_unknown_sections_and_keys_are_errors(tmp_path: Path, body: str, named: str) -> None:
@@ -196,6 +299,21 @@ def test_invalid_toml_is_an_error(tmp_path: Path) -> None:
         ("queue", "lease_seconds = 30", "lease_seconds"),
         ("bus", "prefix = 1", "prefix"),
         ("bus", "amqp_url = false", "amqp_url"),
+        ("queue.rabbitmq", "wait_tiers_seconds = '1,5'", "wait_tiers_seconds"),
+        ("queue.rabbitmq", "wait_tiers_seconds = [1, '5']", "wait_tiers_seconds"),
+        ("queue.rabbitmq", "wait_tiers_seconds = [1, true]", "wait_tiers_seconds"),
+        ("queue.rabbitmq", "delivery_limit = 2.5", "delivery_limit"),
+        ("queue.rabbitmq", "reconcile_interval_seconds = '30s'", "reconcile_interval_seconds"),
+        ("queue.rabbitmq", "redispatch_after_seconds = [120]", "redispatch_after_seconds"),
+        ("queue.rabbitmq", "reclaim_after_seconds = false", "reclaim_after_seconds"),
+        ("queue.rabbitmq", "first_claim_wait_seconds = '2'", "first_claim_wait_seconds"),
+        ("queue.rabbitmq", "dedicated_projects = 'p1'", "dedicated_projects"),
+        ("queue.rabbitmq", "dedicated_projects = [1]", "dedicated_projects"),
+        ("queue.rabbitmq", "prefetch = true", "prefetch"),
+        ("worker", "processes = '2'", "processes"),
+        ("worker", "threads = 8.0", "threads"),
+        ("worker", "lanes = 'build'", "lanes"),
+        ("worker", "handlers = 5", "handlers"),
     ],
 )
 def test_wrong_types_in_toml_are_errors(tmp_path: Path, section: str, line: str, key: str) -> None:
@@ -213,6 +331,16 @@ def test_wrong_types_in_toml_are_errors(tmp_path: Path, section: str, line: str,
         ("VIBEY_QUEUE_MAX_ATTEMPTS", "5 times"),
         ("VIBEY_QUEUE_POLL_INTERVAL", "soon"),
         ("VIBEY_QUEUE_LEASE_SECONDS_DEFAULT", "2m"),
+        ("VIBEY_QUEUE_DELIVERY_LIMIT", "lots"),
+        ("VIBEY_QUEUE_PREFETCH", "1.5"),
+        ("VIBEY_QUEUE_RECONCILE_INTERVAL", "30s"),
+        ("VIBEY_QUEUE_REDISPATCH_AFTER", "2m"),
+        ("VIBEY_QUEUE_RECLAIM_AFTER", "half a minute"),
+        ("VIBEY_QUEUE_FIRST_CLAIM_WAIT", "2 s"),
+        ("VIBEY_QUEUE_WAIT_TIERS", "1,5s,30"),
+        ("VIBEY_QUEUE_WAIT_TIERS", "1 5 30"),
+        ("VIBEY_WORKER_PROCESSES", "two"),
+        ("VIBEY_WORKER_THREADS", "8x"),
     ],
 )
 def test_unparseable_numbers_in_the_environment_are_errors(
@@ -388,3 +516,330 @@ def test_require_amqp_url_on_the_postgres_backend_does_not_suggest_it_again(
         settings.require_amqp_url()
     assert "VIBEY_AMQP_URL" in str(caught.value)
     assert "VIBEY_QUEUE_BACKEND" not in str(caught.value)
+
+
+# --- [queue.rabbitmq] -------------------------------------------------------------------------
+
+
+def test_a_rabbitmq_key_that_is_not_a_table_is_an_error(tmp_path: Path) -> None:
+    write_toml(tmp_path, "[queue]\nrabbitmq = 5\n")
+    assert "[queue.rabbitmq] table" in settings_error({}, tmp_path)
+
+
+def test_the_rabbitmq_table_may_also_be_written_inline(tmp_path: Path) -> None:
+    write_toml(tmp_path, "[queue]\nrabbitmq = { delivery_limit = 3 }\n")
+    assert load_settings({}, tmp_path).queue.rabbitmq.delivery_limit == 3
+
+
+def test_wait_tiers_are_sorted_and_may_be_fractional(tmp_path: Path) -> None:
+    write_toml(tmp_path, "[queue.rabbitmq]\nwait_tiers_seconds = [30, 1.5, 1]\n")
+    tiers = load_settings({}, tmp_path).queue.rabbitmq.wait_tiers
+    assert tiers.tiers == (timedelta(seconds=1), timedelta(seconds=1.5), timedelta(seconds=30))
+    assert tiers.names == ("w1s", "w1500ms", "w30s")
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ("0", "positive"),
+        ("-1", "positive"),
+        ("1,5,1", "more than once"),
+        ("0.0005", "whole number of milliseconds"),
+        ("nan", "NaN"),
+        ("inf", "VIBEY_QUEUE_WAIT_TIERS"),
+        ("1e20", "VIBEY_QUEUE_WAIT_TIERS"),
+    ],
+)
+def test_unusable_wait_tiers_are_errors(empty_dir: Path, raw: str, named: str) -> None:
+    message = settings_error({"VIBEY_QUEUE_WAIT_TIERS": raw}, empty_dir)
+    assert named in message
+    assert "fix VIBEY_QUEUE_WAIT_TIERS (or wait_tiers_seconds under [queue.rabbitmq])" in message
+
+
+def test_an_empty_list_of_wait_tiers_is_an_error(tmp_path: Path) -> None:
+    write_toml(tmp_path, "[queue.rabbitmq]\nwait_tiers_seconds = []\n")
+    assert "must not be empty" in settings_error({}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("VIBEY_QUEUE_WAIT_TIERS", "1,,5"),
+        ("VIBEY_QUEUE_WAIT_TIERS", "1,5,"),
+        ("VIBEY_QUEUE_DEDICATED_PROJECTS", " ,alpha"),
+        ("VIBEY_WORKER_LANES", "build,"),
+    ],
+)
+def test_an_empty_item_in_a_list_variable_is_an_error(
+    empty_dir: Path, variable: str, raw: str
+) -> None:
+    message = settings_error({variable: raw}, empty_dir)
+    assert variable in message
+    assert "empty item" in message
+
+
+def test_the_delivery_limit_may_be_zero_but_not_negative(empty_dir: Path) -> None:
+    env = {"VIBEY_QUEUE_DELIVERY_LIMIT": "0"}
+    assert load_settings(env, empty_dir).queue.rabbitmq.delivery_limit == 0
+    message = settings_error({"VIBEY_QUEUE_DELIVERY_LIMIT": "-1"}, empty_dir)
+    assert "VIBEY_QUEUE_DELIVERY_LIMIT" in message
+    assert "-1" in message
+
+
+INTERVALS = [
+    "VIBEY_QUEUE_RECONCILE_INTERVAL",
+    "VIBEY_QUEUE_REDISPATCH_AFTER",
+    "VIBEY_QUEUE_RECLAIM_AFTER",
+    "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
+]
+
+
+@pytest.mark.parametrize("variable", INTERVALS)
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf", str(MAX_INTERVAL_SECONDS + 1)])
+def test_intervals_must_be_finite_not_negative_and_at_most_a_year(
+    empty_dir: Path, variable: str, raw: str
+) -> None:
+    message = settings_error({variable: raw}, empty_dir)
+    assert variable in message
+    assert "[queue.rabbitmq]" in message
+
+
+@pytest.mark.parametrize("variable", INTERVALS)
+def test_only_the_first_claim_wait_may_be_zero(empty_dir: Path, variable: str) -> None:
+    if variable == "VIBEY_QUEUE_FIRST_CLAIM_WAIT":
+        assert (
+            load_settings({variable: "0"}, empty_dir).queue.rabbitmq.first_claim_wait_seconds == 0
+        )
+    else:
+        assert "more than 0" in settings_error({variable: "0"}, empty_dir)
+
+
+def test_an_interval_of_a_year_is_accepted(empty_dir: Path) -> None:
+    env = {"VIBEY_QUEUE_REDISPATCH_AFTER": str(MAX_INTERVAL_SECONDS)}
+    rabbitmq = load_settings(env, empty_dir).queue.rabbitmq
+    assert rabbitmq.redispatch_after_seconds == MAX_INTERVAL_SECONDS
+
+
+@pytest.mark.parametrize(
+    "projects",
+    [
+        "['a.b']",
+        "['a*']",
+        "['#']",
+        "['a b']",
+        '["tab\\there"]',
+        "['']",
+        f"['{'x' * (MAX_PROJECT_ID_CHARS + 1)}']",
+        "['same', 'other', 'same']",
+    ],
+)
+def test_bad_dedicated_projects_are_errors(tmp_path: Path, projects: str) -> None:
+    write_toml(tmp_path, f"[queue.rabbitmq]\ndedicated_projects = {projects}\n")
+    message = settings_error({}, tmp_path)
+    assert "fix VIBEY_QUEUE_DEDICATED_PROJECTS (or dedicated_projects under [queue.rabbitmq])" in (
+        message
+    )
+
+
+def test_a_project_id_of_the_longest_length_is_accepted(empty_dir: Path) -> None:
+    longest = "p" * MAX_PROJECT_ID_CHARS
+    env = {"VIBEY_QUEUE_DEDICATED_PROJECTS": f"{longest},ünïcode-ok_1"}
+    projects = load_settings(env, empty_dir).queue.rabbitmq.dedicated_projects
+    assert projects == (longest, "ünïcode-ok_1")
+
+
+def test_check_project_ids_names_the_fix_it_is_given() -> None:
+    assert check_project_ids(["a", "b-c"], "fix --project") == ("a", "b-c")
+    with pytest.raises(SettingsError, match=r"'a\.b'.*; fix --project$"):
+        check_project_ids(["a.b"], "fix --project")
+
+
+def test_prefetch_is_optional_and_at_least_one(empty_dir: Path) -> None:
+    assert load_settings({"VIBEY_QUEUE_PREFETCH": "1"}, empty_dir).queue.rabbitmq.prefetch == 1
+    message = settings_error({"VIBEY_QUEUE_PREFETCH": "0"}, empty_dir)
+    assert "VIBEY_QUEUE_PREFETCH" in message
+    assert "leave it unset" in message
+
+
+@pytest.mark.parametrize("prefix", ["a*b", "#", "with space", "tab\tin"])
+def test_a_bus_prefix_with_a_wildcard_or_whitespace_is_an_error(
+    empty_dir: Path, prefix: str
+) -> None:
+    message = settings_error({"VIBEY_BUS_PREFIX": prefix}, empty_dir)
+    assert repr(prefix) in message
+    assert "VIBEY_BUS_PREFIX" in message
+
+
+# --- [worker] ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("variable", "key"), [("PROCESSES", "processes"), ("THREADS", "threads")])
+@pytest.mark.parametrize("raw", ["0", "-2"])
+def test_processes_and_threads_must_be_at_least_one(
+    empty_dir: Path, variable: str, key: str, raw: str
+) -> None:
+    message = settings_error({f"VIBEY_WORKER_{variable}": raw}, empty_dir)
+    assert f"fix --{key}, VIBEY_WORKER_{variable} (or {key} under [worker])" in message
+    assert raw in message
+
+
+@pytest.mark.parametrize(
+    ("lanes", "named"),
+    [
+        ("['fast']", "unknown lane 'fast'"),
+        ("['dead']", "unknown lane 'dead'"),
+        ("['Build']", "unknown lane 'Build'"),
+        ("[]", "at least one lane"),
+        ("['build', 'build']", "lanes repeat (build)"),
+    ],
+)
+def test_bad_lanes_are_errors(tmp_path: Path, lanes: str, named: str) -> None:
+    write_toml(tmp_path, f"[worker]\nlanes = {lanes}\n")
+    message = settings_error({}, tmp_path)
+    assert named in message
+    assert "fix --lanes, VIBEY_WORKER_LANES (or lanes under [worker])" in message
+
+
+@pytest.mark.parametrize(
+    "handlers",
+    ["actors.handlers", "actors.handlers:", ":HANDLERS", "a b:X", "mod:a.b", "1mod:X", "mod::X"],
+)
+def test_handlers_must_be_module_colon_attribute(empty_dir: Path, handlers: str) -> None:
+    message = settings_error({"VIBEY_WORKER_HANDLERS": handlers}, empty_dir)
+    assert repr(handlers) in message
+    assert "VIBEY_WORKER_HANDLERS" in message
+
+
+def test_worker_settings_check_what_replace_gives_them() -> None:
+    """The CLI's flags reach the settings through ``replace``, and are checked the same way."""
+    worker = WorkerSettings()
+    assert dataclasses.replace(worker, lanes=("build",)).lanes == ("build",)
+    with pytest.raises(SettingsError, match="unknown lane 'x'"):
+        dataclasses.replace(worker, lanes=("x",))
+    with pytest.raises(SettingsError, match="--threads"):
+        dataclasses.replace(worker, threads=0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "items"),
+    [("a", ("a",)), (" a , b ", ("a", "b")), ("a,,b", None), ("a,", None), ("", None)],
+)
+def test_split_list(raw: str, items: tuple[str, ...] | None) -> None:
+    assert split_list(raw) == items
+
+
+# --- wiring: the settings reach the worker's configuration ------------------------------------
+
+WIRED_TOML = f"""
+[database]
+url = "{PG}"
+
+[queue.lease_seconds]
+default = 45
+
+[queue.rabbitmq]
+wait_tiers_seconds = [2, 20]
+delivery_limit = 7
+reconcile_interval_seconds = 11
+redispatch_after_seconds = 99
+reclaim_after_seconds = 33
+first_claim_wait_seconds = 0.5
+dedicated_projects = ["big"]
+prefetch = 5
+
+[bus]
+amqp_url = "{AMQP}"
+prefix = "wired"
+
+[worker]
+threads = 3
+lanes = ["build"]
+handlers = "actors.handlers:HANDLERS"
+"""
+
+
+def test_worker_config_maps_every_setting(tmp_path: Path) -> None:
+    write_toml(tmp_path, WIRED_TOML)
+    config = worker_config(load_settings({}, tmp_path), projects=["solo"])
+    assert config == WorkerConfig(
+        pg_url=PG,
+        amqp_url=AMQP,
+        prefix="wired",
+        lanes=("build",),
+        projects=("solo",),
+        dedicated_projects=("big",),
+        tiers=WaitTiers.from_seconds([2, 20]),
+        leases=LeasePolicy().with_overrides({"default": timedelta(seconds=45)}),
+        threads=3,
+        prefetch=5,
+        delivery_limit=7,
+        reconcile_interval=timedelta(seconds=11),
+        redispatch_after=timedelta(seconds=99),
+        reclaim_after=timedelta(seconds=33),
+        handlers="actors.handlers:HANDLERS",
+    )
+    assert config.queues() == ["wired.jobs.build.p.solo"]
+
+
+def test_worker_config_defaults_follow_the_settings_defaults(empty_dir: Path) -> None:
+    settings = load_settings({"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP}, empty_dir)
+    assert worker_config(settings) == WorkerConfig(pg_url=PG, amqp_url=AMQP)
+
+
+def test_rabbitmq_queue_options_map_the_claim_timings(tmp_path: Path, empty_dir: Path) -> None:
+    write_toml(tmp_path, WIRED_TOML)
+    assert rabbitmq_queue_options(load_settings({}, tmp_path)) == RabbitMqQueueOptions(
+        prefetch=5,
+        first_claim_wait=timedelta(seconds=0.5),
+        redispatch_after=timedelta(seconds=99),
+        reclaim_after=timedelta(seconds=33),
+    )
+    assert rabbitmq_queue_options(load_settings({}, empty_dir)) == RabbitMqQueueOptions()
+
+
+def test_the_worker_without_an_amqp_url_names_both_fixes_before_anything_else(
+    empty_dir: Path,
+) -> None:
+    settings = load_settings({}, empty_dir)  # no database URL either: the AMQP URL comes first
+    with pytest.raises(QueueBackendNotConfigured) as caught:
+        worker_config(settings, projects=["bad.id"])
+    assert "export VIBEY_AMQP_URL=" in str(caught.value)
+    assert "VIBEY_QUEUE_BACKEND=postgres" in str(caught.value)
+
+
+def test_the_worker_on_the_postgres_backend_is_refused(empty_dir: Path) -> None:
+    settings = load_settings({"VIBEY_QUEUE_BACKEND": "postgres", "VIBEY_AMQP_URL": AMQP}, empty_dir)
+    with pytest.raises(SettingsError) as caught:
+        worker_config(settings)
+    assert str(caught.value) == WORKER_NEEDS_RABBITMQ
+    assert str(caught.value) == (
+        "vibey worker runs the Dramatiq fleet on the rabbitmq backend; "
+        "set VIBEY_QUEUE_BACKEND=rabbitmq (and VIBEY_AMQP_URL)"
+    )
+
+
+def test_the_worker_needs_a_database_url(empty_dir: Path) -> None:
+    with pytest.raises(DatabaseNotConfigured):
+        worker_config(load_settings({"VIBEY_AMQP_URL": AMQP}, empty_dir))
+
+
+@pytest.mark.parametrize(
+    ("env", "projects", "named"),
+    [
+        ({}, ["a.b"], "fix --project"),
+        ({}, ["p", "p"], "project ids repeat"),
+        ({"VIBEY_BUS_PREFIX": "x" * 250}, [], "longer than 255 bytes"),
+        ({}, ["ü" * 120], "longer than 255 bytes"),  # 120 characters, 240 bytes
+        ({"VIBEY_WORKER_HANDLERS": "no_such_module_here:HANDLERS"}, [], "no_such_module_here"),
+        ({"VIBEY_WORKER_HANDLERS": "actors.handlers:NOPE"}, [], "NOPE"),
+    ],
+)
+def test_what_cannot_run_is_refused_before_a_worker_starts(
+    empty_dir: Path, env: dict[str, str], projects: list[str], named: str
+) -> None:
+    settings = load_settings({"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP, **env}, empty_dir)
+    with pytest.raises(SettingsError) as caught:
+        worker_config(settings, projects=projects)
+    message = str(caught.value)
+    assert named in message
+    assert "\n" not in message

@@ -1,0 +1,198 @@
+"""Chaos on the RabbitMQ backend: the PostgreSQL chaos test's twin.
+
+A supervised fleet of 8 Dramatiq worker processes runs chains of 3 dependent steps. Worker
+processes SIGKILL themselves at named crash points (before the claim, after the work, after
+the settle and before the ack) on about 20% of executions, decided from the seed; a few
+executions stall past their lease so their settle must be refused. The supervisor respawns
+the dead. Mid-run the broker's application is stopped and started again.
+
+Invariants: nothing lost; every job terminal or parked; exactly one commit per succeeded job
+(a trigger writes a row in the ack's own transaction under a primary key, so a second commit
+would fail loudly); settles from lost leases refused ≥ 1; at quiescence the work and tier
+queues are empty and the outbox has nothing unsent.
+
+Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``; size with
+``VIBEY_CHAOS_CHAINS`` (default 500).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pika
+import pytest
+from psycopg_pool import ConnectionPool
+
+from actors.capabilities import detect
+from actors.worker import Supervisor, WorkerConfig
+from store.jobs import PostgresJobRepository
+from tests.amqp_fixtures import Amqp
+from workflows.dispatch import WaitTiers
+from workflows.job import LeasePolicy
+from workflows.queue import EnqueueRequest
+
+pytestmark = pytest.mark.chaos
+
+PROJECT = "chaos"
+CHAINS = int(os.environ.get("VIBEY_CHAOS_CHAINS", "500"))
+STEPS = ("build.implement", "build.verify", "build.integrate")
+WORKERS = 8
+LEASE = timedelta(seconds=3)
+TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5)))
+DEADLINE_S = 600
+BOUNCE = os.environ.get("VIBEY_CHAOS_BOUNCE", "1") != "0"  # stop_app/start_app mid-run
+
+COMMIT_AUDIT = """
+CREATE TABLE chaos_commit (job_id uuid PRIMARY KEY, committed_at timestamptz DEFAULT now());
+CREATE FUNCTION chaos_count_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_commit (job_id) VALUES (NEW.id);  -- a second commit fails loudly
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_count_commit AFTER UPDATE OF state ON job
+    FOR EACH ROW WHEN (NEW.state = 'succeeded' AND OLD.state <> 'succeeded')
+    EXECUTE FUNCTION chaos_count_commit();
+"""
+
+
+def enqueue_chains(repo: PostgresJobRepository, seed: int) -> int:
+    rng = random.Random(seed)
+    requests = []
+    for chain in range(CHAINS):
+        previous: tuple[uuid.UUID, ...] = ()
+        for kind in STEPS:
+            job_id = uuid.UUID(int=rng.getrandbits(128), version=4)
+            requests.append(
+                EnqueueRequest(
+                    project_id=PROJECT,
+                    kind=kind,
+                    subject=f"chain-{chain}",
+                    depends_on=previous,
+                    job_id=job_id,
+                    max_attempts=10,
+                )
+            )
+            previous = (job_id,)
+    for offset in range(0, len(requests), 300):
+        repo.enqueue_batch(requests[offset : offset + 300])
+    return len(requests)
+
+
+def count(pool: ConnectionPool, sql: str) -> int:
+    with pool.connection() as conn:
+        row = conn.execute(sql.encode()).fetchone()
+    return int(row[0]) if row else -1
+
+
+def unsettled(pool: ConnectionPool) -> int:
+    return count(
+        pool,
+        "SELECT count(*) FROM job WHERE state NOT IN "
+        "('succeeded', 'failed', 'cancelled', 'awaiting_human')",
+    )
+
+
+def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
+    connection = pika.BlockingConnection(pika.URLParameters(amqp.url))
+    try:
+        channel = connection.channel()
+        return {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
+    finally:
+        connection.close()
+
+
+def bounce_broker(after_s: float, down_s: float, done: threading.Event) -> None:
+    time.sleep(after_s)
+    subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=60)
+    time.sleep(down_s)
+    subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
+    done.set()
+
+
+def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
+    pg_url: str, amqp: Amqp, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("VIBEY_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
+    os.environ["VIBEY_CHAOS_SEED"] = str(seed)  # the worker processes read it
+    os.environ["VIBEY_CHAOS_LEASE_S"] = str(LEASE.total_seconds())
+    print(f"\nrabbitmq chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    config = WorkerConfig(
+        pg_url=pg_url,
+        amqp_url=amqp.url,
+        prefix=amqp.prefix,
+        tiers=TIERS,
+        leases=LeasePolicy(default=LEASE, by_kind={}),
+        threads=2,
+        reconcile_interval=timedelta(seconds=1),
+        redispatch_after=timedelta(seconds=8),
+        reclaim_after=timedelta(seconds=5),
+        handlers="tests.chaos.rabbit_chaos:HANDLERS",
+        crash_points="tests.chaos.rabbit_chaos:CRASH",
+        tally_dir=str(tmp_path),
+    )
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))  # recorded: cleanup
+    connection.close()
+    started = time.monotonic()
+    with ConnectionPool(
+        pg_url, min_size=1, max_size=4, open=True, kwargs={"autocommit": True}
+    ) as pool:
+        with pool.connection() as conn:
+            conn.execute(COMMIT_AUDIT.encode())
+        # Enqueued with dispatch on and no relay: the fleet's reconcilers drain the outbox.
+        repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        total = enqueue_chains(repo, seed)
+        supervisor = Supervisor(config, processes=WORKERS)
+        fleet = threading.Thread(target=supervisor.run, daemon=True)
+        fleet.start()
+        bounced = threading.Event()
+        if BOUNCE:
+            threading.Thread(target=bounce_broker, args=(15.0, 5.0, bounced), daemon=True).start()
+        else:
+            bounced.set()
+        try:
+            while (
+                unsettled(pool) or not bounced.is_set()
+            ) and time.monotonic() - started < DEADLINE_S:
+                time.sleep(1.0)
+            queues = [config.names.work_queue(lane) for lane in config.lanes]
+            queues += [config.names.tier_queue(name) for name in TIERS.names]
+            quiet = time.monotonic()
+            while sum(queue_depths(amqp, queues).values()) and time.monotonic() - quiet < 30:
+                time.sleep(0.5)  # re-delayed duplicates come back and are dropped
+            depths = queue_depths(amqp, queues)
+        finally:
+            supervisor.stop()
+            fleet.join(timeout=120)
+        with pool.connection() as conn:
+            states = dict(
+                conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
+            )
+        commits = count(pool, "SELECT count(*) FROM chaos_commit")
+        succeeded = count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
+        unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+        executions = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")
+    tally: Counter[str] = Counter()
+    for path in tmp_path.glob("*.log"):
+        tally.update(path.read_text().split())
+    print(
+        f"rabbitmq chaos tally (seed {seed}): jobs={total} claims={executions} "
+        f"respawns={supervisor.respawns} commits={commits} states={states} "
+        f"step results={dict(tally)} queues={depths} unsent={unsent} "
+        f"wall={time.monotonic() - started:.1f}s"
+    )
+    assert sum(states.values()) == total, "a job was lost"
+    assert set(states) <= {"succeeded", "failed", "cancelled", "awaiting_human"}, states
+    assert commits == succeeded, "a succeeded job without exactly one commit"
+    assert supervisor.respawns >= total * 0.05, "the chaos did not happen"
+    assert tally["stale"] >= 1, "no settle from a lost lease reached the fence"
+    assert sum(depths.values()) == 0, f"messages left at quiescence: {depths}"
+    assert unsent == 0, "outbox rows left unsent"

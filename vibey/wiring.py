@@ -1,0 +1,89 @@
+"""The composition root: settings in, the parts' configurations out. It wires; it decides nothing.
+
+Every value comes from :class:`vibey.settings.Settings` (the command line's choices arrive as
+arguments, or already folded into the settings with ``dataclasses.replace``). Whatever cannot
+run is a :class:`vibey.settings.SettingsError` here, in the process that was started, before a
+worker process is spawned: a child that fails at start would only be respawned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from actors.rabbitmq_queue import RabbitMqQueueOptions
+from actors.worker import WorkerConfig, load_handlers
+from vibey.settings import Settings, SettingsError, check_project_ids
+
+WORKER_NEEDS_RABBITMQ = (
+    "vibey worker runs the Dramatiq fleet on the rabbitmq backend; "
+    "set VIBEY_QUEUE_BACKEND=rabbitmq (and VIBEY_AMQP_URL)"
+)
+
+
+def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> WorkerConfig:
+    """The Dramatiq fleet's configuration; ``projects``: serve only their dedicated queues.
+
+    Checked in this order: the backend is rabbitmq, an AMQP URL is set (else
+    :class:`~vibey.settings.QueueBackendNotConfigured`, naming both fixes), a database URL is
+    set, the project ids, then the queue names and the handlers import path.
+    """
+    if settings.queue.backend != "rabbitmq":
+        raise SettingsError(WORKER_NEEDS_RABBITMQ)
+    amqp_url = settings.require_amqp_url()
+    pg_url = settings.require_database_url()
+    rabbitmq, worker = settings.queue.rabbitmq, settings.worker
+    config = WorkerConfig(
+        pg_url=pg_url,
+        amqp_url=amqp_url,
+        prefix=settings.bus.prefix,
+        lanes=worker.lanes,
+        projects=check_project_ids(projects, "fix --project"),
+        dedicated_projects=rabbitmq.dedicated_projects,
+        tiers=rabbitmq.wait_tiers,
+        leases=settings.queue.lease,
+        threads=worker.threads,
+        prefetch=rabbitmq.prefetch,
+        delivery_limit=rabbitmq.delivery_limit,
+        reconcile_interval=timedelta(seconds=rabbitmq.reconcile_interval_seconds),
+        redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
+        reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
+        handlers=worker.handlers,
+    )
+    _check_names(config)
+    _check_handlers(config.handlers)
+    return config
+
+
+def rabbitmq_queue_options(settings: Settings) -> RabbitMqQueueOptions:
+    """The options of the RabbitMQ job repository (the dedicated-project claim path)."""
+    rabbitmq = settings.queue.rabbitmq
+    given = {} if rabbitmq.prefetch is None else {"prefetch": rabbitmq.prefetch}
+    return RabbitMqQueueOptions(
+        first_claim_wait=timedelta(seconds=rabbitmq.first_claim_wait_seconds),
+        redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
+        reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
+        **given,
+    )
+
+
+def _check_names(config: WorkerConfig) -> None:
+    """Every exchange and queue name the fleet would declare is one the broker takes."""
+    try:
+        config.topology()
+        config.queues()
+    except ValueError as exc:
+        raise SettingsError(
+            f"{exc}: fix prefix under [bus] (VIBEY_BUS_PREFIX), --project or "
+            "dedicated_projects under [queue.rabbitmq]"
+        ) from exc
+
+
+def _check_handlers(path: str) -> None:
+    try:
+        load_handlers(path)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(
+            f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
+            "fix --handlers, VIBEY_WORKER_HANDLERS (or handlers under [worker])"
+        ) from exc
