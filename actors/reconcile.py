@@ -25,7 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from actors.deliveries import REASON_HEADER
 from actors.relay import Relay
 from actors.topology import QueueNames
-from store.dispatch import DispatchRecords
+from store.dispatch import DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
 from workflows.dispatch import EnvelopeError, decode
 
@@ -115,14 +115,13 @@ class Reconciler:
             envelope = decode(body)
         except EnvelopeError:
             return 0
-        return int(
-            self._records.park_dead_letter(
-                job_id=envelope.job_id,
-                project_id=envelope.project_id,
-                seq=envelope.dispatch_seq,
-                reason=DEAD_LETTER_REASON,
-            )
+        outcome = self._records.park_dead_letter(
+            job_id=envelope.job_id,
+            project_id=envelope.project_id,
+            seq=envelope.dispatch_seq,
+            reason=DEAD_LETTER_REASON,
         )
+        return int(outcome is DeadLetterOutcome.PARKED)
 
     # -- on a schedule ---------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ reclaimed after ``reclaim_after``.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ class PointerRow:
     lease_expires_at: datetime | None
     deps_met: bool
     now: datetime
+
+
+class DeadLetterOutcome(enum.StrEnum):
+    PARKED = "parked"
+    REDISPATCHED = "redispatched"
+    MOVED_ON = "moved_on"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +107,13 @@ class DispatchRecords:
         with self._conn() as conn:
             return [int(r["id"]) for r in fetch_all(conn, Q["sweep_lost"], params)]
 
-    def park_dead_letter(self, *, job_id: UUID, project_id: str, seq: int, reason: str) -> bool:
-        """Park the pointer's job behind a delivery_exhausted gate, if it is still at that
-        generation and ready or holding an expired lease. True when it parked."""
+    def park_dead_letter(
+        self, *, job_id: UUID, project_id: str, seq: int, reason: str
+    ) -> DeadLetterOutcome:
+        """A pointer past the delivery limit, for a row still at that generation and ready or
+        holding an expired lease: park it behind a delivery_exhausted gate when its attempts
+        are spent, else dispatch it again at a new generation (it was only co-delivered with a
+        consumer-killer). Anything else: the job moved on, nothing to do."""
         params = {
             "job_id": job_id,
             "project_id": project_id,
@@ -111,7 +122,10 @@ class DispatchRecords:
             "prompt": DELIVERY_EXHAUSTED_PROMPT,
         }
         with self._conn() as conn:
-            return fetch_one(conn, Q["park_dead_letter"], params) is not None
+            row = fetch_one(conn, Q["park_dead_letter"], params)
+        if row is None:
+            return DeadLetterOutcome.MOVED_ON
+        return DeadLetterOutcome.PARKED if row["spent"] else DeadLetterOutcome.REDISPATCHED
 
     # -- the outbox ------------------------------------------------------------------------
 

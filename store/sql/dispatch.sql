@@ -80,23 +80,49 @@ ON CONFLICT (key) DO NOTHING
 RETURNING id
 
 -- name: park_dead_letter
--- A pointer that exceeded the delivery limit: park its job behind a delivery_exhausted gate,
--- only if the row is still at that generation and ready or holding an expired lease.
-WITH parked AS (
-    UPDATE job
-    SET state = 'awaiting_human', updated_at = now(),
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        last_error = %(reason)s
+-- A pointer that exceeded the broker's delivery limit, for a row still at that generation and
+-- ready or holding an expired lease. PostgreSQL's attempt counter is the authority: a job whose
+-- attempts are spent parks behind a delivery_exhausted gate; one with attempts left was only
+-- co-delivered with a consumer-killer (a prefetched message dies with its channel) and is
+-- dispatched again at a new generation, with a fresh delivery budget.
+WITH target AS (
+    SELECT id, project_id, attempts, attempts >= max_attempts AS spent
+    FROM job
     WHERE id = %(job_id)s AND project_id = %(project_id)s AND dispatch_seq = %(seq)s
       AND (state IN ('ready', 'awaiting_capacity')
            OR (state = 'leased' AND lease_expires_at <= now()))
-    RETURNING id, project_id, attempts
+    FOR UPDATE
+),
+moved AS (
+    UPDATE job
+    SET state = CASE WHEN t.spent THEN 'awaiting_human'::job_state ELSE 'ready'::job_state END,
+        dispatch_seq = job.dispatch_seq + CASE WHEN t.spent THEN 0 ELSE 1 END,
+        updated_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        last_error = %(reason)s
+    FROM target t
+    WHERE job.id = t.id
+    RETURNING job.id, job.project_id, job.attempts, job.dispatch_seq, job.kind, job.run_after,
+              t.spent
+),
+gate AS (
+    INSERT INTO gate (id, project_id, job_id, kind, prompt, context)
+    SELECT gen_random_uuid(), m.project_id, m.id, 'delivery_exhausted', %(prompt)s,
+           jsonb_build_object('attempts', m.attempts, 'reason', %(reason)s::text)
+    FROM moved m
+    WHERE m.spent
+    RETURNING id
+),
+outbox AS (
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before)
+    SELECT 'dispatch:' || m.id || ':' || m.dispatch_seq, m.id, m.project_id, m.dispatch_seq,
+           m.kind, greatest(m.run_after, now())
+    FROM moved m
+    WHERE NOT m.spent
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
 )
-INSERT INTO gate (id, project_id, job_id, kind, prompt, context)
-SELECT gen_random_uuid(), p.project_id, p.id, 'delivery_exhausted', %(prompt)s,
-       jsonb_build_object('attempts', p.attempts, 'reason', %(reason)s::text)
-FROM parked p
-RETURNING id
+SELECT m.spent FROM moved m
 
 -- name: claim_outbox
 -- The relay's batch: unsent rows nobody holds, or held longer than reclaim_after by a relay

@@ -13,7 +13,7 @@ from uuid import UUID
 import pytest
 from psycopg_pool import ConnectionPool
 
-from store.dispatch import DispatchRecords
+from store.dispatch import DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
 from workflows.job import FailureClass, JobState, LeasePolicy
 from workflows.queue import EnqueueRequest, GateRequest, Job
@@ -215,16 +215,32 @@ def test_the_relay_never_skips_a_row_that_commits_late(pool, handoff) -> None:
     assert [r.id for r in late] and all(r.id < first[0].id for r in late)
 
 
-def test_a_dead_letter_parks_only_its_own_generation(pool, handoff) -> None:
-    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
-    job = repo.enqueue(req("poison")).job
-    assert not records.park_dead_letter(job_id=job.id, project_id=P, seq=7, reason="limit")
-    assert records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="limit")
-    parked = repo.get(job.id)
-    assert parked is not None and parked.state is JobState.AWAITING_HUMAN
+def test_a_dead_letter_parks_only_a_spent_job_of_its_own_generation(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff, SHORT), DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("poison", max_attempts=1)).job
+    held = pointer_claim(records, job, 1)
+    assert held is not None and held.attempts == 1  # it killed its consumer: the lease expires
+    time.sleep(0.45)
+    stale = records.park_dead_letter(job_id=job.id, project_id=P, seq=7, reason="limit")
+    assert stale is DeadLetterOutcome.MOVED_ON
+    parked = records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="limit")
+    assert parked is DeadLetterOutcome.PARKED
+    after = repo.get(job.id)
+    assert after is not None and after.state is JobState.AWAITING_HUMAN
     (gate,) = repo.open_gates(P)
     assert gate.kind == "delivery_exhausted" and gate.context["reason"] == "limit"
-    assert not records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="again")
+    again = records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="again")
+    assert again is DeadLetterOutcome.MOVED_ON
+
+
+def test_a_dead_letter_with_attempts_left_is_dispatched_afresh(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("innocent")).job  # co-delivered with a killer, never claimed
+    outcome = records.park_dead_letter(job_id=job.id, project_id=P, seq=1, reason="limit")
+    assert outcome is DeadLetterOutcome.REDISPATCHED
+    after = repo.get(job.id)
+    assert after is not None and after.state is JobState.READY and after.dispatch_seq == 2
+    assert [row[0] for row in outbox(pool, job.id)] == [1, 2] and repo.open_gates(P) == []
 
 
 def test_snapshot_reports_what_the_miss_policy_needs(pool, handoff) -> None:
