@@ -18,27 +18,17 @@ import logging
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
 from actors.deliveries import Delivery, ProjectDeliveries
+from actors.miss import plan_miss
 from actors.reconcile import Reconciler
 from actors.relay import Relay
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
-from workflows.dispatch import (
-    DispatchEnvelope,
-    Drop,
-    EnvelopeError,
-    Lane,
-    RowSnapshot,
-    WaitTiers,
-    decide_miss,
-    decode,
-    encode,
-    tier_name,
-)
+from workflows.dispatch import DispatchEnvelope, EnvelopeError, Lane, WaitTiers, decode
 from workflows.job import FailureClass, JobState, canonical_kind
 from workflows.queue import (
     AnswerOutcome,
@@ -186,28 +176,15 @@ class RabbitMqJobRepository:
     def _missed(
         self, consumer: ProjectDeliveries, delivery: Delivery, envelope: DispatchEnvelope
     ) -> None:
-        row = self._records.snapshot(job_id=envelope.job_id, project_id=envelope.project_id)
-        now = row.now if row is not None else datetime.now(UTC)
-        snapshot = None
-        if row is not None:
-            snapshot = RowSnapshot(
-                state=row.state,
-                dispatch_seq=row.dispatch_seq,
-                run_after=row.run_after,
-                lease_expires_at=row.lease_expires_at,
-                deps_met=row.deps_met,
-            )
-        decision = decide_miss(snapshot, envelope.dispatch_seq, now)
-        if isinstance(decision, Drop):
+        hop = plan_miss(self._records, self._names, self._tiers, envelope)
+        if hop is None:
             consumer.ack(delivery)
             return
-        # Never straight back to the work queue: even a raced pointer waits the smallest tier.
-        tier = self._tiers.route(decision.until - now) or self._tiers.smallest
         consumer.republish(
             delivery,
-            exchange=self._names.tier_exchange(tier_name(tier)),
-            body=encode(envelope),
-            message_id=envelope.message_id,
+            exchange=hop.exchange,
+            body=hop.body,
+            message_id=hop.message_id,
             content_type="application/json",
         )
 

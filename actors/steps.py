@@ -23,18 +23,11 @@ from typing import Protocol
 from uuid import UUID
 
 from actors.broker import VibeyBroker
+from actors.miss import plan_miss
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
-from workflows.dispatch import (
-    DispatchEnvelope,
-    Drop,
-    RowSnapshot,
-    WaitTiers,
-    decide_miss,
-    encode,
-    tier_name,
-)
+from workflows.dispatch import DispatchEnvelope, WaitTiers
 from workflows.job import FailureClass
 from workflows.queue import Job, Lease, Settled
 from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Success
@@ -157,34 +150,18 @@ class StepRunner:
     def _missed(
         self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
     ) -> StepResult:
-        row = self._records.snapshot(job_id=job_id, project_id=project_id)
-        now = row.now if row is not None else datetime.now(UTC)
-        snapshot = None
-        if row is not None:
-            snapshot = RowSnapshot(
-                state=row.state,
-                dispatch_seq=row.dispatch_seq,
-                run_after=row.run_after,
-                lease_expires_at=row.lease_expires_at,
-                deps_met=row.deps_met,
-            )
-        decision = decide_miss(snapshot, seq, now)
-        if isinstance(decision, Drop):
-            return StepResult.DROPPED
-        # Never straight back to the work queue: even a raced pointer waits the smallest tier.
-        tier = self._tiers.route(decision.until - now) or self._tiers.smallest
         envelope = DispatchEnvelope(
             job_id=job_id,
             project_id=project_id,
             dispatch_seq=seq,
             kind=kind,
-            not_before=decision.until,
+            not_before=datetime.now(UTC),
         )
+        hop = plan_miss(self._records, self._names, self._tiers, envelope)
+        if hop is None:
+            return StepResult.DROPPED
         self._broker.publish(
-            exchange=self._names.tier_exchange(tier_name(tier)),
-            routing_key=routing_key,
-            body=encode(envelope),
-            message_id=envelope.message_id,
+            exchange=hop.exchange, routing_key=routing_key, body=hop.body, message_id=hop.message_id
         )
         return StepResult.REDELAYED
 
