@@ -85,8 +85,7 @@ class PointerConsumer(_RabbitmqConsumer):
                 "seq": envelope.dispatch_seq,
                 "kind": envelope.kind,
                 "routing_key": method.routing_key,
-                # Quorum queues count redeliveries (channel deaths, requeues) per message.
-                "delivery": int((properties.headers or {}).get("x-delivery-count", 0)),
+                "delivery": _delivery_count(properties),
             },
             options={},
             message_id=envelope.message_id,
@@ -138,6 +137,14 @@ class PointerConsumer(_RabbitmqConsumer):
                     self.connection.close()
                 except pika.exceptions.AMQPError:
                     log.debug("closing the consumer's connection failed", exc_info=True)
+
+
+def _delivery_count(properties: Any) -> int:
+    """Quorum queues count redeliveries (channel deaths, requeues) in ``x-delivery-count``.
+    A publisher can forge the header: anything but a non-negative int counts as 0."""
+    headers = properties.headers if isinstance(properties.headers, dict) else {}
+    raw = headers.get("x-delivery-count", 0)
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else 0
 
 
 class VibeyBroker(RabbitmqBroker):
