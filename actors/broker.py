@@ -38,6 +38,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from actors.deliveries import DETAIL_HEADER, REASON_HEADER
+from actors.relay import SOLO_HEADER
 from workflows.dispatch import EnvelopeError, decode
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class PointerConsumer(_RabbitmqConsumer):
                 "kind": envelope.kind,
                 "routing_key": method.routing_key,
                 "delivery": _delivery_count(properties),
+                "solo": _solo(properties),
             },
             options={},
             message_id=envelope.message_id,
@@ -145,6 +147,11 @@ def _delivery_count(properties: Any) -> int:
     headers = properties.headers if isinstance(properties.headers, dict) else {}
     raw = headers.get("x-delivery-count", 0)
     return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else 0
+
+
+def _solo(properties: Any) -> bool:
+    headers = properties.headers if isinstance(properties.headers, dict) else {}
+    return headers.get(SOLO_HEADER) is True
 
 
 class VibeyBroker(RabbitmqBroker):

@@ -43,6 +43,7 @@ from workflows.dispatch import DispatchEnvelope, WaitTiers, encode, lane_of, tie
 log = logging.getLogger(__name__)
 
 OUTBOX_HEADER = "vibey-outbox-id"
+SOLO_HEADER = "x-vibey-solo"  # run with nothing else in flight in the worker process
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -53,6 +54,7 @@ class Publication:
     routing_key: str
     body: bytes
     message_id: str
+    solo: bool = False
 
 
 class Router:
@@ -82,7 +84,9 @@ class Router:
             if tier is None
             else self._names.tier_exchange(tier_name(tier))
         )
-        return Publication(row.id, exchange, key, encode(envelope), envelope.message_id)
+        return Publication(
+            row.id, exchange, key, encode(envelope), envelope.message_id, solo=row.solo
+        )
 
 
 class Relay:
@@ -338,7 +342,7 @@ class _Publisher:
                 delivery_mode=2,
                 message_id=pub.message_id,
                 type="job.dispatch",
-                headers={OUTBOX_HEADER: pub.outbox_id},
+                headers={OUTBOX_HEADER: pub.outbox_id, SOLO_HEADER: pub.solo},
             )
             channel.basic_publish(
                 pub.exchange, pub.routing_key, pub.body, properties, mandatory=True

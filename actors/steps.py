@@ -24,6 +24,7 @@ from uuid import UUID
 
 from actors.broker import VibeyBroker
 from actors.miss import plan_miss
+from actors.solo import SoloGate
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
@@ -59,6 +60,11 @@ class CrashPoints(Protocol):
         that changes on every retry, so a seeded decision cannot repeat forever."""
 
 
+def _died_with_its_process(job: Job) -> bool:
+    """Its previous attempt's lease expired (the reaper or a takeover says so)."""
+    return job.last_error is not None and job.last_error.startswith("lease expired")
+
+
 class StepRunner:
     def __init__(
         self,
@@ -81,6 +87,7 @@ class StepRunner:
         self._handlers = handlers
         self._owner = owner
         self._crash = crash
+        self._gate = SoloGate()
         self._on_result = on_result
 
     def run(
@@ -92,14 +99,29 @@ class StepRunner:
         kind: str,
         routing_key: str,
         delivery: int = 0,
+        solo: bool = False,
     ) -> StepResult:
-        envelope_job = UUID(job_id)
-        self._reached(CrashPoint.BEFORE_CLAIM, envelope_job, seq, delivery)
+        with self._gate.alone() if solo else self._gate.shared():
+            return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+
+    def _run(
+        self,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        kind: str,
+        routing_key: str,
+        delivery: int,
+        solo: bool,
+    ) -> StepResult:
+        self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, delivery)
         job = self._records.claim_pointer(
-            job_id=envelope_job, project_id=project_id, seq=seq, owner=self._owner
+            job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
         )
         if job is None:
-            return self._record(self._missed(envelope_job, project_id, seq, kind, routing_key))
+            return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
+        if not solo and _died_with_its_process(job):
+            return self._record(self._run_alone_next(job))
         with self._heartbeat(job):
             outcome = self._handle(job)
         self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
@@ -107,6 +129,16 @@ class StepRunner:
         self._record(result)
         self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
         return result
+
+    def _run_alone_next(self, job: Job) -> StepResult:
+        """Hand the job back (the claim's attempt refunded) for a solo run."""
+        settled = self._store.defer(
+            job.lease,
+            delay=timedelta(0),
+            reason=f"{job.last_error}; running it again alone",
+            solo=True,
+        )
+        return StepResult.DEFERRED if settled.applied else StepResult.STALE
 
     def _record(self, result: StepResult) -> StepResult:
         if self._on_result is not None:

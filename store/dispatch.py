@@ -36,6 +36,7 @@ class OutboxRow:
     dispatch_seq: int
     kind: str
     not_before: datetime
+    solo: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,4 +171,5 @@ def _outbox(row: DictRow) -> OutboxRow:
         dispatch_seq=row["dispatch_seq"],
         kind=row["kind"],
         not_before=row["not_before"],
+        solo=row["solo"],
     )

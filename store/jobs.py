@@ -333,10 +333,24 @@ class PostgresJobRepository:
         return _settled(fetch_one(conn, Q["nack"], params), outbox)
 
     def defer(
-        self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
+        self,
+        lease: Lease,
+        *,
+        delay: timedelta,
+        reason: str,
+        capacity: bool = False,
+        solo: bool = False,
     ) -> Settled:
+        """``solo`` (dispatching only): the next attempt runs with nothing else in flight in
+        its worker process."""
         return self._run_dispatching(
-            self.defer_txn, lease, delay=delay, reason=reason, capacity=capacity, one_statement=True
+            self.defer_txn,
+            lease,
+            delay=delay,
+            reason=reason,
+            capacity=capacity,
+            solo=solo,
+            one_statement=True,
         )
 
     def defer_txn(
@@ -347,6 +361,7 @@ class PostgresJobRepository:
         delay: timedelta,
         reason: str,
         capacity: bool = False,
+        solo: bool = False,
         outbox: list[int] | None = None,
     ) -> Settled:
         params = (
@@ -355,6 +370,7 @@ class PostgresJobRepository:
                 "delay_s": max(delay.total_seconds(), 0.0),
                 "reason": reason,
                 "capacity": capacity,
+                "solo": solo,
             }
             | self._dispatch_params()
         )

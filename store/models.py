@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -172,6 +173,8 @@ class JobOutboxRow(SQLModel, table=True):
     claimed_by: str | None = Field(sa_column=Column(Text, nullable=True))
     claimed_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
     sent_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    # 0003_outbox_solo
+    solo: bool = Field(sa_column=Column(Boolean, nullable=False, server_default=text("false")))
 
 
 class SchemaMigrationRow(SQLModel, table=True):

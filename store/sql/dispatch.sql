@@ -8,6 +8,10 @@
 UPDATE job
 SET state = 'leased',
     attempts = attempts + 1,
+    -- Taking over an expired lease: that attempt died with its process (see solo pointers).
+    last_error = CASE WHEN state = 'leased'
+                      THEN 'lease expired on attempt ' || attempts || ' of ' || max_attempts
+                      ELSE last_error END,
     lease_owner = %(owner)s,
     lease_token = gen_random_uuid(),
     lease_expires_at = now() + lease_ms * interval '1 millisecond',
@@ -114,9 +118,9 @@ gate AS (
     RETURNING id
 ),
 outbox AS (
-    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before)
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before, solo)
     SELECT 'dispatch:' || m.id || ':' || m.dispatch_seq, m.id, m.project_id, m.dispatch_seq,
-           m.kind, greatest(m.run_after, now())
+           m.kind, greatest(m.run_after, now()), true
     FROM moved m
     WHERE NOT m.spent
     ON CONFLICT (key) DO NOTHING
@@ -138,10 +142,10 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 
 -- name: outbox_rows
-SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before
+SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 FROM job_outbox
 WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
 ORDER BY id

@@ -186,9 +186,10 @@ WITH settled AS (
 ),
 outbox AS (
     INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
-                            claimed_by, claimed_at)
+                            claimed_by, claimed_at, solo)
     SELECT 'dispatch:' || s.id || ':' || s.dispatch_seq, s.id, s.project_id, s.dispatch_seq,
-           s.kind, s.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+           s.kind, s.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END,
+           %(solo)s
     FROM settled s
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
@@ -251,9 +252,10 @@ released AS (
               job.run_after
 ),
 outbox AS (
-    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before)
+    -- solo: the attempt died with its process; the next one runs alone
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before, solo)
     SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
-           r.kind, r.run_after
+           r.kind, r.run_after, true
     FROM released r
     WHERE %(dispatch)s AND NOT r.exhausted
     ON CONFLICT (key) DO NOTHING
