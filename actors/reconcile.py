@@ -148,6 +148,9 @@ class Reconciler:
     def _scheduled(self) -> None:
         try:
             report = self.run_once()
+        except pika.exceptions.AMQPError as exc:
+            log.warning("reconcile: RabbitMQ unavailable (%s); retrying next interval", exc)
+            return
         except Exception:
             log.exception("reconcile failed; it runs again at the next interval")
             return
