@@ -58,6 +58,7 @@ fmt: venv
     .venv/bin/ruff format .
     .venv/bin/ruff check --fix .
 
-# Benchmarks: printed figures, not timed tests.
+# Benchmarks: printed figures, not timed tests (PostgreSQL backend, then RabbitMQ dispatch).
 bench: venv
     {{python}} ops/bench/claim_ack.py
+    {{python}} ops/bench/steps.py

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import DictRow, TupleRow, dict_row
 from psycopg_pool import ConnectionPool
 
@@ -39,7 +40,11 @@ def statement(pool: Pool) -> Iterator[Conn]:
 def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query.encode(), params)
-        return cur.fetchone() if cur.description else None
+        # The result's status, not cur.description (which builds a Column per column).
+        result = cur.pgresult
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+            return None
+        return cur.fetchone()
 
 
 def fetch_all(conn: Conn, query: str, params: Mapping[str, Any]) -> list[DictRow]:

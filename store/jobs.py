@@ -169,8 +169,12 @@ class PostgresJobRepository:
     ) -> set[UUID]:
         """Dispatch the jobs (or the parent's dependents) now claimable at generation 0;
         returns the ids of the jobs dispatched."""
-        params = self._dispatch_params() | {"ids": list(ids), "parent": parent}
-        written = fetch_all(conn, Q["dispatch_released"], params)
+        if parent is None:
+            params = self._dispatch_params() | {"ids": list(ids)}
+            written = fetch_all(conn, Q["dispatch_released"], params)
+        else:
+            params = self._dispatch_params() | {"parent": parent}
+            written = fetch_all(conn, Q["dispatch_dependents"], params)
         if outbox is not None:
             outbox.extend(int(r["id"]) for r in written)
         return {r["job_id"] for r in written}

@@ -55,13 +55,37 @@ ORDER BY j.id
 FOR UPDATE
 
 -- name: dispatch_released
--- Jobs among %(ids)s (or the dependents of %(parent)s) never dispatched whose dependencies
--- have all succeeded: generation 0 → 1, with their outbox rows.
+-- Jobs among %(ids)s never dispatched whose dependencies have all succeeded: generation
+-- 0 → 1, with their outbox rows.
 WITH released AS (
     UPDATE job j
     SET dispatch_seq = 1, updated_at = now()
-    WHERE (j.id = ANY (%(ids)s::uuid[])
-           OR j.id IN (SELECT d.job_id FROM job_dependency d WHERE d.depends_on = %(parent)s))
+    WHERE j.id = ANY (%(ids)s::uuid[])
+      AND j.dispatch_seq = 0
+      AND j.state IN ('ready', 'awaiting_capacity')
+      AND NOT EXISTS (
+          SELECT 1
+          FROM job_dependency d
+          JOIN job p ON p.id = d.depends_on
+          WHERE d.job_id = j.id AND p.state <> 'succeeded'
+      )
+    RETURNING j.id, j.project_id, j.dispatch_seq, j.kind, j.run_after
+)
+INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
+                        claimed_by, claimed_at)
+SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
+       r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+FROM released r
+ON CONFLICT (key) DO NOTHING
+RETURNING id, job_id
+
+-- name: dispatch_dependents
+-- The dependents of %(parent)s never dispatched whose dependencies have all succeeded: generation
+-- 0 → 1, with their outbox rows.
+WITH released AS (
+    UPDATE job j
+    SET dispatch_seq = 1, updated_at = now()
+    WHERE j.id IN (SELECT d.job_id FROM job_dependency d WHERE d.depends_on = %(parent)s)
       AND j.dispatch_seq = 0
       AND j.state IN ('ready', 'awaiting_capacity')
       AND NOT EXISTS (
