@@ -80,6 +80,8 @@ ON CONFLICT (key) DO NOTHING
 RETURNING id, job_id
 
 -- name: dispatch_dependents
+-- (A separate statement from dispatch_released, not an OR of the two: each one is driven by
+-- an index; the OR scanned the whole job table on every ack.)
 -- The dependents of %(parent)s never dispatched whose dependencies have all succeeded: generation
 -- 0 → 1, with their outbox rows.
 WITH released AS (

@@ -35,6 +35,7 @@ from actors.capabilities import detect
 from actors.worker import Supervisor, WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
+from tests.commit_audit import COMMIT_AUDIT
 from workflows.dispatch import WaitTiers
 from workflows.job import LeasePolicy
 from workflows.queue import EnqueueRequest
@@ -49,18 +50,6 @@ LEASE = timedelta(seconds=3)
 TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5)))
 DEADLINE_S = 600
 BOUNCE = os.environ.get("VIBEY_CHAOS_BOUNCE", "1") != "0"  # stop_app/start_app mid-run
-
-COMMIT_AUDIT = """
-CREATE TABLE chaos_commit (job_id uuid PRIMARY KEY, committed_at timestamptz DEFAULT now());
-CREATE FUNCTION chaos_count_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO chaos_commit (job_id) VALUES (NEW.id);  -- a second commit fails loudly
-    RETURN NEW;
-END $$;
-CREATE TRIGGER chaos_count_commit AFTER UPDATE OF state ON job
-    FOR EACH ROW WHEN (NEW.state = 'succeeded' AND OLD.state <> 'succeeded')
-    EXECUTE FUNCTION chaos_count_commit();
-"""
 
 
 def enqueue_chains(repo: PostgresJobRepository, seed: int) -> int:
@@ -176,7 +165,7 @@ def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
             states = dict(
                 conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
             )
-        commits = count(pool, "SELECT count(*) FROM chaos_commit")
+        commits = count(pool, "SELECT count(*) FROM audit_commit")
         succeeded = count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
         unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
         executions = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")

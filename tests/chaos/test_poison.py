@@ -216,7 +216,7 @@ def test_poison_jobs_park_and_healthy_jobs_never_do(
     for job_id, (state, attempts, gates) in poisoned.items():
         assert state == "awaiting_human", f"poison job {job_id} is {state}"
         assert gates == (DELIVERY_EXHAUSTED,), f"poison job {job_id} gates: {gates}"
-        assert 1 <= attempts <= MAX_ATTEMPTS, f"poison job {job_id}: {attempts} attempts"
+        assert attempts in range(1, MAX_ATTEMPTS + 1), f"poison job {job_id}: {attempts} attempts"
     assert healthy_states == Counter({"succeeded": HEALTHY}), (
         f"healthy jobs parked or failed: {dict(healthy_states)}"
     )

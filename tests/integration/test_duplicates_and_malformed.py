@@ -45,6 +45,7 @@ from actors.deliveries import REASON_HEADER
 from actors.steps import StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
+from tests.commit_audit import COMMIT_AUDIT
 from tests.unit.test_dispatch import MALFORMED, MORE_MALFORMED
 from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, WaitTiers, encode, lane_of
 from workflows.job import FailureClass
@@ -59,18 +60,6 @@ SINGLES = 80
 FLAKY_RATE = 0.25  # fail the first attempt: a second generation to replay
 STALE = 100
 DRAIN_LIMIT_S = 5.0
-
-COMMIT_AUDIT = """
-CREATE TABLE dup_commit (job_id uuid PRIMARY KEY, committed_at timestamptz DEFAULT now());
-CREATE FUNCTION dup_count_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO dup_commit (job_id) VALUES (NEW.id);  -- a second commit fails loudly
-    RETURN NEW;
-END $$;
-CREATE TRIGGER dup_count_commit AFTER UPDATE OF state ON job
-    FOR EACH ROW WHEN (NEW.state = 'succeeded' AND OLD.state <> 'succeeded')
-    EXECUTE FUNCTION dup_count_commit();
-"""
 
 
 def work(job: Job) -> Outcome:
@@ -344,7 +333,7 @@ def test_replayed_and_stale_pointers_settle_nothing(
     latencies = [done - sent for sent, done in zip(published_at, dropped_at, strict=True)]
     after = dict(runtime.results)
     delta = {r.value: after[r] - before[r] for r in StepResult if after[r] != before[r]}
-    audit = scalar(runtime, "SELECT count(*) FROM dup_commit")
+    audit = scalar(runtime, "SELECT count(*) FROM audit_commit")
     succeeded = scalar(runtime, "SELECT count(*) FROM job WHERE state = 'succeeded'")
     generations = Counter(top for _, _, top in jobs)
     print(
