@@ -58,7 +58,6 @@ class PointerConsumer(_RabbitmqConsumer):
         super().__init__(broker, queue_name, prefetch, timeout)
         self.serial = next(_CONSUMER_SERIALS)  # unlike id(), never reused by a later consumer
         self._dead_exchange = broker.dead_exchange
-        self.rejected = 0
 
     def __next__(self) -> MessageProxy | None:
         try:
@@ -106,7 +105,6 @@ class PointerConsumer(_RabbitmqConsumer):
         )
         self.channel.basic_publish(self._dead_exchange, method.routing_key, body, properties)
         self.channel.basic_ack(method.delivery_tag)
-        self.rejected += 1
 
     def ack(self, message: MessageProxy) -> None:
         if self._mine(message, "ack"):
