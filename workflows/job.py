@@ -138,8 +138,15 @@ KIND_ALIASES: Mapping[str, str] = MappingProxyType(
 REGISTERED_KINDS: frozenset[str] = frozenset(KIND_PHASES) | frozenset(KIND_ALIASES)
 
 
+TIMER_KIND = "workflow.timer"
+"""The engine's own kind: a durable workflow timer (a job with ``run_after``, no handler)."""
+
+
 def canonical_kind(kind: str) -> str:
-    """The canonical name of a registered kind; an alias maps to its target."""
+    """The canonical name of a registered kind; an alias maps to its target. The engine's
+    :data:`TIMER_KIND` is accepted too (it belongs to no phase)."""
+    if kind == TIMER_KIND:
+        return kind
     canonical = KIND_ALIASES.get(kind, kind)
     if canonical not in KIND_PHASES:
         raise UnknownJobKindError(kind)
@@ -147,7 +154,10 @@ def canonical_kind(kind: str) -> str:
 
 
 def phase_of(kind: str) -> Phase:
-    return KIND_PHASES[canonical_kind(kind)]
+    canonical = canonical_kind(kind)
+    if canonical not in KIND_PHASES:
+        raise UnknownJobKindError(kind)
+    return KIND_PHASES[canonical]
 
 
 def idempotency_key(project_id: str, cycle: int, kind: str, subject: str) -> str:
