@@ -35,9 +35,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
+from workflows.engine import Status as WorkflowStatus
 from workflows.job import FailureClass, JobState
 
-# The PostgreSQL enum types of 0001; their labels are the Python enums' values.
+# The PostgreSQL enum types of 0001 and 0004; their labels are the Python enums' values.
 JOB_STATE = Enum(
     JobState,
     name="job_state",
@@ -47,6 +48,12 @@ JOB_STATE = Enum(
 FAILURE_CLASS = Enum(
     FailureClass,
     name="failure_class",
+    create_type=False,
+    values_callable=lambda members: [m.value for m in members],
+)
+WORKFLOW_STATUS = Enum(
+    WorkflowStatus,
+    name="workflow_status",
     create_type=False,
     values_callable=lambda members: [m.value for m in members],
 )
@@ -73,6 +80,7 @@ class JobRow(SQLModel, table=True):
             name="job_lease_fence",
         ),
         CheckConstraint("dispatch_seq >= 0", name="job_dispatch_seq_nonneg"),
+        CheckConstraint("(workflow_id IS NULL) = (step IS NULL)", name="job_step_of_workflow"),
     )
 
     id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
@@ -107,6 +115,11 @@ class JobRow(SQLModel, table=True):
         sa_column=Column(BigInteger, nullable=False, server_default=text("0"))
     )
     dispatched_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    # 0004_workflows: a step names its workflow and its step name
+    workflow_id: uuid.UUID | None = Field(
+        sa_column=Column(Uuid, ForeignKey("workflow.id"), nullable=True)
+    )
+    step: str | None = Field(sa_column=Column(Text, nullable=True))
 
 
 class JobDependencyRow(SQLModel, table=True):
@@ -122,7 +135,7 @@ class JobDependencyRow(SQLModel, table=True):
 
 
 class GateRow(SQLModel, table=True):
-    """``gate``: a question a parked job waits behind, until a person answers it."""
+    """``gate``: a question a parked job or a workflow waits behind, until a person answers it."""
 
     __tablename__ = "gate"
     __table_args__ = (
@@ -130,6 +143,8 @@ class GateRow(SQLModel, table=True):
             "(answer IS NULL) = (answered_at IS NULL) AND (answer IS NULL) = (answered_by IS NULL)",
             name="gate_answer_complete",
         ),
+        CheckConstraint("name IS NULL OR workflow_id IS NOT NULL", name="gate_named_in_workflow"),
+        CheckConstraint("name IS NULL OR job_id IS NULL", name="gate_owner"),
     )
 
     id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
@@ -147,6 +162,17 @@ class GateRow(SQLModel, table=True):
     answer: str | None = Field(sa_column=Column(Text, nullable=True))
     answered_by: str | None = Field(sa_column=Column(Text, nullable=True))
     answered_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    # 0004_workflows: a workflow's gate is named within it; a parked job's names no gate
+    workflow_id: uuid.UUID | None = Field(
+        sa_column=Column(Uuid, ForeignKey("workflow.id"), nullable=True)
+    )
+    name: str | None = Field(sa_column=Column(Text, nullable=True))
+    schema_: dict[str, Any] = Field(
+        sa_column=Column("schema", JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    )
+    evidence: dict[str, Any] = Field(
+        sa_column=Column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    )
 
 
 class JobOutboxRow(SQLModel, table=True):
@@ -175,6 +201,62 @@ class JobOutboxRow(SQLModel, table=True):
     sent_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
     # 0003_outbox_solo
     solo: bool = Field(sa_column=Column(Boolean, nullable=False, server_default=text("false")))
+
+
+class WorkflowRow(SQLModel, table=True):
+    """``workflow``: one row per run of a workflow definition, for all time."""
+
+    __tablename__ = "workflow"
+    __table_args__ = (
+        CheckConstraint("0 <= applied_seq AND applied_seq <= last_seq", name="workflow_seq_order"),
+        CheckConstraint(
+            "(status = 'completed') = (completion_mode IS NOT NULL)",
+            name="workflow_completion_mode",
+        ),
+        CheckConstraint(
+            "(status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL)",
+            name="workflow_finished",
+        ),
+    )
+
+    id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
+    project_id: str = Field(sa_column=Column(Text, nullable=False))
+    definition: str = Field(sa_column=Column(Text, nullable=False))
+    version: int = Field(sa_column=Column(Integer, nullable=False))
+    phase: str = Field(sa_column=Column(Text, nullable=False))
+    cycle: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    status: WorkflowStatus = Field(
+        sa_column=Column(WORKFLOW_STATUS, nullable=False, server_default=text("'running'"))
+    )
+    completion_mode: str | None = Field(sa_column=Column(Text, nullable=True))
+    reason: str | None = Field(sa_column=Column(Text, nullable=True))
+    input: dict[str, Any] = Field(
+        sa_column=Column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    )
+    state: dict[str, Any] = Field(sa_column=Column(JSONB, nullable=False))
+    # history: events 1..last_seq are recorded, 1..applied_seq went through decide()
+    last_seq: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    applied_seq: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    updated_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    finished_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+
+
+class WorkflowHistoryRow(SQLModel, table=True):
+    """``workflow_history``: a workflow's events in order, append-only (a trigger refuses
+    changes; ``commands`` is written once, when the event is applied)."""
+
+    __tablename__ = "workflow_history"
+    __table_args__ = (CheckConstraint("seq >= 1", name="workflow_history_seq_positive"),)
+
+    workflow_id: uuid.UUID = Field(
+        sa_column=Column(Uuid, ForeignKey("workflow.id"), primary_key=True)
+    )
+    seq: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    event: dict[str, Any] = Field(sa_column=Column(JSONB, nullable=False))
+    # the commands decide() gave for this event; NULL while the event waits to be applied
+    commands: list[dict[str, Any]] | None = Field(sa_column=Column(JSONB, nullable=True))
+    recorded_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
 
 
 class SchemaMigrationRow(SQLModel, table=True):
@@ -227,3 +309,27 @@ Index(
     _outbox.c.id,
     postgresql_where=_outbox.c.sent_at.is_(None),
 )
+Index(
+    "job_workflow_step",
+    _job.c.workflow_id,
+    _job.c.step,
+    unique=True,
+    postgresql_where=_job.c.workflow_id.is_not(None),
+)
+Index(
+    "gate_workflow_name",
+    _gate.c.workflow_id,
+    _gate.c.name,
+    unique=True,
+    postgresql_where=_gate.c.name.is_not(None),
+)
+Index(
+    "gate_open_by_workflow",
+    _gate.c.workflow_id,
+    postgresql_where=_gate.c.answered_at.is_(None),
+)
+_workflow = _table(WorkflowRow)
+_live = _workflow.c.status.in_([WorkflowStatus.RUNNING, WorkflowStatus.BLOCKED])
+Index("workflow_one_live_per_project", _workflow.c.project_id, unique=True, postgresql_where=_live)
+Index("workflow_by_project", _workflow.c.project_id, _workflow.c.created_at.desc())
+Index("workflow_live", _workflow.c.updated_at, postgresql_where=_live)

@@ -87,7 +87,7 @@ def test_all_migrations_apply_and_are_recorded_with_checksums(empty_pg_url: str)
     assert query(
         empty_pg_url, "SELECT count(*) FROM schema_migrations WHERE applied_at IS NULL"
     ) == [(0,)]
-    for table in ("job", "job_dependency", "gate"):
+    for table in ("job", "job_dependency", "gate", "workflow", "workflow_history"):
         assert table_exists(empty_pg_url, table), table
 
 
@@ -229,6 +229,8 @@ def test_models_match_the_migrated_schema(empty_pg_url: str) -> None:
         "job",
         "job_dependency",
         "gate",
+        "workflow",
+        "workflow_history",
         "schema_migrations",
     }
     assert models.JobRow.__tablename__ == "job"
@@ -302,6 +304,7 @@ def create_from_models(url: str, metadata: MetaData) -> None:
         with engine.begin() as conn:
             models.JOB_STATE.create(conn)  # create_type=False keeps create_all from doing it
             models.FAILURE_CLASS.create(conn)
+            models.WORKFLOW_STATUS.create(conn)
             metadata.create_all(conn)
     finally:
         engine.dispose()
