@@ -26,11 +26,13 @@ from actors.broker import VibeyBroker
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.topology import QueueNames
+from store.db import Conn
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
+from store.workflows import WorkflowStore
 from workflows.dispatch import DispatchEnvelope, WaitTiers
-from workflows.job import FailureClass
-from workflows.queue import Job, Lease, Settled
+from workflows.job import TIMER_KIND, FailureClass
+from workflows.queue import Job, Settled
 from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Success
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class StepRunner:
         owner: str,
         crash: CrashPoints | None = None,
         on_result: Callable[[StepResult], None] | None = None,
+        workflows: WorkflowStore | None = None,
     ) -> None:
         self._store = store
         self._records = records
@@ -89,6 +92,7 @@ class StepRunner:
         self._crash = crash
         self._gate = SoloGate()
         self._on_result = on_result
+        self._workflows = workflows
 
     def run(
         self,
@@ -125,7 +129,7 @@ class StepRunner:
         with self._heartbeat(job):
             outcome = self._handle(job)
         self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
-        result = self._settle(job.lease, outcome)
+        result = self._settle(job, outcome)
         self._record(result)
         self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
         return result
@@ -150,6 +154,8 @@ class StepRunner:
             self._crash.reached(point, job_id, seq, count)
 
     def _handle(self, job: Job) -> Outcome:
+        if job.kind == TIMER_KIND:  # a workflow timer: its due time was the work
+            return Success()
         handler = self._handlers.get(job.kind)
         if handler is None:
             return Failure(FailureClass.VIBEY, f"no handler is registered for kind {job.kind!r}")
@@ -159,23 +165,26 @@ class StepRunner:
             log.exception("handler for %s failed on job %s", job.kind, job.id)
             return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
 
-    def _settle(self, lease: Lease, outcome: Outcome) -> StepResult:
-        settled: Settled
-        match outcome:
-            case Success(result=result):
-                settled, label = self._store.ack(lease, result=result), StepResult.SUCCEEDED
-            case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
-                settled = self._store.nack(
-                    lease, error=detail, failure_class=cls, retry_in=retry_in
-                )
-                label = StepResult.FAILED
-            case Defer(delay=delay, reason=reason, capacity=capacity):
-                settled = self._store.defer(lease, delay=delay, reason=reason, capacity=capacity)
-                label = StepResult.DEFERRED
-            case Park(gate=gate):
-                settled, label = self._store.park(lease, gate), StepResult.PARKED
+    def _settle(self, job: Job, outcome: Outcome) -> StepResult:
+        """One transaction: the fenced settle and, for a workflow's step that finished, the
+        workflow's event with everything it decides (``WorkflowStore.settle_txn``)."""
+        settle, label = _settle_write(self._store, job, outcome)
+        if self._workflows is not None and job.workflow_id is not None:
+            result = outcome.result if isinstance(outcome, Success) else {}
+            failure = (
+                (outcome.failure_class, outcome.detail) if isinstance(outcome, Failure) else None
+            )
+            settled = self._store.dispatching_transaction(
+                self._workflows.settle_txn,
+                job,
+                settle,
+                result={k: v for k, v in result.items() if k != "evidence"},
+                failure=failure,
+            )
+        else:
+            settled = self._store.dispatching_transaction(_plain, settle)
         if not settled.applied:
-            log.warning("job %s: settle refused, the lease was lost (%s)", lease.job_id, label)
+            log.warning("job %s: settle refused, the lease was lost (%s)", job.id, label)
             return StepResult.STALE
         return label
 
@@ -215,3 +224,41 @@ class StepRunner:
         finally:
             stop.set()
             thread.join()
+
+
+SettleWrite = Callable[[Conn, list[int] | None], Settled]
+
+
+def _settle_write(
+    store: PostgresJobRepository, job: Job, outcome: Outcome
+) -> tuple[SettleWrite, StepResult]:
+    """The fenced write an outcome asks for, as a function of the caller's transaction."""
+    lease = job.lease
+    match outcome:
+        case Success(result=result):
+            return (
+                lambda conn, outbox: store.ack_txn(conn, lease, result=result, outbox=outbox),
+                StepResult.SUCCEEDED,
+            )
+        case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
+            return (
+                lambda conn, outbox: store.nack_txn(
+                    conn, lease, error=detail, failure_class=cls, retry_in=retry_in, outbox=outbox
+                ),
+                StepResult.FAILED,
+            )
+        case Defer(delay=delay, reason=reason, capacity=capacity):
+            return (
+                lambda conn, outbox: store.defer_txn(
+                    conn, lease, delay=delay, reason=reason, capacity=capacity, outbox=outbox
+                ),
+                StepResult.DEFERRED,
+            )
+        case Park(gate=gate):
+            return (lambda conn, outbox: store.park_txn(conn, lease, gate), StepResult.PARKED)
+
+
+def _plain(
+    conn: Conn, settle: Callable[[Conn, list[int] | None], Settled], *, outbox: list[int]
+) -> Settled:
+    return settle(conn, outbox)

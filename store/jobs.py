@@ -87,6 +87,12 @@ class PostgresJobRepository:
     def _dispatch_params(self) -> dict[str, Any]:
         return {"dispatch": self._dispatch, "relay": self._relay_id}
 
+    def dispatching_transaction(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run ``fn(conn, *args, outbox=[...], **kwargs)`` in one transaction; the outbox rows
+        it wrote go to the relay after the commit. For writers outside this repository (the
+        workflow store) that compose ``*_txn`` methods."""
+        return self._run_dispatching(fn, *args, **kwargs)
+
     def _run_dispatching(
         self,
         fn: Callable[..., R],
@@ -210,6 +216,8 @@ class PostgresJobRepository:
                 "delay_s": request.delay.total_seconds(),
                 "max_attempts": request.max_attempts,
                 "lease_ms": _millis(self._leases.lease_for(request.kind)),
+                "workflow_id": request.workflow_id,
+                "step": request.step,
             },
         )
         if row is None:
@@ -436,7 +444,7 @@ class PostgresJobRepository:
         locked = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
         if locked is None:
             return AnswerOutcome(AnswerStatus.UNKNOWN_GATE)
-        gate = _gate(locked)
+        gate = gate_from_row(locked)
         if not gate.open:
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.answers and answer not in gate.answers:
@@ -460,7 +468,7 @@ class PostgresJobRepository:
                 conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
                 if outbox is not None and released["outbox_ids"]:
                     outbox.extend(released["outbox_ids"])
-        return AnswerOutcome(AnswerStatus.ANSWERED, _gate(answered))
+        return AnswerOutcome(AnswerStatus.ANSWERED, gate_from_row(answered))
 
     def reap(self) -> ReapResult:
         requeued = parked = 0
@@ -486,14 +494,25 @@ class PostgresJobRepository:
             row = fetch_one(conn, Q["get_job"], {"job_id": job_id})
         return None if row is None else job_from_row(row)
 
+    def get_gate_txn(self, conn: Conn, gate_id: UUID) -> Gate | None:
+        row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
+        return None if row is None else gate_from_row(row)
+
+    def lock_gate_txn(self, conn: Conn, gate_id: UUID) -> Gate | None:
+        row = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
+        return None if row is None else gate_from_row(row)
+
     def get_gate(self, gate_id: UUID) -> Gate | None:
         with self._statement() as conn:
             row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
-        return None if row is None else _gate(row)
+        return None if row is None else gate_from_row(row)
 
     def open_gates(self, project_id: str | None = None) -> list[Gate]:
         with self._statement() as conn:
-            return [_gate(r) for r in fetch_all(conn, Q["open_gates"], {"project_id": project_id})]
+            return [
+                gate_from_row(r)
+                for r in fetch_all(conn, Q["open_gates"], {"project_id": project_id})
+            ]
 
     def count_unsettled(
         self,
@@ -565,10 +584,12 @@ def job_from_row(row: DictRow) -> Job:
         updated_at=row["updated_at"],
         settled_at=row["settled_at"],
         dispatch_seq=row["dispatch_seq"],
+        workflow_id=row.get("workflow_id"),
+        step=row.get("step"),
     )
 
 
-def _gate(row: DictRow) -> Gate:
+def gate_from_row(row: DictRow) -> Gate:
     return Gate(
         id=row["id"],
         project_id=row["project_id"],
@@ -581,4 +602,8 @@ def _gate(row: DictRow) -> Gate:
         answer=row["answer"],
         answered_by=row["answered_by"],
         answered_at=row["answered_at"],
+        workflow_id=row.get("workflow_id"),
+        name=row.get("name"),
+        schema=row.get("schema") or {},
+        evidence=row.get("evidence") or {},
     )

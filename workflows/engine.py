@@ -246,13 +246,22 @@ def apply(
 ) -> tuple[Header, Decision[S]]:
     """One event through the engine's rules and the definition. Raises whatever ``decide``
     raises (the store turns that into a blocked workflow, never a crash loop)."""
-    if header.status.finished:
-        return header, Decision(state)
-    if isinstance(event, CancelRequested):
-        why = f"cancelled by {event.by}" + (f": {event.reason}" if event.reason else "")
-        return replace(header, status=Status.CANCELLED, reason=why), Decision(state)
+    ruled = engine_rule(header, event)
+    if ruled is not None:
+        return ruled, Decision(state)
     decision = definition.decide(state, event, now)
     return follow(header, decision.commands), decision
+
+
+def engine_rule(header: Header, event: Event) -> Header | None:
+    """The new header when the engine decides ``event`` without the definition (a finished
+    workflow absorbs it; a cancel cancels), else ``None``."""
+    if header.status.finished:
+        return header
+    if isinstance(event, CancelRequested):
+        why = f"cancelled by {event.by}" + (f": {event.reason}" if event.reason else "")
+        return replace(header, status=Status.CANCELLED, reason=why)
+    return None
 
 
 def follow(header: Header, commands: Iterable[Command]) -> Header:

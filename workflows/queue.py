@@ -82,8 +82,12 @@ class EnqueueRequest:
     depends_on: tuple[UUID, ...] = ()
     max_attempts: int = 5
     job_id: UUID | None = None
+    workflow_id: UUID | None = None  # a workflow's step: the workflow and the step's name
+    step: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.workflow_id is None) != (self.step is None):
+            raise InvalidEnqueueError("a workflow step names both its workflow and its step")
         if not self.project_id:
             raise InvalidEnqueueError("project_id must not be empty")
         try:
@@ -143,6 +147,8 @@ class Job:
     updated_at: datetime
     settled_at: datetime | None
     dispatch_seq: int = 0
+    workflow_id: UUID | None = None
+    step: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -195,6 +201,10 @@ class Gate:
     answer: str | None
     answered_by: str | None
     answered_at: datetime | None
+    workflow_id: UUID | None = None
+    name: str | None = None  # a workflow's gate (answering it is a GateAnswered event)
+    schema: JsonObject = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
 
     @property
     def open(self) -> bool:

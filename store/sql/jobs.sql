@@ -15,12 +15,12 @@
 WITH inserted AS (
     INSERT INTO job (
         id, project_id, cycle, kind, subject, idempotency_key, priority, payload, run_after,
-        max_attempts, lease_ms
+        max_attempts, lease_ms, workflow_id, step
     )
     VALUES (
         %(id)s, %(project_id)s, %(cycle)s, %(kind)s, %(subject)s, %(idempotency_key)s,
         %(priority)s, %(payload)s, now() + make_interval(secs => %(delay_s)s),
-        %(max_attempts)s, %(lease_ms)s
+        %(max_attempts)s, %(lease_ms)s, %(workflow_id)s, %(step)s
     )
     ON CONFLICT (project_id, idempotency_key) DO NOTHING
     RETURNING *
@@ -230,10 +230,11 @@ WITH parked AS (
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
       AND lease_token = %(token)s AND lease_expires_at > now()
-    RETURNING id, project_id
+    RETURNING id, project_id, workflow_id
 )
-INSERT INTO gate (id, project_id, job_id, kind, prompt, answers, context)
-SELECT %(gate_id)s, p.project_id, p.id, %(kind)s, %(prompt)s, %(answers)s, %(context)s
+INSERT INTO gate (id, project_id, job_id, workflow_id, kind, prompt, answers, context)
+SELECT %(gate_id)s, p.project_id, p.id, p.workflow_id, %(kind)s, %(prompt)s, %(answers)s,
+    %(context)s
 FROM parked p
 RETURNING id
 

@@ -1,0 +1,102 @@
+-- Workflows: instance rows, their history, their gates. See store/workflows.py.
+
+-- name: live_for_project
+SELECT * FROM workflow
+WHERE project_id = %(project_id)s AND status IN ('running', 'blocked')
+
+-- name: insert_workflow
+-- A concurrent start of the same project loses on the partial unique index and inserts
+-- nothing; the caller then reads the winner.
+INSERT INTO workflow (id, project_id, definition, version, phase, cycle, input, state)
+VALUES (
+    %(id)s, %(project_id)s, %(definition)s, %(version)s, %(phase)s, %(cycle)s, %(input)s,
+    %(state)s
+)
+ON CONFLICT (project_id) WHERE status IN ('running', 'blocked') DO NOTHING
+RETURNING *
+
+-- name: lock_workflow
+SELECT * FROM workflow WHERE id = %(id)s FOR UPDATE
+
+-- name: get_workflow
+SELECT * FROM workflow WHERE id = %(id)s
+
+-- name: latest_for_project
+SELECT * FROM workflow WHERE project_id = %(project_id)s
+ORDER BY (status IN ('running', 'blocked')) DESC, created_at DESC, id
+LIMIT 1
+
+-- name: list_workflows
+SELECT * FROM workflow
+WHERE (%(status)s::workflow_status IS NULL OR status = %(status)s::workflow_status)
+  AND (%(project_id)s::text IS NULL OR project_id = %(project_id)s)
+ORDER BY updated_at DESC, id
+LIMIT %(limit)s
+
+-- name: update_workflow
+UPDATE workflow
+SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
+    completion_mode = %(completion_mode)s, reason = %(reason)s, state = %(state)s,
+    last_seq = %(last_seq)s, applied_seq = %(applied_seq)s, updated_at = now(),
+    finished_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled')
+                       THEN coalesce(finished_at, now()) END
+WHERE id = %(id)s
+
+-- name: append_history
+INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
+VALUES (%(workflow_id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
+
+-- name: decide_history
+UPDATE workflow_history SET commands = %(commands)s
+WHERE workflow_id = %(workflow_id)s AND seq = %(seq)s AND commands IS NULL
+
+-- name: history
+SELECT seq, event, commands, recorded_at FROM workflow_history
+WHERE workflow_id = %(workflow_id)s AND seq > %(after)s
+ORDER BY seq
+
+-- name: step_ids
+SELECT step, id FROM job WHERE workflow_id = %(workflow_id)s AND step = ANY(%(steps)s)
+
+-- name: open_workflow_gate
+INSERT INTO gate (
+    id, project_id, workflow_id, name, kind, prompt, answers, schema, context, evidence
+)
+VALUES (
+    %(id)s, %(project_id)s, %(workflow_id)s, %(name)s, %(kind)s, %(prompt)s, %(answers)s,
+    %(schema)s, %(context)s, %(evidence)s
+)
+ON CONFLICT (workflow_id, name) WHERE name IS NOT NULL DO NOTHING
+
+-- name: answer_workflow_gate
+UPDATE gate
+SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now()
+WHERE id = %(gate_id)s AND answered_at IS NULL
+RETURNING *
+
+-- name: close_open_gates
+-- A finished workflow's questions are moot: each open gate is closed with a note.
+UPDATE gate
+SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now()
+WHERE workflow_id = %(workflow_id)s AND answered_at IS NULL
+
+-- name: cancel_steps
+-- A cancelled or failed workflow's unfinished steps stop: a running one loses its lease (its
+-- settle will find the fence gone), pointers in flight find a cancelled row and are dropped.
+UPDATE job
+SET state = 'cancelled', updated_at = now(), settled_at = now(),
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+    last_error = %(why)s
+WHERE workflow_id = %(workflow_id)s
+  AND state IN ('ready', 'leased', 'awaiting_human', 'awaiting_capacity')
+
+-- name: workflow_steps
+SELECT id, step, kind, subject, cycle, state::text AS state, attempts, max_attempts,
+    last_error, created_at, settled_at, payload->>'subject' AS item
+FROM job WHERE workflow_id = %(workflow_id)s
+ORDER BY created_at, id
+
+-- name: open_gates_inbox
+SELECT g.*, now() AS now FROM gate g
+WHERE g.answered_at IS NULL AND (%(project_id)s::text IS NULL OR g.project_id = %(project_id)s)
+ORDER BY g.opened_at, g.id

@@ -1,0 +1,724 @@
+"""Workflow instances in PostgreSQL: start, record an event, answer a gate, cancel, verify.
+
+Every write is one transaction that (1) locks the workflow row, (2) appends the event to the
+workflow's history, (3) runs it through the definition (:func:`workflows.engine.apply`) and
+(4) carries out the commands: steps become jobs (with their outbox rows on the RabbitMQ
+backend), gates become gate rows, timers become timer jobs with ``run_after``. Events on one
+workflow therefore serialise on its row, and each is applied exactly once.
+
+Lock order, everywhere: the workflow row, then job rows, then gate rows. A step's settle
+locks its workflow before its fenced job write (:meth:`WorkflowStore.settle_txn`), a gate
+answer locks the workflow before the gate.
+
+A definition that raises, a command the store cannot carry out, or a definition version this
+process does not have never crash-loops a worker: the event is recorded undecided, the
+workflow is ``blocked`` behind a ``workflow_error`` gate, and later events queue behind it.
+Answering that gate ``retry`` applies the queued events (with whatever code now runs),
+``cancel`` cancels the workflow.
+
+Exceptions::
+
+    StoreError
+    └── WorkflowNotFound    no workflow with that id, or none ever for that project
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from store.db import Conn, Pool, fetch_all, fetch_one, transaction
+from store.errors import StoreError
+from store.jobs import PostgresJobRepository, gate_from_row
+from store.sql import load
+from workflows.engine import (
+    CancelRequested,
+    Command,
+    Definition,
+    Event,
+    GateAnswered,
+    Header,
+    NonDeterminismError,
+    OpenGate,
+    Recorded,
+    Registry,
+    ScheduleStep,
+    Started,
+    StartTimer,
+    Status,
+    StepFailed,
+    StepSucceeded,
+    TimerFired,
+    WorkflowError,
+    apply,
+    check_answer,
+    decode_commands,
+    decode_event,
+    encode_commands,
+    encode_event,
+    engine_rule,
+    replay,
+)
+from workflows.job import TIMER_KIND, JobState
+from workflows.queue import (
+    AnswerStatus,
+    EnqueueRequest,
+    Gate,
+    Job,
+    JsonObject,
+    Settled,
+)
+
+Q = load("workflows.sql")
+
+WORKFLOW_ERROR = "workflow_error"
+WORKFLOW_ERROR_ANSWERS = ("retry", "cancel")
+
+
+class WorkflowNotFound(StoreError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    id: UUID
+    project_id: str
+    definition: str
+    version: int
+    phase: str
+    cycle: int
+    status: Status
+    completion_mode: str | None
+    reason: str | None
+    input: JsonObject
+    state: JsonObject
+    last_seq: int
+    applied_seq: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def header(self) -> Header:
+        return Header(self.phase, self.cycle, self.status, self.completion_mode, self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class StartOutcome:
+    workflow: Workflow
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GateAnswerOutcome:
+    status: AnswerStatus
+    gate: Gate | None = None
+    detail: str = ""  # why an answer was refused
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    seq: int
+    event: JsonObject
+    commands: list[JsonObject] | None
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    workflow: Workflow
+    replayed: int
+    divergence: str | None  # None: replay reproduces the stored state
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+class WorkflowStore:
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        jobs: PostgresJobRepository,
+        registry: Registry,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._pool = pool
+        self._jobs = jobs
+        self._registry = registry
+        self._clock = clock
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def start(
+        self, project_id: str, *, definition: str, input: JsonObject | None = None
+    ) -> StartOutcome:
+        return self._jobs.dispatching_transaction(
+            self.start_txn, project_id, definition=definition, input=input or {}
+        )
+
+    def start_txn(
+        self,
+        conn: Conn,
+        project_id: str,
+        *,
+        definition: str,
+        input: JsonObject,
+        outbox: list[int] | None = None,
+    ) -> StartOutcome:
+        live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
+        if live is not None:
+            return StartOutcome(workflow_from_row(live), created=False)
+        chosen = self._registry.latest(definition)
+        row = fetch_one(
+            conn,
+            Q["insert_workflow"],
+            {
+                "id": uuid.uuid4(),
+                "project_id": project_id,
+                "definition": chosen.name,
+                "version": chosen.version,
+                "phase": "intake",
+                "cycle": 0,
+                "input": Jsonb(dict(input)),
+                "state": Jsonb(dict(chosen.encode_state(chosen.initial()))),
+            },
+        )
+        if row is None:  # a concurrent start won the partial unique index
+            live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
+            if live is None:  # pragma: no cover - the conflict guarantees it
+                raise StoreError(f"project {project_id}: workflow start conflicted and vanished")
+            return StartOutcome(workflow_from_row(live), created=False)
+        locked = self._lock(conn, row["id"])
+        self._record(conn, locked, Started(input=dict(input)), outbox)
+        return StartOutcome(self._lock(conn, row["id"]), created=True)
+
+    def record(self, workflow_id: UUID, event: Event) -> Workflow:
+        """Record one event (and carry out what it decides) in its own transaction."""
+        return self._jobs.dispatching_transaction(self.record_txn, workflow_id, event)
+
+    def record_txn(
+        self, conn: Conn, workflow_id: UUID, event: Event, *, outbox: list[int] | None = None
+    ) -> Workflow:
+        self._record(conn, self._lock(conn, workflow_id), event, outbox)
+        return self._lock(conn, workflow_id)
+
+    def cancel(self, workflow_id: UUID, *, by: str, reason: str = "") -> Workflow:
+        return self.record(workflow_id, CancelRequested(by=by, reason=reason))
+
+    def settle_txn(
+        self,
+        conn: Conn,
+        job: Job,
+        settle: Callable[[Conn, list[int] | None], Settled],
+        *,
+        result: JsonObject | None = None,
+        failure: tuple[Any, str] | None = None,
+        outbox: list[int] | None = None,
+    ) -> Settled:
+        """A step's fenced settle and its event, one transaction: lock the workflow, run
+        ``settle`` (the job repository's ack/nack/defer/park ``*_txn``), and when it applied
+        and finished the step, record ``StepSucceeded``/``TimerFired``/``StepFailed``."""
+        if job.workflow_id is None or job.step is None:
+            return settle(conn, outbox)
+        workflow = self._lock(conn, job.workflow_id)
+        settled = settle(conn, outbox)
+        if not settled.applied:
+            return settled
+        event: Event | None = None
+        if settled.state is JobState.SUCCEEDED:
+            if job.kind == TIMER_KIND:
+                event = TimerFired(timer=str(job.payload.get("timer", job.step)))
+            else:
+                event = StepSucceeded(step=job.step, result=dict(result or {}))
+        elif settled.state is JobState.FAILED and failure is not None:
+            event = StepFailed(step=job.step, failure_class=failure[0], detail=failure[1])
+        if event is not None:
+            self._record(conn, workflow, event, outbox)
+        return settled
+
+    def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
+        return self._jobs.dispatching_transaction(self.answer_txn, gate_id, answer, by=by)
+
+    def answer_txn(
+        self, conn: Conn, gate_id: UUID, answer: str, *, by: str, outbox: list[int] | None = None
+    ) -> GateAnswerOutcome:
+        found = self._jobs.get_gate_txn(conn, gate_id)
+        if found is None:
+            return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
+        if found.name is None or found.workflow_id is None:  # a parked job's gate
+            outcome = self._jobs.answer_gate_txn(
+                conn, gate_id, answer=answer, answered_by=by, outbox=outbox
+            )
+            detail = (
+                _invalid(found, answer) if outcome.status is AnswerStatus.INVALID_ANSWER else ""
+            )
+            return GateAnswerOutcome(outcome.status, outcome.gate, detail)
+        workflow = self._lock(conn, found.workflow_id)
+        gate = self._jobs.lock_gate_txn(conn, gate_id)
+        if gate is None or not gate.open:
+            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate or found)
+        problem = _invalid(gate, answer)
+        if problem:
+            return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, gate, problem)
+        row = fetch_one(
+            conn,
+            Q["answer_workflow_gate"],
+            {"gate_id": gate_id, "answer": answer, "answered_by": by},
+        )
+        answered = gate_from_row(row) if row is not None else gate
+        if gate.kind == WORKFLOW_ERROR:
+            self._resolve_block(conn, workflow, answer, by, outbox)
+        else:
+            event = GateAnswered(gate=str(gate.name), answer=answer, by=by)
+            self._record(conn, workflow, event, outbox)
+        return GateAnswerOutcome(AnswerStatus.ANSWERED, answered)
+
+    # -- the core: one event through the definition -----------------------------------------
+
+    def _record(
+        self, conn: Conn, workflow: Workflow, event: Event, outbox: list[int] | None
+    ) -> None:
+        now = self._clock()
+        seq = workflow.last_seq + 1
+        if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
+            self._append(conn, workflow.id, seq, event, None, now)
+            self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
+            return
+        try:
+            with conn.transaction():  # a savepoint: a failed decision leaves nothing behind
+                self._decide(conn, workflow, seq, event, now, outbox, pending=False)
+        except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
+            self._block(conn, workflow, seq, event, now, exc)
+
+    def _decide(
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        seq: int,
+        event: Event,
+        now: datetime,
+        outbox: list[int] | None,
+        *,
+        pending: bool,
+    ) -> Workflow:
+        ruled = engine_rule(workflow.header, event)
+        if ruled is not None:  # no definition needed (it may be the thing that is broken)
+            produced: tuple[Command, ...] = ()
+            header, encoded = ruled, None
+        else:
+            definition = self._registry.get(workflow.definition, workflow.version)
+            state = definition.decode_state(workflow.state)
+            header, decision = apply(definition, workflow.header, state, event, now)
+            produced, encoded = decision.commands, definition.encode_state(decision.state)
+        commands = encode_commands(produced)
+        if pending:
+            conn.execute(
+                Q["decide_history"],
+                {"workflow_id": workflow.id, "seq": seq, "commands": Jsonb(commands)},
+            )
+        else:
+            self._append(conn, workflow.id, seq, event, commands, now)
+        self._carry_out(conn, workflow, header, produced, outbox)
+        last = max(seq, workflow.last_seq)
+        return self._save(conn, workflow, header, encoded, last_seq=last, applied_seq=seq)
+
+    def _carry_out(
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        header: Header,
+        commands: Sequence[Command],
+        outbox: list[int] | None,
+    ) -> None:
+        steps = [c for c in commands if isinstance(c, ScheduleStep | StartTimer)]
+        if steps:
+            requests = self._requests(conn, workflow, steps)
+            self._jobs.enqueue_batch_txn(conn, requests, outbox=outbox)
+        for command in commands:
+            if isinstance(command, OpenGate):
+                self._open_gate(conn, workflow, command)
+        if header.status.finished and not workflow.status.finished:
+            self._wind_down(conn, workflow, header)
+
+    def _requests(
+        self, conn: Conn, workflow: Workflow, commands: Sequence[ScheduleStep | StartTimer]
+    ) -> list[EnqueueRequest]:
+        chosen = {_step_name(c): uuid.uuid4() for c in commands}
+        wanted = sorted(
+            {a for c in commands if isinstance(c, ScheduleStep) for a in c.after} - set(chosen)
+        )
+        known: dict[str, UUID] = dict(chosen)
+        if wanted:
+            rows = fetch_all(conn, Q["step_ids"], {"workflow_id": workflow.id, "steps": wanted})
+            known |= {r["step"]: r["id"] for r in rows}
+            missing = [w for w in wanted if w not in known]
+            if missing:
+                raise WorkflowError(f"a step depends on unknown step(s): {', '.join(missing)}")
+        return [_request(workflow, c, chosen[_step_name(c)], known) for c in commands]
+
+    def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate) -> None:
+        conn.execute(
+            Q["open_workflow_gate"],
+            {
+                "id": uuid.uuid4(),
+                "project_id": workflow.project_id,
+                "workflow_id": workflow.id,
+                "name": command.gate,
+                "kind": command.kind,
+                "prompt": command.question,
+                "answers": Jsonb(list(command.answers)),
+                "schema": Jsonb(dict(command.schema)),
+                "context": Jsonb(dict(command.context)),
+                "evidence": Jsonb(dict(command.evidence)),
+            },
+        )
+
+    def _wind_down(self, conn: Conn, workflow: Workflow, header: Header) -> None:
+        """A finished workflow stops its unfinished steps and closes its open questions."""
+        why = f"workflow {header.status.value}" + (f": {header.reason}" if header.reason else "")
+        if header.status is not Status.COMPLETED:
+            conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": why})
+        conn.execute(
+            Q["close_open_gates"],
+            {"workflow_id": workflow.id, "answer": f"(closed: {why})", "answered_by": "vibey"},
+        )
+
+    def _block(
+        self, conn: Conn, workflow: Workflow, seq: int, event: Event, now: datetime, exc: Exception
+    ) -> None:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        self._append(conn, workflow.id, seq, event, None, now)
+        self._save(
+            conn,
+            workflow,
+            Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error),
+            None,
+            last_seq=seq,
+            applied_seq=None,
+        )
+        self._open_error_gate(conn, workflow, seq, error)
+
+    def _open_error_gate(self, conn: Conn, workflow: Workflow, seq: int, error: str) -> None:
+        gate = OpenGate(
+            gate=f"{WORKFLOW_ERROR}.{seq}.{uuid.uuid4().hex[:8]}",
+            kind=WORKFLOW_ERROR,
+            question=(
+                f"Event #{seq} could not be applied ({error}). Fix or deploy the definition, "
+                "then answer retry to apply the waiting events, or cancel the workflow."
+            ),
+            answers=WORKFLOW_ERROR_ANSWERS,
+            context={"seq": seq, "error": error},
+        )
+        self._open_gate(conn, workflow, gate)
+
+    def _resolve_block(
+        self, conn: Conn, workflow: Workflow, answer: str, by: str, outbox: list[int] | None
+    ) -> None:
+        if answer == "cancel":
+            self._record(
+                conn, workflow, CancelRequested(by=by, reason="after a workflow error"), outbox
+            )
+            return
+        if workflow.status is not Status.BLOCKED:
+            return
+        current = self._save(
+            conn,
+            workflow,
+            Header(workflow.phase, workflow.cycle, Status.RUNNING, None, None),
+            None,
+            last_seq=workflow.last_seq,
+            applied_seq=None,
+        )
+        for entry in self._history(conn, workflow.id, after=workflow.applied_seq):
+            event = decode_event(entry["event"])
+            try:
+                with conn.transaction():
+                    current = self._decide(
+                        conn, current, entry["seq"], event, self._clock(), outbox, pending=True
+                    )
+            except Exception as exc:  # noqa: BLE001 - blocked again, behind a new gate
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                blocked = Header(current.phase, current.cycle, Status.BLOCKED, None, error)
+                self._save(
+                    conn, current, blocked, None, last_seq=current.last_seq, applied_seq=None
+                )
+                self._open_error_gate(conn, current, entry["seq"], error)
+                return
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def _lock(self, conn: Conn, workflow_id: UUID) -> Workflow:
+        row = fetch_one(conn, Q["lock_workflow"], {"id": workflow_id})
+        if row is None:
+            raise WorkflowNotFound(f"no workflow {workflow_id}")
+        return workflow_from_row(row)
+
+    def _append(
+        self,
+        conn: Conn,
+        workflow_id: UUID,
+        seq: int,
+        event: Event,
+        commands: list[dict[str, Any]] | None,
+        at: datetime,
+    ) -> None:
+        conn.execute(
+            Q["append_history"],
+            {
+                "workflow_id": workflow_id,
+                "seq": seq,
+                "event": Jsonb(encode_event(event)),
+                "commands": None if commands is None else Jsonb(commands),
+                "at": at,
+            },
+        )
+
+    def _save(
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        header: Header,
+        state: JsonObject | None,
+        *,
+        last_seq: int,
+        applied_seq: int | None,
+    ) -> Workflow:
+        new_state = workflow.state if state is None else state
+        applied = workflow.applied_seq if applied_seq is None else applied_seq
+        conn.execute(
+            Q["update_workflow"],
+            {
+                "id": workflow.id,
+                "phase": header.phase,
+                "cycle": header.cycle,
+                "status": header.status.value,
+                "completion_mode": header.completion_mode,
+                "reason": header.reason,
+                "state": Jsonb(dict(new_state)),
+                "last_seq": last_seq,
+                "applied_seq": applied,
+            },
+        )
+        return Workflow(
+            **{
+                **_fields(workflow),
+                "phase": header.phase,
+                "cycle": header.cycle,
+                "status": header.status,
+                "completion_mode": header.completion_mode,
+                "reason": header.reason,
+                "state": new_state,
+                "last_seq": last_seq,
+                "applied_seq": applied,
+            }
+        )
+
+    def _history(self, conn: Conn, workflow_id: UUID, *, after: int = 0) -> list[DictRow]:
+        return fetch_all(conn, Q["history"], {"workflow_id": workflow_id, "after": after})
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, workflow_id: UUID) -> Workflow:
+        with transaction(self._pool) as conn:
+            row = fetch_one(conn, Q["get_workflow"], {"id": workflow_id})
+        if row is None:
+            raise WorkflowNotFound(f"no workflow {workflow_id}")
+        return workflow_from_row(row)
+
+    def for_project(self, project_id: str) -> Workflow:
+        """The project's live workflow, else its most recent one."""
+        with transaction(self._pool) as conn:
+            row = fetch_one(conn, Q["latest_for_project"], {"project_id": project_id})
+        if row is None:
+            raise WorkflowNotFound(
+                f"project {project_id!r} has no workflow; start one with "
+                f"`vibey workflow start {project_id}`"
+            )
+        return workflow_from_row(row)
+
+    def listing(
+        self, *, status: Status | None = None, project_id: str | None = None, limit: int = 100
+    ) -> list[Workflow]:
+        params = {
+            "status": None if status is None else status.value,
+            "project_id": project_id,
+            "limit": limit,
+        }
+        with transaction(self._pool) as conn:
+            return [workflow_from_row(r) for r in fetch_all(conn, Q["list_workflows"], params)]
+
+    def history(self, workflow_id: UUID) -> list[HistoryEntry]:
+        with transaction(self._pool) as conn:
+            rows = self._history(conn, workflow_id)
+        return [HistoryEntry(r["seq"], r["event"], r["commands"], r["recorded_at"]) for r in rows]
+
+    def steps(self, workflow_id: UUID) -> list[DictRow]:
+        with transaction(self._pool) as conn:
+            return fetch_all(conn, Q["workflow_steps"], {"workflow_id": workflow_id})
+
+    def inbox(self, project_id: str | None = None) -> list[tuple[Gate, float]]:
+        """Every open gate (workflow questions and parked jobs), oldest first, with how many
+        seconds it has waited by the database's clock."""
+        with transaction(self._pool) as conn:
+            rows = fetch_all(conn, Q["open_gates_inbox"], {"project_id": project_id})
+        return [(gate_from_row(r), (r["now"] - r["opened_at"]).total_seconds()) for r in rows]
+
+    def describe(self, workflow: Workflow) -> str:
+        if workflow.status is Status.BLOCKED:
+            return f"blocked: {workflow.reason}"
+        try:
+            definition = self._registry.get(workflow.definition, workflow.version)
+            return definition.describe(definition.decode_state(workflow.state))
+        except WorkflowError as exc:
+            return str(exc)
+
+    def verify(self, workflow_id: UUID, *, block: bool = False) -> Verification:
+        """Replay the history through the definition and compare with the stored state. With
+        ``block``, a divergence blocks the workflow behind a ``workflow_error`` gate."""
+        with transaction(self._pool) as conn:
+            workflow = self._lock(conn, workflow_id) if block else self._get(conn, workflow_id)
+            history = self._history(conn, workflow_id)
+            divergence = self._diverges(workflow, history)
+            running = workflow.status is Status.RUNNING
+            if divergence is not None and block and running:
+                error = f"NonDeterminismError: {divergence}"
+                header = Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error)
+                workflow = self._save(
+                    conn, workflow, header, None, last_seq=workflow.last_seq, applied_seq=None
+                )
+                self._open_error_gate(conn, workflow, workflow.applied_seq, error)
+        return Verification(workflow, workflow.applied_seq, divergence)
+
+    def _get(self, conn: Conn, workflow_id: UUID) -> Workflow:
+        row = fetch_one(conn, Q["get_workflow"], {"id": workflow_id})
+        if row is None:
+            raise WorkflowNotFound(f"no workflow {workflow_id}")
+        return workflow_from_row(row)
+
+    def _diverges(self, workflow: Workflow, history: Iterable[DictRow]) -> str | None:
+        try:
+            definition = self._registry.get(workflow.definition, workflow.version)
+            recorded = [_recorded(r) for r in history]
+            replayed = replay(definition, recorded, upto=workflow.applied_seq)
+        except NonDeterminismError as exc:
+            return str(exc)
+        except WorkflowError as exc:
+            return str(exc)
+        if replayed.applied != workflow.applied_seq:
+            return f"history ends at #{replayed.applied}, the row says #{workflow.applied_seq}"
+        return _compare(definition, workflow, replayed.header, replayed.state)
+
+
+def _compare(
+    definition: Definition[Any], workflow: Workflow, header: Header, state: Any
+) -> str | None:
+    encoded = dict(definition.encode_state(state))
+    if encoded != dict(workflow.state):
+        keys = sorted(
+            k for k in set(encoded) | set(workflow.state) if encoded.get(k) != workflow.state.get(k)
+        )
+        return f"replayed state differs from the stored state in: {', '.join(keys)}"
+    stored = workflow.header
+    if (header.phase, header.cycle) != (stored.phase, stored.cycle):
+        return f"replayed phase {header.phase}/{header.cycle}, stored {stored.phase}/{stored.cycle}"
+    settled = workflow.applied_seq == workflow.last_seq and stored.status is not Status.BLOCKED
+    if settled and (header.status, header.completion_mode) != (
+        stored.status,
+        stored.completion_mode,
+    ):
+        return f"replayed status {header.status}, stored {stored.status}"
+    return None
+
+
+def _recorded(row: Mapping[str, Any]) -> Recorded:
+    commands = row["commands"]
+    return Recorded(
+        seq=row["seq"],
+        event=decode_event(row["event"]),
+        at=row["recorded_at"],
+        commands=None if commands is None else decode_commands(commands),
+    )
+
+
+def _invalid(gate: Gate, answer: str) -> str:
+    probe = OpenGate(
+        gate=gate.name or str(gate.id),
+        kind=gate.kind,
+        question=gate.prompt,
+        answers=gate.answers,
+        schema=gate.schema,
+    )
+    return check_answer(probe, answer) or ""
+
+
+def _step_name(command: ScheduleStep | StartTimer) -> str:
+    return command.step if isinstance(command, ScheduleStep) else f"timer:{command.timer}"
+
+
+def _request(
+    workflow: Workflow,
+    command: ScheduleStep | StartTimer,
+    job_id: UUID,
+    known: Mapping[str, UUID],
+) -> EnqueueRequest:
+    name = _step_name(command)
+    payload: dict[str, Any] = {"workflow_id": str(workflow.id), "step": name}
+    if isinstance(command, StartTimer):
+        after: tuple[UUID, ...] = ()
+        kind, cycle, attempts = TIMER_KIND, workflow.cycle, 5
+        payload["timer"] = command.timer
+    else:
+        kind, cycle, attempts = command.kind, command.cycle, command.max_attempts
+        after = tuple(known[a] for a in command.after)
+        payload |= {"subject": command.subject, "input": dict(command.input)}
+    return EnqueueRequest(
+        project_id=workflow.project_id,
+        kind=kind,
+        subject=f"{workflow.id}/{name}",
+        cycle=cycle,
+        payload=payload,
+        delay=command.delay,
+        depends_on=after,
+        max_attempts=attempts,
+        job_id=job_id,
+        workflow_id=workflow.id,
+        step=name,
+    )
+
+
+def _fields(workflow: Workflow) -> dict[str, Any]:
+    return {name: getattr(workflow, name) for name in Workflow.__slots__}
+
+
+def workflow_from_row(row: Mapping[str, Any]) -> Workflow:
+    return Workflow(
+        id=row["id"],
+        project_id=row["project_id"],
+        definition=row["definition"],
+        version=row["version"],
+        phase=row["phase"],
+        cycle=row["cycle"],
+        status=Status(row["status"]),
+        completion_mode=row["completion_mode"],
+        reason=row["reason"],
+        input=row["input"],
+        state=row["state"],
+        last_seq=row["last_seq"],
+        applied_seq=row["applied_seq"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )
