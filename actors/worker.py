@@ -18,8 +18,10 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -33,7 +35,9 @@ from actors.topology import QueueNames, Topology
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.pool import open_pool
+from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
+from workflows.engine import Registry
 from workflows.job import LeasePolicy
 from workflows.steps import Handlers
 
@@ -56,7 +60,11 @@ class WorkerConfig:
     reconcile_interval: timedelta = timedelta(seconds=30)
     redispatch_after: timedelta = timedelta(minutes=2)
     reclaim_after: timedelta = timedelta(seconds=30)
-    handlers: str = "actors.handlers:HANDLERS"
+    handlers: str = "actors.handlers:build_handlers"  # a Handlers mapping, or a factory
+    definitions: str = "workflows.protocol:DEFINITIONS"  # the workflow definitions it runs
+    workspace: str = ".vibey/work"  # engines' git repositories and worktrees
+    engine_command: tuple[str, ...] = ()  # the `command` engine's argv
+    engine_timeout: timedelta = timedelta(hours=2)
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -85,17 +93,26 @@ def load_object(path: str) -> Any:
     return getattr(importlib.import_module(module_name), attribute)
 
 
-def load_handlers(path: str) -> Handlers:
-    handlers: Handlers = load_object(path)
+def load_handlers(path: str, context: Any = None) -> Handlers:
+    """A ``Handlers`` mapping, or a factory called with the handlers' context."""
+    loaded = load_object(path)
+    if isinstance(loaded, Mapping):
+        return loaded
+    handlers: Handlers = loaded(context)
     return handlers
+
+
+def load_registry(path: str) -> Registry:
+    return Registry(load_object(path))
 
 
 class Runtime:
     """One worker process's parts, started and stopped together."""
 
     def __init__(
-        self, config: WorkerConfig, *, handlers: Handlers, owner: str | None = None
+        self, config: WorkerConfig, *, handlers: Handlers | None = None, owner: str | None = None
     ) -> None:
+        """``handlers`` defaults to ``config.handlers`` (a factory gets the handler context)."""
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         names = config.names
@@ -114,6 +131,11 @@ class Runtime:
             relay_id=self.owner,
             after_commit=self.relay.submit,
         )
+        self.workflows = WorkflowStore(
+            pool=self.pool, jobs=self.store, registry=load_registry(config.definitions)
+        )
+        if handlers is None:
+            handlers = load_handlers(config.handlers, self._handler_context())
         topology = config.topology()
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
@@ -128,6 +150,7 @@ class Runtime:
             owner=self.owner,
             crash=load_object(config.crash_points) if config.crash_points else None,
             on_result=self._count,
+            workflows=self.workflows,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -150,6 +173,16 @@ class Runtime:
                 options={"max_retries": 0},
             )
         self._worker: dramatiq.Worker | None = None
+
+    def _handler_context(self) -> Any:
+        from actors.handlers import HandlerContext  # the handlers pull in the engines
+
+        return HandlerContext(
+            pool=self.pool,
+            workspace=Path(self.config.workspace),
+            command=self.config.engine_command,
+            command_timeout=self.config.engine_timeout,
+        )
 
     def _declarer(self, topology: Topology) -> Any:
         projects = self.config.projects
@@ -204,7 +237,7 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    runtime = Runtime(config, handlers=load_handlers(config.handlers))
+    runtime = Runtime(config)
     runtime.start()
     if ready is not None:
         ready.set()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from actors.rabbitmq_queue import RabbitMqQueueOptions
-from actors.worker import WorkerConfig, load_handlers
+from actors.worker import WorkerConfig, load_object
 from vibey.settings import Settings, SettingsError, check_project_ids
 
 WORKER_NEEDS_RABBITMQ = (
@@ -81,7 +81,7 @@ def _check_names(config: WorkerConfig) -> None:
 
 def _check_handlers(path: str) -> None:
     try:
-        load_handlers(path)
+        load_object(path)
     except (ImportError, AttributeError) as exc:
         raise SettingsError(
             f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
