@@ -1,12 +1,221 @@
-"""The step handlers a worker runs, by job kind (``[worker] handlers`` names this registry).
+"""The step handlers of the vibey phase protocol, one per registered job kind.
 
-The vibey phase protocol registers its handlers here; until then the registry is empty and a
-worker settles every job of an unregistered kind as a ``vibey``-class failure (bounded by the
-job's attempts, then failed), never silently.
+A worker builds them with :func:`build_handlers` (``actors.handlers:build_handlers``) from a
+:class:`HandlerContext`. Each handler reads its job's ``payload["input"]`` (docs/protocol.md),
+picks the engine named by ``input["engine"]["name"]`` (``scripted`` or ``command``), runs the
+step on it and maps the engine's verdict to the step's outcome (:func:`to_outcome`):
+
+==========================================  =================================================
+verdict                                     outcome
+==========================================  =================================================
+``ok``                                      ``Success({**result, "evidence": evidence})``
+``capacity``                                ``Defer(60 s, detail, capacity=True)``
+``failed`` by the engine process            ``Failure(engine, detail + stderr tail)``
+(exit ≠ 0, timeout, no/malformed verdict)
+``failed`` of build.verify, deploy.execute  ``Failure(work, detail)`` — the work is wrong
+``failed`` of any other kind                ``Failure(engine, detail)`` — the engine could not
+==========================================  =================================================
+
+A step input the handler cannot use (no ``input``, no or an unknown engine, a malformed
+script, no engine command configured) is ``Failure(vibey, what to fix)``.
+
+build.implement runs in the item's own git worktree (:class:`actors.worktrees.Workspace`);
+whatever the engine left uncommitted there is committed, and the result names the item's
+branch and commit. build.integrate asks no engine: it merges the cycle's item branches into
+the integration branch, serialised per project and cycle by a PostgreSQL transaction-level
+advisory lock (a merge conflict is ``Failure(work)``).
 """
 
 from __future__ import annotations
 
-from workflows.steps import Handlers
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
-HANDLERS: Handlers = {}
+from psycopg_pool import ConnectionPool
+
+from actors.engines import (
+    CommandEngine,
+    Engine,
+    EngineError,
+    EngineTask,
+    EngineVerdict,
+    ScriptedEngine,
+)
+from actors.worktrees import (
+    INTEGRATION_BRANCH,
+    MergeConflictError,
+    Workspace,
+    WorkspaceError,
+    commit_all,
+    current_branch,
+)
+from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind
+from workflows.queue import Job
+from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Success
+
+IMPLEMENT, INTEGRATE = "build.implement", "build.integrate"
+WORK_FAILURE_KINDS: frozenset[str] = frozenset({"build.verify", "deploy.execute"})
+CAPACITY_DELAY = timedelta(seconds=60)
+DETAIL_LIMIT = 2000
+NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
+INTEGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %s::text), %s::int)"
+
+
+class StepInputError(Exception):
+    """A step input a handler cannot run: it names what is missing or wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What the handlers need, passed in once. ``engines`` adds or overrides engines by
+    name (a test registers a ``FakeEngine``); ``scripted`` and ``command`` are built in."""
+
+    pool: ConnectionPool | None
+    workspace: Path
+    command: tuple[str, ...] = ()
+    command_timeout: timedelta = timedelta(hours=2)
+    engines: Mapping[str, Engine] = field(default_factory=dict)
+
+
+def build_handlers(context: HandlerContext) -> Handlers:
+    """A handler for each of the 25 registered names (an alias shares its kind's handler)."""
+    steps = Steps(context)
+    handlers: dict[str, Handler] = dict.fromkeys(KIND_PHASES, steps.run)
+    handlers[INTEGRATE] = steps.integrate
+    handlers.update({alias: handlers[kind] for alias, kind in KIND_ALIASES.items()})
+    return MappingProxyType(handlers)
+
+
+def to_outcome(kind: str, verdict: EngineVerdict) -> Outcome:
+    """The step's outcome for an engine's verdict (the table in the module docstring)."""
+    if verdict.status == "ok":
+        return Success({**verdict.result, "evidence": verdict.evidence})
+    if verdict.status == "capacity":
+        reason = verdict.detail or "the engine reported no capacity"
+        return Defer(CAPACITY_DELAY, reason, capacity=True)
+    detail = verdict.detail or f"the engine failed {kind}"
+    if verdict.engine_fault:
+        stderr = str(verdict.evidence.get("stderr_tail", "")).strip()
+        detail = f"{detail}; stderr: {stderr[-1000:]}" if stderr else detail
+        return Failure(FailureClass.ENGINE, detail[:DETAIL_LIMIT])
+    work = canonical_kind(kind) in WORK_FAILURE_KINDS
+    return Failure(FailureClass.WORK if work else FailureClass.ENGINE, detail[:DETAIL_LIMIT])
+
+
+class Steps:
+    """The handlers' shared state: the workspace and the engines."""
+
+    def __init__(self, context: HandlerContext) -> None:
+        self.context = context
+        self.workspace = Workspace(context.workspace)
+        self._engines: dict[str, Engine] = {"scripted": ScriptedEngine()}
+        if context.command:
+            self._engines["command"] = CommandEngine(
+                context.command, context.command_timeout, scratch_root=context.workspace
+            )
+        self._engines.update(context.engines)
+
+    def run(self, job: Job) -> Outcome:
+        kind = canonical_kind(job.kind)
+        try:
+            step_input = step_input_of(job)
+            engine = self._engine(step_input)
+            worktree = self._worktree(job, step_input) if kind == IMPLEMENT else None
+            task = EngineTask(
+                kind, job.project_id, job.cycle, job.subject, job.attempts, step_input, worktree
+            )
+            verdict = engine.run(task)
+            if worktree is not None and verdict.status == "ok":
+                verdict = _finish_implement(worktree, task, verdict)
+        except (StepInputError, EngineError, WorkspaceError) as exc:
+            return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
+        return to_outcome(kind, verdict)
+
+    def integrate(self, job: Job) -> Outcome:
+        try:
+            items = _items(step_input_of(job))
+            with self.integration_lock(job.project_id, job.cycle):
+                commit = self.workspace.integrate(job.project_id, job.cycle, items)
+        except MergeConflictError as exc:
+            return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])
+        except (StepInputError, WorkspaceError) as exc:
+            return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
+        result = {"branch": INTEGRATION_BRANCH, "merged": items, "commit": commit}
+        return Success({**result, "evidence": {"cycle": job.cycle}})
+
+    @contextmanager
+    def integration_lock(self, project: str, cycle: int) -> Iterator[None]:
+        """Held for the whole merge: ``pg_advisory_xact_lock(hashtext('vibey.integrate:' ||
+        project), cycle)`` in a transaction on a pooled connection. Without a pool (unit
+        tests) a process-local lock stands in; it serialises nothing across processes."""
+        if self.context.pool is None:
+            with _local_lock(project, cycle):
+                yield
+            return
+        with self.context.pool.connection() as conn, conn.transaction():
+            conn.execute(INTEGRATE_LOCK, (project, cycle))
+            yield
+
+    def _engine(self, step_input: Mapping[str, Any]) -> Engine:
+        name = step_input["engine"]["name"]
+        engine = self._engines.get(name)
+        if engine is not None:
+            return engine
+        if name == "command":
+            raise StepInputError(NO_COMMAND)
+        known = ", ".join(sorted({*self._engines, "command"}))
+        raise StepInputError(f"the step input names engine {name!r}; known engines: {known}")
+
+    def _worktree(self, job: Job, step_input: Mapping[str, Any]) -> Path:
+        item = step_input.get("item")
+        if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
+            raise StepInputError(f"build.implement needs input.item with an id, got {item!r}")
+        return self.workspace.worktree(job.project_id, job.cycle, item["id"])
+
+
+def step_input_of(job: Job) -> Mapping[str, Any]:
+    """The job's step input, with an ``engine`` object that has a ``name``."""
+    step_input = job.payload.get("input")
+    if not isinstance(step_input, Mapping):
+        raise StepInputError(
+            f"job {job.id} ({job.kind}) has no input object in its payload; the protocol "
+            "schedules steps with payload {workflow_id, step, subject, input}"
+        )
+    engine = step_input.get("engine")
+    if not isinstance(engine, Mapping) or not isinstance(engine.get("name"), str):
+        raise StepInputError(
+            f"job {job.id} ({job.kind}): input.engine must be an object with a name "
+            '("scripted" or "command"), got ' + repr(engine)
+        )
+    return step_input
+
+
+def _items(step_input: Mapping[str, Any]) -> list[str]:
+    items = step_input.get("items")
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise StepInputError(f"build.integrate needs input.items, a list of ids; got {items!r}")
+    return list(items)
+
+
+def _finish_implement(worktree: Path, task: EngineTask, verdict: EngineVerdict) -> EngineVerdict:
+    """Commits what the engine left uncommitted; the result names the branch and commit."""
+    item = task.input["item"]["id"]
+    commit = commit_all(worktree, f"vibey: implement {item} (cycle {task.cycle})")
+    branch = current_branch(worktree)
+    result = {"status": "done", **verdict.result, "item": item, "branch": branch, "commit": commit}
+    return replace(verdict, result=result)
+
+
+_LOCAL_GUARD = threading.Lock()
+_LOCAL_LOCKS: dict[tuple[str, int], threading.Lock] = {}
+
+
+def _local_lock(project: str, cycle: int) -> threading.Lock:
+    with _LOCAL_GUARD:
+        return _LOCAL_LOCKS.setdefault((project, cycle), threading.Lock())

@@ -1,0 +1,40 @@
+"""A recording engine for unit tests: it answers from a table or a function and keeps every
+task it was given."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+from actors.engines.base import EngineTask, EngineVerdict
+
+Responder = Callable[[EngineTask], EngineVerdict]
+
+
+class FakeEngine:
+    """Answers ``verdicts[task.kind]``, else ``respond(task)``, else ``ok`` with an empty
+    result. ``tasks`` lists every task run, in order (thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        verdicts: Mapping[str, EngineVerdict] | None = None,
+        respond: Responder | None = None,
+    ) -> None:
+        self._verdicts = dict(verdicts or {})
+        self._respond = respond
+        self._lock = threading.Lock()
+        self.tasks: list[EngineTask] = []
+
+    def run(self, task: EngineTask) -> EngineVerdict:
+        with self._lock:
+            self.tasks.append(task)
+        if task.kind in self._verdicts:
+            return self._verdicts[task.kind]
+        if self._respond is not None:
+            return self._respond(task)
+        return EngineVerdict("ok")
+
+    def kinds(self) -> list[str]:
+        with self._lock:
+            return [task.kind for task in self.tasks]

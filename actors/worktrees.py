@@ -1,0 +1,266 @@
+"""Git on disk for the BUILD phase: one repository per project, one worktree per work item.
+
+Layout under the workspace root::
+
+    <root>/<project>/repo                       the project's repository (branch main)
+    <root>/<project>/worktrees/c<cycle>-<item>  a work item's worktree, branch vibey/c<cycle>/<item>
+    <root>/<project>/worktrees/integration      the integration worktree, branch vibey/integration
+    <root>/<project>/.vibey.lock                serialises changes to the repository's metadata
+
+Every call is idempotent: a retried build.implement reuses its worktree, and integrating
+branches that are already merged is a no-op. Creating the repository and adding worktrees take
+an exclusive ``flock`` on the project's lock file, so parallel implement jobs on one host (in
+threads or processes) never race on git's own lock files. :meth:`Workspace.integrate` does not
+serialise itself: its caller holds the per project and cycle lock (see ``actors.handlers``).
+
+Exceptions::
+
+    WorkspaceError              a name that cannot be a path or a branch, or a git call failed
+    ├── GitError                a git command exited non-zero (its arguments and stderr kept)
+    ├── UnknownBranchError      integrate was asked for an item branch that does not exist
+    └── MergeConflictError      an item branch does not merge cleanly (the merge was aborted)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+MAIN_BRANCH = "main"
+INTEGRATION_BRANCH = "vibey/integration"
+GIT_IDENTITY = "vibey"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class WorkspaceError(Exception):
+    """Root of the workspace's errors."""
+
+
+class GitError(WorkspaceError):
+    def __init__(self, args: Sequence[str], returncode: int, stderr: str) -> None:
+        tail = stderr.strip()[-500:]
+        super().__init__(f"git {' '.join(args)} exited with status {returncode}: {tail}")
+        self.git_args = tuple(args)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class UnknownBranchError(WorkspaceError):
+    def __init__(self, branch: str, item: str) -> None:
+        super().__init__(
+            f"there is no branch {branch}: build.implement has not committed item {item!r} "
+            "in this cycle, so it cannot be integrated"
+        )
+        self.branch = branch
+
+
+class MergeConflictError(WorkspaceError):
+    def __init__(self, branch: str, stderr: str) -> None:
+        super().__init__(
+            f"{branch} does not merge cleanly into {INTEGRATION_BRANCH} (merge aborted): "
+            f"{stderr.strip()[-500:]}"
+        )
+        self.branch = branch
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Runs ``git args`` in ``cwd``; its stdout, stripped. Raises :class:`GitError`."""
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=False, stdin=None
+    )
+    if done.returncode != 0:
+        raise GitError(args, done.returncode, done.stderr)
+    return done.stdout.strip()
+
+
+def commit_all(worktree: Path, message: str) -> str:
+    """Commits every change in ``worktree`` (none: no commit); the sha of HEAD after."""
+    git(worktree, "add", "--all")
+    staged = subprocess.run(
+        ["git", "diff", "--cached", "--quiet"], cwd=worktree, capture_output=True, check=False
+    )
+    if staged.returncode == 1:
+        git(worktree, "commit", "--quiet", "--no-verify", "-m", message)
+    elif staged.returncode != 0:
+        raise GitError(("diff", "--cached", "--quiet"), staged.returncode, staged.stderr.decode())
+    return head(worktree)
+
+
+def head(worktree: Path) -> str:
+    return git(worktree, "rev-parse", "HEAD")
+
+
+def current_branch(worktree: Path) -> str:
+    return git(worktree, "symbolic-ref", "--short", "HEAD")
+
+
+def item_branch(cycle: int, item: str) -> str:
+    return f"vibey/c{cycle}/{checked_name(item, 'work item id')}"
+
+
+def checked_name(name: str, what: str) -> str:
+    """``name`` when it can be a directory and a branch name component; else an error."""
+    if not _NAME.fullmatch(name) or ".." in name or name.endswith(".lock"):
+        raise WorkspaceError(
+            f"the {what} {name!r} cannot name a directory and a git branch: use letters, "
+            "digits, '.', '_' and '-' (starting with a letter or digit, at most 100)"
+        )
+    return name
+
+
+class Workspace:
+    """The projects' repositories and worktrees under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def project_dir(self, project: str) -> Path:
+        return self.root / checked_name(project, "project id")
+
+    def repo(self, project: str) -> Path:
+        """The project's repository, created with an initial empty commit on first use."""
+        path = self.project_dir(project) / "repo"
+        if (path / ".git").is_dir():
+            return path
+        with self._locked(project):
+            if not (path / ".git").is_dir():
+                _init_repo(path)
+        return path
+
+    def worktree(self, project: str, cycle: int, item: str) -> Path:
+        """The work item's worktree on ``vibey/c<cycle>/<item>``, reused when it exists.
+
+        A new branch starts from the integration branch when there is one (a later cycle
+        builds on what earlier cycles integrated), else from main."""
+        if cycle < 0:
+            raise WorkspaceError(f"cycle must not be negative, got {cycle}")
+        branch = item_branch(cycle, item)
+        path = self.project_dir(project) / "worktrees" / f"c{cycle}-{item}"
+        repo = self.repo(project)
+        with self._locked(project):
+            _ensure_worktree(repo, path, branch)
+        return path
+
+    def integrate(self, project: str, cycle: int, items: Sequence[str]) -> str:
+        """Merges each item's branch of ``cycle`` into the integration branch (no-ops for
+        those already merged); the integration branch's commit after.
+
+        Not serialised here: the caller holds the project and cycle's integration lock."""
+        branches = [item_branch(cycle, item) for item in items]
+        path = self.project_dir(project) / "worktrees" / "integration"
+        repo = self.repo(project)
+        with self._locked(project):
+            _ensure_worktree(repo, path, INTEGRATION_BRANCH)
+        _clean(path)
+        for item, branch in zip(items, branches, strict=True):
+            _merge(path, item, branch, cycle)
+        return head(path)
+
+    @contextmanager
+    def _locked(self, project: str) -> Iterator[None]:
+        directory = self.project_dir(project)
+        directory.mkdir(parents=True, exist_ok=True)
+        with (directory / ".vibey.lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _init_repo(path: Path) -> None:
+    """Builds the repository beside ``path`` and renames it into place, so a crash midway
+    never leaves a half-made repository where one is expected."""
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    staging.mkdir(parents=True)
+    try:
+        git(staging, "init", "--quiet", "-b", MAIN_BRANCH)
+        for key, value in (
+            ("user.name", GIT_IDENTITY),
+            ("user.email", f"{GIT_IDENTITY}@localhost"),
+            ("commit.gpgsign", "false"),
+            ("gc.auto", "0"),
+        ):
+            git(staging, "config", key, value)
+        git(staging, "commit", "--quiet", "--allow-empty", "--no-verify", "-m", "vibey: start")
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def _has_branch(repo: Path, branch: str) -> bool:
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"],
+        cwd=repo,
+        capture_output=True,
+        check=False,
+    )
+    return found.returncode == 0
+
+
+def _is_worktree(path: Path, branch: str) -> bool:
+    if not (path / ".git").is_file():
+        return False
+    try:
+        return current_branch(path) == branch
+    except GitError:
+        return False
+
+
+def _ensure_worktree(repo: Path, path: Path, branch: str) -> None:
+    if _is_worktree(path, branch):
+        return
+    if path.exists():  # left half-made by a crash: start it again
+        shutil.rmtree(path)
+    git(repo, "worktree", "prune")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if _has_branch(repo, branch):
+        git(repo, "worktree", "add", "--quiet", str(path), branch)
+        return
+    base = INTEGRATION_BRANCH if _has_branch(repo, INTEGRATION_BRANCH) else MAIN_BRANCH
+    git(repo, "worktree", "add", "--quiet", "-b", branch, str(path), base)
+
+
+def _clean(path: Path) -> None:
+    """Drops what an interrupted merge left behind; the integration branch only ever holds
+    finished merges, so its HEAD is the state to return to."""
+    if (
+        subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", "MERGE_HEAD"],
+            cwd=path,
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    ):
+        git(path, "merge", "--abort")
+    git(path, "reset", "--quiet", "--hard", "HEAD")
+    git(path, "clean", "--quiet", "-fd")
+
+
+def _merge(path: Path, item: str, branch: str, cycle: int) -> None:
+    if not _has_branch(path, branch):
+        raise UnknownBranchError(branch, item)
+    merged = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", branch, "HEAD"],
+        cwd=path,
+        capture_output=True,
+        check=False,
+    )
+    if merged.returncode == 0:
+        return
+    message = f"vibey: merge {branch} (cycle {cycle}, item {item})"
+    try:
+        git(path, "merge", "--quiet", "--no-ff", "--no-verify", "-m", message, branch)
+    except GitError as exc:
+        _clean(path)
+        raise MergeConflictError(branch, exc.stderr) from exc

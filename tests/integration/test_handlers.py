@@ -1,0 +1,362 @@
+"""The protocol's handlers on real git worktrees, with build.integrate serialised by a real
+PostgreSQL advisory lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from actors.engines import EngineTask, EngineVerdict, FakeEngine
+from actors.handlers import NO_COMMAND, HandlerContext, build_handlers
+from workflows.job import KIND_ALIASES, REGISTERED_KINDS, FailureClass, JobState
+from workflows.queue import Job
+from workflows.steps import Defer, Failure, Handlers, Outcome, Success
+
+P = "demo"
+SCRIPT = {"build": {"work_items": [{"id": "api", "title": "HTTP API"}]}}
+SCRIPTED = {"name": "scripted", "script": SCRIPT}
+ITEMS = {"api": "HTTP API", "ui": "Web UI"}
+
+
+def make_job(
+    kind: str,
+    *,
+    subject: str = "",
+    cycle: int = 0,
+    attempts: int = 1,
+    payload: Any = None,
+    **inp: Any,
+) -> Job:
+    now = datetime.now(UTC)
+    step_input = {"engine": SCRIPTED, "cycle": cycle, "phase": "build", **inp}
+    return Job(
+        id=uuid.uuid4(),
+        project_id=P,
+        cycle=cycle,
+        kind=kind,
+        subject=subject,
+        idempotency_key="k",
+        state=JobState.LEASED,
+        priority=0,
+        payload={"workflow_id": "w", "step": kind, "subject": subject, "input": step_input}
+        if payload is None
+        else payload,
+        result=None,
+        run_after=now,
+        attempts=attempts,
+        max_attempts=5,
+        lease_timeout=timedelta(minutes=2),
+        lease_owner="test",
+        lease_token=uuid.uuid4(),
+        lease_expires_at=now + timedelta(minutes=2),
+        engine_id=None,
+        last_error=None,
+        failure_class=None,
+        created_at=now,
+        updated_at=now,
+        settled_at=None,
+    )
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def repo(root: Path) -> Path:
+    return root / P / "repo"
+
+
+def merges(root: Path) -> list[str]:
+    return git(repo(root), "log", "--merges", "--format=%s", "vibey/integration").splitlines()
+
+
+def implement(handlers: Handlers, item: str, *, cycle: int = 0, attempts: int = 1) -> Outcome:
+    job = make_job(
+        "build.implement",
+        subject=item,
+        cycle=cycle,
+        attempts=attempts,
+        item={"id": item, "title": ITEMS.get(item, item)},
+    )
+    return handlers["build.implement"](job)
+
+
+def integrate(handlers: Handlers, items: list[str], cycle: int = 0) -> Outcome:
+    return handlers["build.integrate"](make_job("build.integrate", cycle=cycle, items=items))
+
+
+def in_threads(*calls: Callable[[], Outcome]) -> list[Outcome]:
+    results: list[Outcome | None] = [None] * len(calls)
+
+    def run(n: int) -> None:
+        results[n] = calls[n]()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(r is not None for r in results), "a thread did not finish"
+    return [r for r in results if r is not None]
+
+
+@pytest.fixture
+def handlers(pool: ConnectionPool, tmp_path: Path) -> Handlers:
+    return build_handlers(HandlerContext(pool=pool, workspace=tmp_path))
+
+
+def test_all_25_names_are_registered_and_aliases_share_their_kind_handler(
+    handlers: Handlers,
+) -> None:
+    assert set(handlers) == REGISTERED_KINDS
+    assert len(handlers) == 25
+    for alias, kind in KIND_ALIASES.items():
+        assert handlers[alias] == handlers[kind]
+
+
+def test_implement_two_items_in_parallel_gives_two_worktrees_and_branches(
+    handlers: Handlers, tmp_path: Path
+) -> None:
+    outcomes = in_threads(lambda: implement(handlers, "api"), lambda: implement(handlers, "ui"))
+    for item, outcome in zip(["api", "ui"], outcomes, strict=True):
+        assert isinstance(outcome, Success), outcome
+        worktree = tmp_path / P / "worktrees" / f"c0-{item}"
+        assert outcome.result["item"] == item
+        assert outcome.result["status"] == "done"
+        assert outcome.result["branch"] == f"vibey/c0/{item}"
+        assert outcome.result["commit"] == git(repo(tmp_path), "rev-parse", f"vibey/c0/{item}")
+        assert (worktree / "src" / f"{item}.txt").read_text() == f"{ITEMS[item]}\ncycle 0\n"
+        assert git(worktree, "status", "--porcelain") == ""
+    assert git(
+        repo(tmp_path), "for-each-ref", "--format=%(refname:short)", "refs/heads/vibey"
+    ).split() == [
+        "vibey/c0/api",
+        "vibey/c0/ui",
+    ]
+
+
+def test_a_retried_implement_reuses_its_worktree(handlers: Handlers, tmp_path: Path) -> None:
+    first = implement(handlers, "api")
+    assert isinstance(first, Success)
+    worktree = tmp_path / P / "worktrees" / "c0-api"
+    (worktree / "notes.txt").write_text("left by the first attempt\n")
+    again = implement(handlers, "api", attempts=2)
+    assert isinstance(again, Success)
+    assert (worktree / "notes.txt").exists()  # reused, not made afresh
+    assert again.result["branch"] == first.result["branch"]
+    assert git(worktree, "show", "--name-only", "--format=", "HEAD") == "notes.txt"
+    assert len(git(worktree, "worktree", "list").splitlines()) == 2  # repo + this one
+
+
+def test_integrate_twice_merges_each_item_once(handlers: Handlers, tmp_path: Path) -> None:
+    for item in ITEMS:
+        assert isinstance(implement(handlers, item), Success)
+    first = integrate(handlers, ["api", "ui"])
+    assert isinstance(first, Success), first
+    assert first.result["branch"] == "vibey/integration"
+    assert first.result["merged"] == ["api", "ui"]
+    again = integrate(handlers, ["api", "ui"])
+    assert isinstance(again, Success)
+    assert again.result["commit"] == first.result["commit"]
+    assert first.result["commit"] == git(repo(tmp_path), "rev-parse", "vibey/integration")
+    assert len(merges(tmp_path)) == 2
+    tree = git(repo(tmp_path), "ls-tree", "-r", "--name-only", "vibey/integration").split()
+    assert tree == ["src/api.txt", "src/ui.txt"]
+
+
+def test_a_later_cycle_builds_on_the_integration_branch(handlers: Handlers, tmp_path: Path) -> None:
+    for item in ITEMS:
+        implement(handlers, item)
+    integrate(handlers, ["api", "ui"])
+    assert isinstance(implement(handlers, "api", cycle=1), Success)
+    assert isinstance(integrate(handlers, ["api"], cycle=1), Success)
+    shown = git(repo(tmp_path), "show", "vibey/integration:src/api.txt")
+    assert shown == "HTTP API\ncycle 1"
+    assert len(merges(tmp_path)) == 3
+
+
+def test_concurrent_integrates_serialise(handlers: Handlers, tmp_path: Path) -> None:
+    for item in ITEMS:
+        implement(handlers, item)
+    call = lambda: integrate(handlers, ["api", "ui"])  # noqa: E731
+    outcomes = in_threads(call, call)
+    assert all(isinstance(o, Success) for o in outcomes), outcomes
+    commits = {o.result["commit"] for o in outcomes if isinstance(o, Success)}
+    assert commits == {git(repo(tmp_path), "rev-parse", "vibey/integration")}
+    assert sorted(merges(tmp_path)) == [
+        "vibey: merge vibey/c0/api (cycle 0, item api)",
+        "vibey: merge vibey/c0/ui (cycle 0, item ui)",
+    ]
+
+
+def _waiting_advisory_locks(pool: ConnectionPool) -> int:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_integrate_waits_for_the_project_and_cycle_advisory_lock(
+    handlers: Handlers, pool: ConnectionPool, tmp_path: Path
+) -> None:
+    implement(handlers, "api")
+    done: list[Outcome] = []
+    with pool.connection() as holder, holder.transaction():
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %s::text), %s::int)",
+            (P, 0),
+        )
+        thread = threading.Thread(target=lambda: done.append(integrate(handlers, ["api"])))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while _waiting_advisory_locks(pool) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _waiting_advisory_locks(pool) == 1
+        assert not done
+        other_cycle = integrate(handlers, [], cycle=1)  # another cycle's lock is free
+        assert isinstance(other_cycle, Success)
+    thread.join(timeout=30)
+    assert len(done) == 1
+    assert isinstance(done[0], Success)
+    assert len(merges(tmp_path)) == 1
+
+
+def test_without_a_pool_integrate_serialises_in_process(tmp_path: Path) -> None:
+    local = build_handlers(HandlerContext(pool=None, workspace=tmp_path))
+    for item in ITEMS:
+        implement(local, item)
+    call = lambda: integrate(local, ["api", "ui"])  # noqa: E731
+    assert all(isinstance(o, Success) for o in in_threads(call, call, call))
+    assert len(merges(tmp_path)) == 2
+
+
+def test_integrating_an_item_never_implemented_is_a_vibey_failure(handlers: Handlers) -> None:
+    outcome = integrate(handlers, ["ghost"])
+    assert isinstance(outcome, Failure)
+    assert outcome.failure_class is FailureClass.VIBEY
+    assert "vibey/c0/ghost" in outcome.detail
+
+
+def _same_file(task: EngineTask) -> EngineVerdict:
+    assert task.worktree is not None
+    (task.worktree / "shared.txt").write_text(f"written by {task.subject}\n")
+    return EngineVerdict("ok", result={"status": "done"})
+
+
+def test_engine_changes_are_committed_and_a_conflict_is_a_work_failure(tmp_path: Path) -> None:
+    fake = FakeEngine(respond=_same_file)
+    context = HandlerContext(pool=None, workspace=tmp_path, engines={"scripted": fake})
+    local = build_handlers(context)
+    for item in ITEMS:
+        outcome = implement(local, item)
+        assert isinstance(outcome, Success)
+        assert outcome.result["commit"] == git(repo(tmp_path), "rev-parse", f"vibey/c0/{item}")
+    outcome = integrate(local, ["api", "ui"])
+    assert isinstance(outcome, Failure)
+    assert outcome.failure_class is FailureClass.WORK
+    assert "vibey/c0/ui does not merge cleanly" in outcome.detail
+    assert len(merges(tmp_path)) == 1
+    assert git(tmp_path / P / "worktrees" / "integration", "status", "--porcelain") == ""
+    assert fake.kinds() == ["build.implement", "build.implement"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "verdict", "expected"),
+    [
+        (
+            "design.spec",
+            EngineVerdict("ok", {"spec": "s"}, {"t": 1}),
+            Success({"spec": "s", "evidence": {"t": 1}}),
+        ),
+        (
+            "design.spec",
+            EngineVerdict("capacity", detail="busy"),
+            Defer(timedelta(seconds=60), "busy", capacity=True),
+        ),
+        ("build.verify", EngineVerdict("failed", detail="red"), Failure(FailureClass.WORK, "red")),
+        (
+            "deploy.graph",
+            EngineVerdict("failed", detail="down"),
+            Failure(FailureClass.WORK, "down"),
+        ),
+        (
+            "design.spec",
+            EngineVerdict("failed", detail="gave up"),
+            Failure(FailureClass.ENGINE, "gave up"),
+        ),
+        (
+            "build.verify",
+            EngineVerdict("failed", detail="crashed", engine_fault=True),
+            Failure(FailureClass.ENGINE, "crashed"),
+        ),
+    ],
+)
+def test_verdicts_map_to_outcomes(
+    tmp_path: Path, kind: str, verdict: EngineVerdict, expected: Outcome
+) -> None:
+    fake = FakeEngine(respond=lambda task: verdict)
+    local = build_handlers(HandlerContext(pool=None, workspace=tmp_path, engines={"fake": fake}))
+    job = make_job(kind, round=0)
+    job.payload["input"]["engine"] = {"name": "fake"}
+    assert local[kind](job) == expected
+
+
+def test_the_scripted_engine_runs_through_its_handler(handlers: Handlers) -> None:
+    outcome = handlers["build.plan"](make_job("build.decompose", findings=[]))
+    assert outcome == Success({"work_items": [{"id": "api", "title": "HTTP API"}], "evidence": {}})
+    failed = handlers["build.verify"](make_job("build.verify", items=["api"], attempts=1))
+    assert isinstance(failed, Success)  # this script has no verify failures
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({}, "has no input object"),
+        ({"input": {"cycle": 0}}, "input.engine must be an object with a name"),
+        ({"input": {"engine": {"name": "oracle"}}}, "names engine 'oracle'"),
+        ({"input": {"engine": {"name": "command"}}}, NO_COMMAND),
+        ({"input": {"engine": {"name": "scripted", "script": {"build": 3}}}}, "[build]"),
+    ],
+)
+def test_unusable_input_is_a_vibey_failure(handlers: Handlers, payload: Any, message: str) -> None:
+    outcome = handlers["build.decompose"](make_job("build.decompose", payload=payload))
+    assert isinstance(outcome, Failure)
+    assert outcome.failure_class is FailureClass.VIBEY
+    assert message in outcome.detail
+
+
+AGENT = """
+import json, os, pathlib
+plan = json.loads(pathlib.Path(os.environ["VIBEY_PLAN"]).read_text())
+item = plan["input"]["item"]["id"]
+pathlib.Path(f"{item}.py").write_text("print('hello')\\n")
+verdict = {"status": "ok", "result": {"status": "done"}, "evidence": {"agent": "script"}}
+pathlib.Path(os.environ["VIBEY_VERDICT"]).write_text(json.dumps(verdict))
+"""
+
+
+def test_the_command_engine_implements_in_the_worktree(
+    pool: ConnectionPool, tmp_path: Path
+) -> None:
+    context = HandlerContext(pool=pool, workspace=tmp_path, command=(sys.executable, "-c", AGENT))
+    job = make_job("build.implement", subject="api", item={"id": "api", "title": "HTTP API"})
+    job.payload["input"]["engine"] = {"name": "command"}
+    outcome = build_handlers(context)["build.implement"](job)
+    assert isinstance(outcome, Success), outcome
+    assert outcome.result["evidence"] == {"agent": "script"}
+    assert outcome.result["branch"] == "vibey/c0/api"
+    committed = git(repo(tmp_path), "show", "--name-only", "--format=", "vibey/c0/api")
+    assert committed == "api.py"
