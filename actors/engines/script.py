@@ -10,7 +10,7 @@ no null) for a round without a failure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.engines.base import ScriptError
@@ -33,6 +33,7 @@ class Script:
     execute_failures: Failures = 0
     triage: tuple[str | None, ...] = ()
     has_deploy: bool = False
+    step_seconds: Mapping[str, float] = field(default_factory=dict)  # how long a kind works
 
     @classmethod
     def parse(cls, raw: Any) -> Script:
@@ -54,6 +55,7 @@ class Script:
             ),
             triage=_triage(deploy.get("triage", [])),
             has_deploy="deploy" in raw,
+            step_seconds=_seconds(_section(raw, "timing").get("step_seconds", {})),
         )
 
     def verify_failures_in(self, cycle: int) -> int:
@@ -158,3 +160,20 @@ def _triage(value: Any) -> tuple[str | None, ...]:
             known = ", ".join(sorted(DEPLOY_FAILURES))
             raise ScriptError(f"deploy.triage[{n}] is {failure!r}; use one of {known} or none")
     return tuple(rounds)
+
+
+def _seconds(value: Any) -> dict[str, float]:
+    """``[timing] step_seconds = { "build.implement" = 2 }``: each step of that kind takes
+    that long, as real engine work does (the chaos tests kill workers mid-step with it)."""
+    if not isinstance(value, Mapping):
+        raise ScriptError("timing.step_seconds must be a table of kind = seconds")
+    seconds: dict[str, float] = {}
+    for kind, amount in value.items():
+        if (
+            isinstance(amount, bool)
+            or not isinstance(amount, int | float)
+            or not 0 <= amount <= 600
+        ):
+            raise ScriptError(f"timing.step_seconds.{kind} must be between 0 and 600 seconds")
+        seconds[str(kind)] = float(amount)
+    return seconds

@@ -8,6 +8,7 @@ item's title and the cycle) and commits it, so BUILD has real branches to integr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,11 @@ class ScriptedEngine:
         answer = ANSWERS.get(task.kind)
         if answer is None:
             raise ScriptError(f"the scripted engine has no answer for kind {task.kind!r}")
-        return answer(script_of(task), task)
+        script = script_of(task)
+        pause = script.step_seconds.get(task.kind, 0.0)
+        if pause:
+            time.sleep(pause)
+        return answer(script, task)
 
 
 def script_of(task: EngineTask) -> Script:

@@ -273,3 +273,28 @@ def test_fake_engine_records_tasks_and_answers_from_its_table() -> None:
     assert fake.run(task) is refused
     assert fake.run(EngineTask("design.research", "demo", 0, "", 1, {})) == EngineVerdict("ok")
     assert fake.kinds() == ["design.spec", "design.research"]
+
+
+def test_timing_makes_a_kind_take_its_time_and_bad_timing_is_refused() -> None:
+    import time as clock
+
+    from actors.engines import EngineTask, ScriptedEngine
+    from actors.engines.base import ScriptError
+
+    script = {"timing": {"step_seconds": {"design.research": 0.2}}}
+    task = EngineTask(
+        kind="design.research",
+        project_id="p",
+        cycle=0,
+        subject="",
+        attempt=1,
+        input={"engine": {"name": "scripted", "script": script}, "answers": {}},
+    )
+    started = clock.monotonic()
+    assert ScriptedEngine().run(task).status == "ok"
+    assert clock.monotonic() - started >= 0.2
+    bad = {"engine": {"name": "scripted", "script": {"timing": {"step_seconds": {"x": -1}}}}}
+    import pytest
+
+    with pytest.raises(ScriptError, match="between 0 and 600"):
+        ScriptedEngine().run(EngineTask("design.research", "p", 0, "", 1, bad))
