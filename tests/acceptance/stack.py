@@ -1,0 +1,181 @@
+"""A vibey stack for end-to-end tests: `vibey worker` fleets and the `vibey` command, run as
+subprocesses against the test's own database and broker namespace.
+
+Everything a test starts is stopped by pid (process group) when the test ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+VIBEY = str(Path(sys.executable).with_name("vibey"))
+DEMO_SCRIPT = REPO / "ops" / "demo" / "demo.toml"
+
+Answerer = Callable[[Mapping[str, Any]], str | None]
+
+
+def cooperative(gate: Mapping[str, Any], *, deploy: bool = False, visual: bool = False) -> str:
+    """The answer a cooperative person gives: accept, decline the opt-ins (unless asked to
+    opt in), retry a failed step, and answer a free question with some text."""
+    name, answers = gate.get("name") or "", list(gate.get("answers") or [])
+    if name == "deployment.opt_in":
+        return "yes" if deploy else "no"
+    if name == "visual.opt_in":
+        return "yes" if visual else "no"
+    for preferred in ("accept", "retry", "yes"):
+        if preferred in answers:
+            return preferred
+    return answers[0] if answers else "an answer from the test"
+
+
+@dataclass
+class Stack:
+    pg_url: str
+    amqp_url: str
+    prefix: str
+    workspace: Path
+    logs: Path
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    config: Path | None = None  # a vibey.toml for every command and worker
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEY_")}
+        return env | {
+            "VIBEY_PG_URL": self.pg_url,
+            "VIBEY_AMQP_URL": self.amqp_url,
+            "VIBEY_BUS_PREFIX": self.prefix,
+            "VIBEY_QUEUE_RECONCILE_INTERVAL": "1",
+            "VIBEY_QUEUE_REDISPATCH_AFTER": "5",
+            "VIBEY_QUEUE_RECLAIM_AFTER": "5",
+            "VIBEY_ENGINE_WORKSPACE": str(self.workspace),
+            "VIBEY_CONFIG": str(self.config) if self.config else "",
+        }
+
+    def vibey(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [VIBEY, *args],
+            env=self.env,
+            cwd=self.workspace.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"vibey {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}"
+            )
+        return done
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.vibey(*args, "--json").stdout)
+
+    def start_worker(self, *, processes: int = 1, threads: int = 8) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
+        proc = subprocess.Popen(
+            [VIBEY, "worker", "--processes", str(processes), "--threads", str(threads)],
+            env=self.env,
+            cwd=self.workspace.parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killed as one
+        )
+        self.workers.append(proc)
+        return proc
+
+    def kill_worker(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                self.kill_worker(proc, signal.SIGTERM)
+            # SIGTERM stops the supervisor; make sure its children are gone too.
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def worker_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs.glob("*.log"))
+
+    # -- driving workflows through the CLI ----------------------------------------------------
+
+    def status(self, project: str) -> Any:
+        return self.json("workflow", "status", project)
+
+    def open_gates(self, project: str | None = None) -> list[Any]:
+        args = ("gate", "list") + (("--project", project) if project else ())
+        gates: list[Any] = self.json(*args)["gates"]
+        return gates
+
+    def drive(
+        self,
+        projects: list[str],
+        answer: Answerer = cooperative,
+        *,
+        deadline_s: float = 180,
+        until: Callable[[Any], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Answer every open gate of ``projects`` with ``answer`` until each workflow is
+        finished (or ``until(status)`` holds, or ``answer`` returns None for a gate)."""
+        done: dict[str, Any] = {}
+        answered: list[tuple[str, str, str]] = []
+        started = time.monotonic()
+        while len(done) < len(projects):
+            if time.monotonic() - started > deadline_s:
+                states = {p: self.status(p)["workflow"] for p in projects if p not in done}
+                raise AssertionError(
+                    f"not finished in {deadline_s}s: {states}\nanswered: {answered}\n"
+                    f"{self.worker_log()}"
+                )
+            progressed = False
+            for gate in self.open_gates():
+                if gate["project"] not in projects or gate["project"] in done:
+                    continue
+                reply = answer(gate)
+                if reply is None:
+                    done[gate["project"]] = self.status(gate["project"])
+                    continue
+                self.vibey("gate", "answer", gate["id"], reply, "--by", "e2e")
+                answered.append((gate["project"], gate["name"] or gate["kind"], reply))
+                progressed = True
+            for project in projects:
+                if project in done:
+                    continue
+                status = self.status(project)
+                wf = status["workflow"]
+                if wf["status"] in ("completed", "failed", "cancelled") or (
+                    until is not None and until(status)
+                ):
+                    done[project] = status
+            if not progressed:
+                time.sleep(0.2)
+        return done
+
+
+@contextmanager
+def stack(pg_url: str, amqp_url: str, prefix: str, tmp: Path) -> Iterator[Stack]:
+    (tmp / "work").mkdir()
+    (tmp / "logs").mkdir()
+    running = Stack(pg_url, amqp_url, prefix, tmp / "work", tmp / "logs")
+    try:
+        yield running
+    finally:
+        running.stop()
