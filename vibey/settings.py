@@ -40,7 +40,17 @@ The file, every key optional (unknown sections and keys are errors)::
     processes = 2                    # VIBEY_WORKER_PROCESSES
     threads = 8                      # per process; VIBEY_WORKER_THREADS
     lanes = ["interactive", "build"] # VIBEY_WORKER_LANES=interactive,build
-    handlers = "actors.handlers:HANDLERS"             # VIBEY_WORKER_HANDLERS
+    handlers = "actors.handlers:build_handlers"       # VIBEY_WORKER_HANDLERS
+
+    [workflow]                       # the workflow definitions (the CLI and the worker)
+    definitions = "workflows.protocol:DEFINITIONS"    # VIBEY_WORKFLOW_DEFINITIONS
+    default_definition = "vibey-protocol"             # VIBEY_WORKFLOW_DEFAULT_DEFINITION
+
+    [engine]                         # who does a step's work
+    name = "scripted"                # or "command"; `workflow start`'s engine; VIBEY_ENGINE_NAME
+    command = ["my-agent", "--x"]    # the command engine's argv; VIBEY_ENGINE_COMMAND (shell words)
+    timeout_seconds = 7200           # the command's time limit; VIBEY_ENGINE_TIMEOUT
+    workspace = ".vibey/work"        # engines' repositories and worktrees; VIBEY_ENGINE_WORKSPACE
 
 Lists come from the environment comma-separated (``1,5,30``); an empty item is an error.
 Durations are numbers of seconds: finite, more than 0 (``first_claim_wait_seconds`` may be 0)
@@ -64,6 +74,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -96,7 +107,8 @@ LANES: tuple[str, ...] = tuple(lane.value for lane in Lane)
 _NOT_IN_PROJECT_ID = re.compile(r"[.*#\s]")
 # Every exchange and queue name starts with the prefix; a wildcard there would match others.
 _NOT_IN_PREFIX = re.compile(r"[*#\s]")
-# "module:attribute", as `vibey worker --handlers` and [worker] handlers take it.
+# "module:attribute", as `vibey worker --handlers`, [worker] handlers and [workflow]
+# definitions take it.
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 # The longest interval a setting takes: a year (anything longer is a typo).
 MAX_INTERVAL_SECONDS = 365 * 24 * 3600.0
@@ -132,7 +144,18 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "lanes": "VIBEY_WORKER_LANES",
         "handlers": "VIBEY_WORKER_HANDLERS",
     },
+    "workflow": {
+        "definitions": "VIBEY_WORKFLOW_DEFINITIONS",
+        "default_definition": "VIBEY_WORKFLOW_DEFAULT_DEFINITION",
+    },
+    "engine": {
+        "name": "VIBEY_ENGINE_NAME",
+        "command": "VIBEY_ENGINE_COMMAND",
+        "timeout_seconds": "VIBEY_ENGINE_TIMEOUT",
+        "workspace": "VIBEY_ENGINE_WORKSPACE",
+    },
 }
+ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
 # job.lease_ms is a PostgreSQL integer: a lease is at most 2^31-1 ms (about 24.8 days).
 MAX_LEASE_SECONDS = (2**31 - 1) // 1000
@@ -320,7 +343,7 @@ class WorkerSettings:
     processes: int = 2
     threads: int = 8
     lanes: tuple[str, ...] = LANES
-    handlers: str = "actors.handlers:HANDLERS"
+    handlers: str = "actors.handlers:build_handlers"
 
     def __post_init__(self) -> None:
         for key, value in (("processes", self.processes), ("threads", self.threads)):
@@ -340,7 +363,64 @@ class WorkerSettings:
         if not _IMPORT_PATH.fullmatch(self.handlers):
             raise SettingsError(
                 f"the handlers {self.handlers!r} are not an import path module:attribute "
-                f"(as in actors.handlers:HANDLERS): {_worker_fix('handlers')}"
+                f"(as in actors.handlers:build_handlers): {_worker_fix('handlers')}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSettings:
+    """``[workflow]``: the definitions the CLI and the worker load, and the one
+    ``vibey workflow start`` uses without ``--definition``."""
+
+    definitions: str = "workflows.protocol:DEFINITIONS"
+    default_definition: str = "vibey-protocol"
+
+    def __post_init__(self) -> None:
+        if not _IMPORT_PATH.fullmatch(self.definitions):
+            raise SettingsError(
+                f"the workflow definitions {self.definitions!r} are not an import path "
+                "module:attribute (as in workflows.protocol:DEFINITIONS): "
+                "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
+            )
+        if not self.default_definition.strip():
+            raise SettingsError(
+                "the default workflow definition must not be empty: fix "
+                "VIBEY_WORKFLOW_DEFAULT_DEFINITION (or default_definition under [workflow])"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """``[engine]``: the engine ``vibey workflow start`` names in a workflow's input (unless
+    ``--script`` chooses the scripted one), and what the worker gives the engines."""
+
+    name: str = "scripted"
+    command: tuple[str, ...] = ()
+    timeout_seconds: float = 7200.0
+    workspace: str = ".vibey/work"
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise SettingsError(
+                f"unknown engine {self.name!r}: set VIBEY_ENGINE_NAME (or name under [engine]) "
+                f"to one of {', '.join(ENGINES)}"
+            )
+        if self.name == "command" and not self.command:
+            raise SettingsError(
+                "the command engine needs a command: set command under [engine] "
+                '(as in command = ["my-agent", "--flag"]) or VIBEY_ENGINE_COMMAND'
+            )
+        timeout = self.timeout_seconds
+        if not (math.isfinite(timeout) and 0 < timeout <= MAX_INTERVAL_SECONDS):
+            raise SettingsError(
+                f"the engine timeout must be more than 0 and at most {MAX_INTERVAL_SECONDS:.0f} "
+                f"seconds, got {timeout}: fix VIBEY_ENGINE_TIMEOUT (or timeout_seconds under "
+                "[engine])"
+            )
+        if not self.workspace.strip():
+            raise SettingsError(
+                "the engine workspace must not be empty: fix VIBEY_ENGINE_WORKSPACE "
+                "(or workspace under [engine])"
             )
 
 
@@ -350,6 +430,8 @@ class Settings:
     queue: QueueSettings = field(default_factory=QueueSettings)
     bus: BusSettings = field(default_factory=BusSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    workflow: WorkflowSettings = field(default_factory=WorkflowSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
     config_file: Path | None = None
 
     def require_database_url(self) -> str:
@@ -380,6 +462,8 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         queue=_queue(src["queue"], src["queue.rabbitmq"]),
         bus=_bus(src["bus"]),
         worker=_worker(src["worker"]),
+        workflow=_workflow(src["workflow"]),
+        engine=_engine(src["engine"]),
         config_file=path,
     )
 
@@ -494,6 +578,18 @@ class _Source:
         ):
             raise self._wrong_type(key, value, "a list of strings")
         return None if value is None else tuple(value)
+
+    def argv(self, key: str) -> tuple[str, ...] | None:
+        """A command line: shell words in the environment, a list of strings in TOML."""
+        variable, value = self._lookup(key)
+        if variable is not None:
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise SettingsError(
+                    f"{variable} is not a command line ({exc}): quote it as a shell would"
+                ) from None
+        return self.words(key)
 
     def _lookup(self, key: str) -> tuple[str | None, Any]:
         variable = _KEYS[self.section][key]
@@ -646,3 +742,23 @@ def _scheme(url: str) -> str:
     """Only the scheme: the rest of a URL may hold a password."""
     scheme, sep, _ = url.partition("://")
     return f"'{scheme}://…'" if sep else "a URL without a scheme"
+
+
+def _workflow(src: _Source) -> WorkflowSettings:
+    return WorkflowSettings(
+        **_given(
+            definitions=src.text("definitions"),
+            default_definition=src.text("default_definition"),
+        )
+    )
+
+
+def _engine(src: _Source) -> EngineSettings:
+    return EngineSettings(
+        **_given(
+            name=src.text("name"),
+            command=src.argv("command"),
+            timeout_seconds=src.seconds("timeout_seconds"),
+            workspace=src.text("workspace"),
+        )
+    )

@@ -89,7 +89,7 @@ def test_rabbitmq_and_worker_defaults(empty_dir: Path) -> None:
     assert worker == WorkerSettings()
     assert (worker.processes, worker.threads) == (2, 8)
     assert worker.lanes == ("interactive", "build") == tuple(lane.value for lane in Lane)
-    assert worker.handlers == "actors.handlers:HANDLERS"
+    assert worker.handlers == "actors.handlers:build_handlers"
 
 
 FULL_TOML = f"""
@@ -754,7 +754,15 @@ prefix = "wired"
 [worker]
 threads = 3
 lanes = ["build"]
-handlers = "actors.handlers:HANDLERS"
+handlers = "actors.handlers:build_handlers"
+
+[workflow]
+definitions = "tests.acceptance.tiny_definition:DEFINITIONS"
+
+[engine]
+command = ["my-agent", "--fast"]
+timeout_seconds = 600
+workspace = "/srv/vibey"
 """
 
 
@@ -776,7 +784,11 @@ def test_worker_config_maps_every_setting(tmp_path: Path) -> None:
         reconcile_interval=timedelta(seconds=11),
         redispatch_after=timedelta(seconds=99),
         reclaim_after=timedelta(seconds=33),
-        handlers="actors.handlers:HANDLERS",
+        handlers="actors.handlers:build_handlers",
+        definitions="tests.acceptance.tiny_definition:DEFINITIONS",
+        workspace="/srv/vibey",
+        engine_command=("my-agent", "--fast"),
+        engine_timeout=timedelta(seconds=600),
     )
     assert config.queues() == ["wired.jobs.build.p.solo"]
 

@@ -1,0 +1,151 @@
+"""vibey.settings ``[workflow]`` and ``[engine]``: defaults, sources, checks, and the wiring."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_settings import AMQP, PG, settings_error, write_toml
+from vibey.settings import EngineSettings, SettingsError, WorkflowSettings, load_settings
+from vibey.wiring import load_registry, worker_config
+
+
+@pytest.fixture
+def empty_dir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_defaults(empty_dir: Path) -> None:
+    settings = load_settings({}, empty_dir)
+    assert settings.workflow == WorkflowSettings()
+    assert settings.workflow.definitions == "workflows.protocol:DEFINITIONS"
+    assert settings.workflow.default_definition == "vibey-protocol"
+    assert settings.engine == EngineSettings()
+    assert settings.engine.name == "scripted"
+    assert settings.engine.command == ()
+    assert settings.engine.timeout_seconds == 7200
+    assert settings.engine.workspace == ".vibey/work"
+
+
+def test_toml_values_and_the_environment_over_them(tmp_path: Path) -> None:
+    write_toml(
+        tmp_path,
+        """
+[workflow]
+definitions = "pkg.defs:ALL"
+default_definition = "mine"
+
+[engine]
+name = "command"
+command = ["agent", "--plan", "with space"]
+timeout_seconds = 60
+workspace = "/tmp/work"
+""",
+    )
+    settings = load_settings({}, tmp_path)
+    assert settings.workflow == WorkflowSettings("pkg.defs:ALL", "mine")
+    assert settings.engine == EngineSettings(
+        "command", ("agent", "--plan", "with space"), 60.0, "/tmp/work"
+    )
+    env = {
+        "VIBEY_WORKFLOW_DEFINITIONS": "other.defs:X",
+        "VIBEY_WORKFLOW_DEFAULT_DEFINITION": "theirs",
+        "VIBEY_ENGINE_NAME": "scripted",
+        "VIBEY_ENGINE_COMMAND": "run-agent --model 'big one'",
+        "VIBEY_ENGINE_TIMEOUT": "90.5",
+        "VIBEY_ENGINE_WORKSPACE": "ws",
+    }
+    settings = load_settings(env, tmp_path)
+    assert settings.workflow == WorkflowSettings("other.defs:X", "theirs")
+    assert settings.engine == EngineSettings(
+        "scripted", ("run-agent", "--model", "big one"), 90.5, "ws"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"VIBEY_WORKFLOW_DEFINITIONS": "no_colon"}, "VIBEY_WORKFLOW_DEFINITIONS"),
+        ({"VIBEY_WORKFLOW_DEFINITIONS": "a b:X"}, "VIBEY_WORKFLOW_DEFINITIONS"),
+        ({"VIBEY_WORKFLOW_DEFAULT_DEFINITION": "  "}, "VIBEY_WORKFLOW_DEFAULT_DEFINITION"),
+        ({"VIBEY_ENGINE_NAME": "magic"}, "unknown engine 'magic'"),
+        ({"VIBEY_ENGINE_NAME": "command"}, "the command engine needs a command"),
+        ({"VIBEY_ENGINE_COMMAND": "agent 'unclosed"}, "VIBEY_ENGINE_COMMAND is not a command"),
+        ({"VIBEY_ENGINE_TIMEOUT": "0"}, "VIBEY_ENGINE_TIMEOUT"),
+        ({"VIBEY_ENGINE_TIMEOUT": "nan"}, "VIBEY_ENGINE_TIMEOUT"),
+        ({"VIBEY_ENGINE_TIMEOUT": "1e12"}, "at most"),
+        ({"VIBEY_ENGINE_TIMEOUT": "soon"}, "VIBEY_ENGINE_TIMEOUT must be a number of seconds"),
+        ({"VIBEY_ENGINE_WORKSPACE": " "}, "VIBEY_ENGINE_WORKSPACE"),
+    ],
+)
+def test_bad_values_are_one_line_errors(empty_dir: Path, env: dict[str, str], named: str) -> None:
+    assert named in settings_error(env, empty_dir)
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "key"),
+    [
+        ("workflow", "definitions = 5", "definitions"),
+        ("workflow", "default_definition = ['a']", "default_definition"),
+        ("engine", "name = 1", "name"),
+        ("engine", "command = 'agent --x'", "command"),
+        ("engine", "command = ['agent', 1]", "command"),
+        ("engine", "timeout_seconds = '60'", "timeout_seconds"),
+        ("engine", "workspace = false", "workspace"),
+        ("engine", "timeout = 60", "'timeout'"),
+        ("workflow", "definition = 'x'", "'definition'"),
+    ],
+)
+def test_wrong_types_and_unknown_keys_in_toml_are_errors(
+    tmp_path: Path, section: str, line: str, key: str
+) -> None:
+    write_toml(tmp_path, f"[{section}]\n{line}\n")
+    message = settings_error({}, tmp_path)
+    assert key in message
+    assert f"[{section}]" in message
+
+
+def test_the_worker_gets_the_engine_and_the_definitions(empty_dir: Path) -> None:
+    env = {
+        "VIBEY_PG_URL": PG,
+        "VIBEY_AMQP_URL": AMQP,
+        "VIBEY_WORKFLOW_DEFINITIONS": "tests.acceptance.tiny_definition:DEFINITIONS",
+        "VIBEY_ENGINE_COMMAND": "agent --go",
+        "VIBEY_ENGINE_TIMEOUT": "30",
+        "VIBEY_ENGINE_WORKSPACE": "/w",
+    }
+    config = worker_config(load_settings(env, empty_dir))
+    assert config.definitions == "tests.acceptance.tiny_definition:DEFINITIONS"
+    assert config.engine_command == ("agent", "--go")
+    assert config.engine_timeout == timedelta(seconds=30)
+    assert config.workspace == "/w"
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("no_such_module_here:DEFS", "ModuleNotFoundError"),
+        ("tests.acceptance.tiny_definition:NOPE", "AttributeError"),
+        ("tests.acceptance.tiny_definition:NAME", "AttributeError"),  # a str, not definitions
+    ],
+)
+def test_definitions_that_cannot_load_are_refused_before_a_worker_starts(
+    empty_dir: Path, path: str, named: str
+) -> None:
+    settings = load_settings(
+        {"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP, "VIBEY_WORKFLOW_DEFINITIONS": path},
+        empty_dir,
+    )
+    for attempt in (lambda: worker_config(settings), lambda: load_registry(settings)):
+        with pytest.raises(SettingsError, match=named) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])" in message
+        assert "\n" not in message
+
+
+def test_load_registry_registers_the_named_definitions(empty_dir: Path) -> None:
+    env = {"VIBEY_WORKFLOW_DEFINITIONS": "tests.acceptance.tiny_definition:DEFINITIONS"}
+    assert load_registry(load_settings(env, empty_dir)).known() == ["tiny v1"]
