@@ -1,11 +1,11 @@
 """The ``vibey`` command: it loads the settings, calls the store, prints; it decides nothing.
 
-Exit codes (:class:`ExitCode`, the only place they are defined)::
+Commands: ``migrate``, ``doctor``, ``worker`` here; ``workflow ...`` in
+:mod:`vibey.cli_workflow`, ``gate ...`` in :mod:`vibey.cli_gate`; ``completion SHELL`` prints a
+shell completion script and ``--install-completion`` installs one.
 
-    0  OK           done; for ``doctor``: healthy; for ``worker``: stopped by SIGTERM or SIGINT
-    1  FAILURE      the command ran and found a problem (a store error, an unhealthy doctor)
-    2  USAGE        a bad argument or a bad configuration (a SettingsError)
-    3  UNAVAILABLE  a service did not answer (PostgreSQL)
+Exit codes: :class:`vibey.render.ExitCode` (0 ok, 1 failure, 2 usage, 3 unavailable), and the
+JSON shapes of ``--json``, are defined and documented in :mod:`vibey.render`.
 
 Errors are one line on stderr, ``vibey: <what happened and what to do>``; ``-v/--verbose``
 adds the traceback and the library logs (connect retries among them).
@@ -16,7 +16,6 @@ The ``actors`` modules (Dramatiq, pika) are imported by the commands that use th
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import signal
@@ -26,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from cyclopts import App, CycloptsError, Parameter
 from rich.console import Console
@@ -36,6 +35,9 @@ from actors.capabilities import BrokerCapabilities
 from store import migrate as migrations
 from store.errors import DatabaseUnavailable, StoreError
 from store.pool import redact
+from vibey.cli_gate import gate_app
+from vibey.cli_workflow import workflow_app
+from vibey.render import CommandError, ExitCode
 from vibey.settings import (
     QueueBackendNotConfigured,
     Settings,
@@ -45,13 +47,6 @@ from vibey.settings import (
 )
 
 PROBE_TIMEOUT_SECONDS = 5.0
-
-
-class ExitCode(enum.IntEnum):
-    OK = 0
-    FAILURE = 1
-    USAGE = 2
-    UNAVAILABLE = 3
 
 
 def _version() -> str:
@@ -76,6 +71,11 @@ app = App(
     error_console=Console(stderr=True, soft_wrap=True, highlight=False),
     error_formatter=_format_usage_error,
 )
+app.command(workflow_app)
+app.command(gate_app)
+app.register_install_completion_command(
+    help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
+)
 
 
 @app.meta.default
@@ -99,6 +99,8 @@ def _launch(
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         result = app(tokens)
+    except CommandError as exc:
+        return _fail(exc, exc.code, verbose=verbose)
     except SettingsError as exc:
         return _fail(exc, ExitCode.USAGE, verbose=verbose)
     except DatabaseUnavailable as exc:
@@ -328,7 +330,7 @@ def worker(
     lanes
         Comma-separated lanes to consume, of interactive and build (default: both).
     handlers
-        The step handlers, as module:attribute (default: actors.handlers:HANDLERS).
+        The step handlers, as module:attribute (default: actors.handlers:build_handlers).
     """
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
     from actors.worker import supervise  # Dramatiq: see the module docstring
@@ -376,6 +378,23 @@ def _with_worker_flags(
     flags = {"processes": processes, "threads": threads, "handlers": handlers}
     given.update({name: value for name, value in flags.items() if value is not None})
     return replace(settings, worker=replace(settings.worker, **given)) if given else settings
+
+
+@app.command
+def completion(shell: Literal["bash", "zsh", "fish", "powershell"], /) -> ExitCode:
+    """Print the shell completion script for SHELL.
+
+    For bash: ``vibey completion bash > ~/.local/share/bash-completion/completions/vibey``
+    (or ``eval "$(vibey completion bash)"`` in ~/.bashrc); ``vibey --install-completion``
+    does this for the shell it detects.
+
+    Parameters
+    ----------
+    shell
+        bash, zsh, fish or powershell.
+    """
+    print(app.generate_completion(shell=shell), end="")
+    return ExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,192 @@
+"""``vibey gate ...``: what waits on a person (workflow questions and parked jobs), and the
+answer that releases it.
+
+``gate answer`` commits the answer, the workflow's ``GateAnswered`` event, what the
+definition decides and the next steps' dispatch in one transaction; it then publishes those
+steps at once (see :meth:`vibey.wiring.WorkflowClient.publish`). Answering twice changes
+nothing and exits 1; an answer the gate does not take exits 2 listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated
+
+from cyclopts import App, Parameter
+
+from store.workflow_reads import GateAnswerOutcome
+from vibey import render
+from vibey.cli_workflow import whoami
+from vibey.render import CommandError, ExitCode
+from vibey.settings import load_settings
+from workflows.queue import AnswerStatus, Gate
+
+gate_app = App(name="gate", help="List, show and answer what waits on a person.")
+
+Json = Annotated[bool, Parameter(name="--json", negative=())]
+
+
+def gate_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise CommandError(
+            f"{raw!r} is not a gate id: gate ids are UUIDs, as `vibey gate list` shows them",
+            ExitCode.USAGE,
+        ) from None
+
+
+@gate_app.command(name="list")
+def list_(*, project: str | None = None, json_output: Json = False) -> ExitCode:
+    """Everything waiting on a person, across projects, with how long it has waited.
+
+    Workflow questions and jobs parked behind a gate, oldest first.
+
+    JSON: ``{"gates": [gate, ...]}``.
+
+    Parameters
+    ----------
+    project
+        Only this project's gates.
+    json_output
+        Print one JSON object.
+    """
+    settings = load_settings()
+    from vibey.wiring import workflow_client
+
+    with workflow_client(settings) as client:
+        items = client.store.inbox(project)
+    if json_output:
+        render.dump({"gates": [render.gate_json(g, w) for g, w in items]})
+    else:
+        render.print_gate_table(items)
+    return ExitCode.OK
+
+
+@gate_app.command
+def show(gate: str, /, *, json_output: Json = False) -> ExitCode:
+    """Show one gate: its question, the answers it takes, and how to answer it.
+
+    Its context and evidence too, and who answered it and when. Exits 1 for an unknown id.
+
+    JSON: a gate object.
+
+    Parameters
+    ----------
+    gate
+        The gate id (a UUID).
+    json_output
+        Print one JSON object.
+    """
+    wanted = gate_id(gate)
+    settings = load_settings()
+    from vibey.wiring import workflow_client
+
+    with workflow_client(settings) as client:
+        found = client.jobs.get_gate(wanted)
+    if found is None:
+        raise CommandError(f"no gate {wanted}")
+    waited_s = render.waited(found, datetime.now(UTC))
+    if json_output:
+        render.dump(render.gate_json(found, waited_s))
+    else:
+        render.print_gate(found, waited_s)
+    return ExitCode.OK
+
+
+@gate_app.command
+def answer(
+    gate: str,
+    answer: str,
+    /,
+    *,
+    by: Annotated[str | None, Parameter(name="--by")] = None,
+    json_output: Json = False,
+) -> ExitCode:
+    """Answer GATE with ANSWER; the workflow's next steps are dispatched at once.
+
+    The answer, the workflow's decision and its next steps are committed in one
+    transaction; the steps are then published to RabbitMQ (when VIBEY_AMQP_URL is set).
+
+    Exits 1 when the gate is unknown or already answered (nothing changes), 2 when ANSWER is
+    not one the gate takes (the valid ones are listed).
+
+    JSON: ``{"gate": gate, "workflow": workflow | null, "dispatch": {"rows", "published"}}``
+    (``workflow`` is null for a parked job's gate; ``rows``: step dispatches committed,
+    ``published``: those RabbitMQ confirmed before the command returned).
+
+    Parameters
+    ----------
+    gate
+        The gate id (a UUID).
+    answer
+        The answer.
+    by
+        Who answers (default: your user name).
+    json_output
+        Print one JSON object.
+    """
+    wanted = gate_id(gate)
+    settings = load_settings()
+    from vibey.wiring import workflow_client
+
+    with workflow_client(settings) as client:
+        outcome = client.store.answer(wanted, answer, by=by or whoami())
+        _refuse(outcome, wanted, answer)
+        dispatch = client.publish()
+        answered = outcome.gate
+        assert answered is not None  # an answered outcome carries its gate
+        workflow, describe = None, ""
+        if answered.workflow_id is not None:
+            workflow = client.store.get(answered.workflow_id)
+            describe = client.store.describe(workflow)
+    waited_s = render.waited(answered, datetime.now(UTC))
+    if json_output:
+        render.dump(
+            {
+                "gate": render.gate_json(answered, waited_s),
+                "workflow": None if workflow is None else render.workflow_json(workflow, describe),
+                "dispatch": {"rows": dispatch.rows, "published": dispatch.published},
+            }
+        )
+        return ExitCode.OK
+    print(f"answered {_label(answered)} with {answered.answer!r} as {answered.answered_by}")
+    if workflow is not None:
+        render.print_workflow(workflow, describe)
+    elif answered.job_id is not None:
+        print(f"job {answered.job_id} is ready to run again")
+    if dispatch.rows:
+        print(render.dispatch_note(dispatch.rows, dispatch.published, tried=dispatch.tried))
+    return ExitCode.OK
+
+
+def _label(gate: Gate) -> str:
+    return f"gate {gate.id} ({gate.name})" if gate.name else f"gate {gate.id}"
+
+
+def _refuse(outcome: GateAnswerOutcome, wanted: uuid.UUID, answer: str) -> None:
+    """Raise the one-line refusal for anything but an answer that was taken."""
+    if outcome.status is AnswerStatus.ANSWERED:
+        return
+    if outcome.status is AnswerStatus.UNKNOWN_GATE:
+        raise CommandError(f"no gate {wanted}")
+    gate = outcome.gate
+    if outcome.status is AnswerStatus.ALREADY_ANSWERED:
+        if gate is None or gate.answered_at is None:  # pragma: no cover - the store sets both
+            raise CommandError(f"gate {wanted} is already answered; nothing changed")
+        raise CommandError(
+            f"gate {wanted} was already answered by {gate.answered_by} at "
+            f"{render.clock(gate.answered_at)} ({gate.answer!r}); nothing changed"
+        )
+    if gate is not None and gate.answers:
+        raise CommandError(
+            f"{answer} is not an answer to gate {wanted}; valid: {', '.join(gate.answers)}",
+            ExitCode.USAGE,
+        )
+    why = outcome.detail or "the gate does not take it"
+    raise CommandError(
+        f"{answer} is not an answer to gate {wanted} ({why}); valid: "
+        + (render.answers_text(gate) if gate is not None else "see `vibey gate show`"),
+        ExitCode.USAGE,
+    )
