@@ -35,7 +35,8 @@ def _project(project: str) -> str:
 
 
 def read_script(path: Path) -> dict[str, Any]:
-    """A script file: JSON when it ends in ``.json``, else TOML; a table/object at the top."""
+    """A script file: JSON when it ends in ``.json``, else TOML, that the scripted engine
+    reads without complaint (docs/protocol.md)."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -55,6 +56,13 @@ def read_script(path: Path) -> dict[str, Any]:
             f"script {path}: must hold an object at the top, got {type(parsed).__name__}",
             ExitCode.USAGE,
         )
+    from actors.engines.base import ScriptError  # the scripted engine's own reading
+    from actors.engines.script import Script
+
+    try:
+        Script.parse(parsed)
+    except ScriptError as exc:
+        raise CommandError(f"script {path}: {exc}", ExitCode.USAGE) from exc
     return parsed
 
 

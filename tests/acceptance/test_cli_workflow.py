@@ -181,6 +181,7 @@ def test_start_stores_the_engine_in_the_workflow_input(cli: Cli, tmp_path: Path)
         ("broken.toml", "[build\nwork_items = 1\n", "not valid TOML"),
         ("broken.json", '{"build": ', "not valid JSON"),
         ("list.json", "[1, 2]", "must hold an object at the top, got list"),
+        ("items.toml", "[build]\nwork_items = 1\n", "build.work_items must be a list, got int"),
         ("binary.toml", b"\xff\xfe\x00".decode("latin-1"), "not UTF-8 text (invalid start byte)"),
     ],
 )
