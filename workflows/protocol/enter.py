@@ -1,0 +1,181 @@
+"""Entering a phase (or a new round of one): the transition and the first steps it schedules.
+
+Names carry the cycle, the round or a counter, so no step or gate name ever repeats within a
+workflow (see docs/protocol.md, "Names").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from workflows.engine import Decision, StartTimer
+from workflows.phases import Phase
+from workflows.protocol.plan import Out, Plan, schedule, then, transition
+from workflows.protocol.state import ProtocolState
+
+# --- DESIGN ------------------------------------------------------------------------------
+
+
+def enter_design(state: ProtocolState, cycle: int, ambiguity: str | None) -> Out:
+    moved = transition(state, Phase.DESIGN, cycle)
+    return then(moved, lambda s: design_round(replace(s, ambiguity=ambiguity), 0))
+
+
+def design_round(state: ProtocolState, round_: int) -> Out:
+    return interview(replace(state, design_round=round_, interviews=0))
+
+
+def interview(state: ProtocolState) -> Out:
+    c, r, n = state.cycle, state.design_round, state.interviews
+    plan = Plan(
+        f"design.interview.{c}.{r}.{n}",
+        "design.interview",
+        {"answers": dict(state.answers), "ambiguity": state.ambiguity},
+    )
+    return schedule(replace(state, interviews=n + 1), plan)
+
+
+def design_chain(state: ProtocolState) -> Out:
+    """design.research → design.synthesize → design.spec, one decision, chained by ``after``."""
+    c, r = state.cycle, state.design_round
+    given = {"answers": dict(state.answers)}
+    research, synthesize = f"design.research.{c}.{r}", f"design.synthesize.{c}.{r}"
+    return schedule(
+        state,
+        Plan(research, "design.research", given),
+        Plan(synthesize, "design.synthesize", given, after=(research,)),
+        Plan(f"design.spec.{c}.{r}", "design.spec", given, after=(synthesize,)),
+    )
+
+
+def enter_visual(state: ProtocolState) -> Out:
+    c, given = state.cycle, {"spec": state.spec}
+    inventory = f"visual.inventory.{c}"
+    moved = transition(state, Phase.VISUAL_DESIGN, c)
+    return then(
+        moved,
+        lambda s: schedule(
+            s,
+            Plan(inventory, "visual.inventory", given),
+            Plan(f"visual.plan.{c}", "visual.plan", given, after=(inventory,)),
+        ),
+    )
+
+
+# --- BUILD and REVIEW --------------------------------------------------------------------
+
+
+def enter_build(state: ProtocolState, cycle: int, findings: list[dict[str, Any]]) -> Out:
+    moved = transition(state, Phase.BUILD, cycle)
+    plan = Plan(
+        f"build.decompose.{cycle}", "build.decompose", {"spec": state.spec, "findings": findings}
+    )
+    return then(moved, lambda s: schedule(replace(s, items=(), ambiguities=()), plan))
+
+
+def verify_chain(state: ProtocolState) -> Out:
+    """build.verify → build.integrate, once every implement of the cycle succeeded."""
+    c, given = state.cycle, {"items": list(state.items)}
+    verify = f"build.verify.{c}"
+    return schedule(
+        state,
+        Plan(verify, "build.verify", given),
+        Plan(f"build.integrate.{c}", "build.integrate", given, after=(verify,)),
+    )
+
+
+def enter_review(state: ProtocolState, cycle: int) -> Out:
+    """review.demo → review.collect; review.triage follows collect (it reads the feedback)."""
+    demo = f"review.demo.{cycle}"
+    moved = transition(state, Phase.REVIEW, cycle)
+    return then(
+        moved,
+        lambda s: schedule(
+            s,
+            Plan(demo, "review.demo", {"branch": s.branch}),
+            Plan(
+                f"review.collect.{cycle}",
+                "review.collect",
+                {"round": s.review_rounds},
+                after=(demo,),
+            ),
+        ),
+    )
+
+
+def after_review(state: ProtocolState) -> Out:
+    """REVIEW without findings: ask about deployment once; once opted in, deploy again."""
+    if state.deployment_asked:
+        return enter_deploy_execute(state, state.deploy_round + 1)
+    return schedule(
+        state, Plan(f"review.deployment_choice.{state.cycle}", "review.deployment_choice")
+    )
+
+
+# --- DEPLOY_* ----------------------------------------------------------------------------
+
+
+def enter_deploy_design(state: ProtocolState) -> Out:
+    """A new deploy round: deploy.design → deploy.interview."""
+    r = state.deploy_round + 1
+    moved = transition(state, Phase.DEPLOY_DESIGN, state.cycle)
+    design = f"deploy.design.{r}"
+
+    def start(s: ProtocolState) -> Out:
+        first = schedule(
+            replace(s, deploy_round=r, interviews=0),
+            Plan(design, "deploy.design", {"spec": s.spec}),
+        )
+        return then(first, lambda t: deploy_interview(t, after=(design,)))
+
+    return then(moved, start)
+
+
+def deploy_interview(state: ProtocolState, after: tuple[str, ...] = ()) -> Out:
+    r, n = state.deploy_round, state.interviews
+    plan = Plan(
+        f"deploy.interview.{r}.{n}",
+        "deploy.interview",
+        {"answers": dict(state.deploy_answers)},
+        after=after,
+    )
+    return schedule(replace(state, interviews=n + 1), plan)
+
+
+def deploy_chain(state: ProtocolState) -> Out:
+    r, given = state.deploy_round, {"answers": dict(state.deploy_answers)}
+    synthesize = f"deploy.synthesize.{r}"
+    return schedule(
+        state,
+        Plan(synthesize, "deploy.synthesize", given),
+        Plan(f"deploy.spec.{r}", "deploy.spec", given, after=(synthesize,)),
+    )
+
+
+def enter_deploy_execute(state: ProtocolState, round_: int) -> Out:
+    moved = transition(state, Phase.DEPLOY_EXECUTE, state.cycle)
+    plan = Plan(f"deploy.execute.{round_}", "deploy.execute", {"round": round_})
+    return then(moved, lambda s: schedule(replace(s, deploy_round=round_), plan))
+
+
+def start_soak(state: ProtocolState) -> Out:
+    timer = f"deploy.soak.{state.deploy_round}"
+    command = StartTimer(timer, timedelta(seconds=state.soak_seconds))
+    return Decision(replace(state, timer=timer), (command,))
+
+
+def enter_deploy_review(state: ProtocolState) -> Out:
+    """deploy.demo → deploy.triage; deploy.route follows triage (it reads the failure)."""
+    r, given = state.deploy_round, {"round": state.deploy_round}
+    demo = f"deploy.demo.{r}"
+    moved = transition(replace(state, timer=None), Phase.DEPLOY_REVIEW, state.cycle)
+    return then(
+        moved,
+        lambda s: schedule(
+            s,
+            Plan(demo, "deploy.demo", given),
+            Plan(f"deploy.triage.{r}", "deploy.triage", given, after=(demo,)),
+        ),
+    )

@@ -1,0 +1,190 @@
+"""DESIGN, VISUAL_DESIGN, BUILD and REVIEW: what a step's success or a gate's answer does.
+
+Handlers are looked up by the step's kind (:data:`ON_SUCCESS`) or the gate's role
+(:data:`ON_ANSWER`); the step or gate has already been taken off the state's open list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, replace
+from typing import Any, TypeAlias
+
+from workflows.protocol import results
+from workflows.protocol.enter import (
+    after_review,
+    design_chain,
+    design_round,
+    enter_build,
+    enter_design,
+    enter_review,
+    enter_visual,
+    interview,
+    verify_chain,
+)
+from workflows.protocol.plan import APPROVE, OPT_IN, Out, Plan, open_gate, schedule, unchanged
+from workflows.protocol.state import Gate, Pending, ProtocolState
+
+JsonObject: TypeAlias = Mapping[str, Any]
+OnSuccess: TypeAlias = Callable[[ProtocolState, Pending, JsonObject], Out]
+OnAnswer: TypeAlias = Callable[[ProtocolState, Gate, str], Out]
+
+
+def ask(state: ProtocolState, prefix: str, key: str, question: results.Question) -> Out:
+    """Open the gate for one interview question (``<prefix>.q.<key>.<id>``)."""
+    gate = Gate(
+        name=f"{prefix}.q.{key}.{question.id}",
+        role=f"{prefix}.q",
+        answers=question.answers,
+        ref=question.id,
+    )
+    return open_gate(state, gate, "question", question.question, {"id": question.id})
+
+
+# --- DESIGN and VISUAL_DESIGN --------------------------------------------------------------
+
+
+def _interviewed(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    asked = dict(state.answers)
+    todo = [q for q in results.questions(pending.step, result) if q.id not in asked]
+    if todo:
+        return ask(state, "design", str(state.cycle), todo[0])
+    return design_chain(state)
+
+
+def _question_answered(state: ProtocolState, gate: Gate, answer: str) -> Out:
+    return interview(replace(state, answers=(*state.answers, (gate.ref, answer))))
+
+
+def _specified(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    spec = results.text(pending.step, result, "spec")
+    name = f"design.accept.{state.cycle}.{state.design_round}"
+    return open_gate(
+        replace(state, spec=spec),
+        Gate(name=name, role="design.accept", answers=APPROVE),
+        "approval",
+        f"Accept the spec of cycle {state.cycle}, or revise it?",
+        {"spec": spec},
+    )
+
+
+def _design_decided(state: ProtocolState, gate: Gate, answer: str) -> Out:
+    if answer == "revise":
+        return design_round(state, state.design_round + 1)
+    if state.visual_asked:
+        return enter_build(state, state.cycle, [])
+    return open_gate(
+        replace(state, visual_asked=True),
+        Gate(name="visual.opt_in", role="visual.opt_in", answers=OPT_IN),
+        "opt_in",
+        "Work out the visual design before building?",
+    )
+
+
+def _visual_chosen(state: ProtocolState, gate: Gate, answer: str) -> Out:
+    if answer == "yes":
+        return enter_visual(state)
+    return enter_build(state, state.cycle, [])
+
+
+def _visual_planned(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    plan = results.text(pending.step, result, "plan")
+    return open_gate(
+        state,
+        Gate(
+            name=f"visual.accept.{state.cycle}", role="visual.accept", answers=("accept", "waive")
+        ),
+        "approval",
+        "Accept the visual design plan, or waive it?",
+        {"plan": plan},
+    )
+
+
+def _visual_decided(state: ProtocolState, gate: Gate, answer: str) -> Out:
+    return enter_build(state, state.cycle, [])
+
+
+# --- BUILD -------------------------------------------------------------------------------
+
+
+def _decomposed(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    items = results.work_items(pending.step, result)
+    state = replace(state, items=tuple(item["id"] for item in items))
+    if not items:
+        return verify_chain(state)
+    plans = (
+        Plan(f"build.implement.{state.cycle}.{i}", "build.implement", {"item": item}, item["id"])
+        for i, item in enumerate(items)
+    )
+    return schedule(state, *plans)
+
+
+def _implemented(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    question = results.ambiguity(pending.step, result)
+    if question is not None:
+        state = replace(state, ambiguities=(*state.ambiguities, question))
+    unsettled = any(p.kind == "build.implement" for p in state.pending) or any(
+        g.failed is not None and g.failed.kind == "build.implement" for g in state.gates
+    )
+    if unsettled:
+        return unchanged(state)
+    if state.ambiguities:
+        return enter_design(state, state.cycle + 1, "\n".join(state.ambiguities))
+    return verify_chain(state)
+
+
+def _verified(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    results.passed(pending.step, result)
+    return unchanged(state)
+
+
+def _integrated(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    branch = results.text(pending.step, result, "branch")
+    return enter_review(replace(state, branch=branch), state.cycle)
+
+
+# --- REVIEW ------------------------------------------------------------------------------
+
+
+def _collected(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    given = {"feedback": results.feedback(pending.step, result), "round": state.review_rounds}
+    return schedule(state, Plan(f"review.triage.{state.cycle}", "review.triage", given))
+
+
+def _triaged(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    findings = results.findings(pending.step, result)
+    state = replace(state, review_rounds=state.review_rounds + 1)
+    if not findings:
+        return after_review(state)
+    if not any(f.ambiguous for f in findings):
+        return enter_build(state, state.cycle + 1, [asdict(f) for f in findings])
+    return enter_design(state, state.cycle + 1, "\n".join(f.text for f in findings))
+
+
+def _noted(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    """A step whose result the protocol does not read (its successor already waits on it)."""
+    return unchanged(state)
+
+
+ON_SUCCESS: Mapping[str, OnSuccess] = {
+    "design.interview": _interviewed,
+    "design.research": _noted,
+    "design.synthesize": _noted,
+    "design.spec": _specified,
+    "visual.inventory": _noted,
+    "visual.plan": _visual_planned,
+    "build.decompose": _decomposed,
+    "build.implement": _implemented,
+    "build.verify": _verified,
+    "build.integrate": _integrated,
+    "review.demo": _noted,
+    "review.collect": _collected,
+    "review.triage": _triaged,
+}
+
+ON_ANSWER: Mapping[str, OnAnswer] = {
+    "design.q": _question_answered,
+    "design.accept": _design_decided,
+    "visual.opt_in": _visual_chosen,
+    "visual.accept": _visual_decided,
+}
