@@ -80,7 +80,16 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def commit_all(worktree: Path, message: str) -> str:
-    """Commits every change in ``worktree`` (none: no commit); the sha of HEAD after."""
+    """Commits every change in ``worktree`` (none: no commit); the sha of HEAD after.
+
+    Refuses unless ``worktree`` is itself the top of a git work tree: git searches parent
+    directories for a repository, and committing "everything" into an enclosing repository
+    (say, the one vibey runs from) must never happen."""
+    top = Path(git(worktree, "rev-parse", "--show-toplevel")).resolve()
+    if top != worktree.resolve():
+        raise WorkspaceError(
+            f"{worktree} is not a git worktree of its own (git found {top}); refusing to commit"
+        )
     git(worktree, "add", "--all")
     staged = subprocess.run(
         ["git", "diff", "--cached", "--quiet"], cwd=worktree, capture_output=True, check=False
@@ -118,7 +127,8 @@ class Workspace:
     """The projects' repositories and worktrees under ``root``."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
+        # Absolute: git resolves a relative worktree path against the repository, not us.
+        self.root = root.resolve()
 
     def project_dir(self, project: str) -> Path:
         return self.root / checked_name(project, "project id")

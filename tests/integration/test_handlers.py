@@ -360,3 +360,30 @@ def test_the_command_engine_implements_in_the_worktree(
     assert outcome.result["branch"] == "vibey/c0/api"
     committed = git(repo(tmp_path), "show", "--name-only", "--format=", "vibey/c0/api")
     assert committed == "api.py"
+
+
+def test_commit_all_refuses_a_directory_inside_another_repository(tmp_path: Path) -> None:
+    from actors.worktrees import WorkspaceError, commit_all, git
+
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    git(outer, "init", "--quiet", "-b", "main")
+    inner = outer / "not-a-worktree"
+    inner.mkdir()
+    (inner / "file.txt").write_text("x")
+    with pytest.raises(WorkspaceError, match="not a git worktree of its own"):
+        commit_all(inner, "must not happen")
+    assert git(outer, "status", "--porcelain") == "?? not-a-worktree/"
+
+
+def test_a_relative_workspace_root_makes_worktrees_where_it_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.worktrees import Workspace, git
+
+    monkeypatch.chdir(tmp_path)
+    workspace = Workspace(Path("rel/work"))
+    path = workspace.worktree("proj", 0, "item")
+    assert path == tmp_path / "rel" / "work" / "proj" / "worktrees" / "c0-item"
+    assert (path / ".git").is_file()
+    assert Path(git(path, "rev-parse", "--show-toplevel")) == path
