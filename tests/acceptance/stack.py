@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class Stack:
     logs: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     config: Path | None = None  # a vibey.toml for every command and worker
+    _logs: list[Any] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -84,6 +86,7 @@ class Stack:
 
     def start_worker(self, *, processes: int = 1, threads: int = 8) -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
+        self._logs.append(log)
         proc = subprocess.Popen(
             [VIBEY, "worker", "--processes", str(processes), "--threads", str(threads)],
             env=self.env,
@@ -111,6 +114,8 @@ class Stack:
             # SIGTERM stops the supervisor; make sure its children are gone too.
             with suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        for log in self._logs:
+            log.close()
 
     def worker_log(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs.glob("*.log"))
@@ -145,29 +150,47 @@ class Stack:
                     f"not finished in {deadline_s}s: {states}\nanswered: {answered}\n"
                     f"{self.worker_log()}"
                 )
-            progressed = False
-            for gate in self.open_gates():
-                if gate["project"] not in projects or gate["project"] in done:
-                    continue
-                reply = answer(gate)
-                if reply is None:
-                    done[gate["project"]] = self.status(gate["project"])
-                    continue
-                self.vibey("gate", "answer", gate["id"], reply, "--by", "e2e")
-                answered.append((gate["project"], gate["name"] or gate["kind"], reply))
-                progressed = True
-            for project in projects:
-                if project in done:
-                    continue
-                status = self.status(project)
-                wf = status["workflow"]
-                if wf["status"] in ("completed", "failed", "cancelled") or (
-                    until is not None and until(status)
-                ):
-                    done[project] = status
-            if not progressed:
+            waiting = [p for p in projects if p not in done]
+            replies = self._answer_gates(waiting, answer, done)
+            answered += [(g["project"], g["name"] or g["kind"], r) for g, r in replies]
+            self._collect_finished(waiting, until, done)
+            if not replies:
                 time.sleep(0.2)
         return done
+
+    def _answer_gates(
+        self, projects: list[str], answer: Answerer, done: dict[str, Any]
+    ) -> list[tuple[Any, str]]:
+        replies: list[tuple[Any, str]] = []
+        for gate in self.open_gates():
+            if gate["project"] not in projects:
+                continue
+            reply = answer(gate)
+            if reply is None:
+                done[gate["project"]] = self.status(gate["project"])
+            else:
+                replies.append((gate, reply))
+        with ThreadPoolExecutor(max_workers=4) as pool:  # as several people would
+            list(pool.map(lambda r: self.vibey("gate", "answer", r[0]["id"], r[1]), replies))
+        return replies
+
+    def _collect_finished(
+        self, projects: list[str], until: Callable[[Any], bool] | None, done: dict[str, Any]
+    ) -> None:
+        finished = {
+            wf["project"]
+            for wf in self.json("workflow", "list", "--limit", "1000")["workflows"]
+            if wf["status"] in ("completed", "failed", "cancelled")
+        }
+        for project in projects:
+            if project in done:
+                continue
+            if project in finished:
+                done[project] = self.status(project)
+            elif until is not None:
+                status = self.status(project)
+                if until(status):
+                    done[project] = status
 
 
 @contextmanager
