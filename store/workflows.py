@@ -198,6 +198,8 @@ class WorkflowStore(WorkflowReads):
                 event = StepSucceeded(step=job.step, result=dict(result or {}))
         elif settled.state is JobState.FAILED and failure is not None:
             event = StepFailed(step=job.step, failure_class=failure[0], detail=failure[1])
+            why = f"cancelled: step {job.step} failed for good"
+            conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
         if event is not None:
             self._record(conn, workflow, event, outbox)
         return settled

@@ -39,9 +39,10 @@ class TinyState:
 class Tiny:
     name = "tiny"
 
-    def __init__(self, version: int = 1, *, gate_name: str = "g") -> None:
+    def __init__(self, version: int = 1, *, gate_name: str = "g", chain: bool = False) -> None:
         self.version = version
         self._gate = gate_name
+        self._chain = chain  # also schedule ``b`` after ``a`` (and ``c`` after ``b``)
 
     def initial(self) -> TinyState:
         return TinyState()
@@ -50,7 +51,14 @@ class Tiny:
         match event:
             case Started():
                 step = ScheduleStep(step="a", kind="design.research", input={"x": 1})
-                return Decision(replace(state, stage="a"), (TransitionPhase("design", 0), step))
+                more: tuple[ScheduleStep, ...] = ()
+                if self._chain:
+                    more = (
+                        ScheduleStep(step="b", kind="design.synthesize", after=("a",)),
+                        ScheduleStep(step="c", kind="design.spec", after=("b",)),
+                    )
+                phase = TransitionPhase("design", 0)
+                return Decision(replace(state, stage="a"), (phase, step, *more))
             case StepSucceeded(step="a"):
                 gate = OpenGate(self._gate, "approval", "Go on?", ("yes", "no", "boom"))
                 return Decision(replace(state, stage="gate"), (gate,))

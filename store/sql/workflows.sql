@@ -100,3 +100,15 @@ ORDER BY created_at, id
 SELECT g.*, now() AS now FROM gate g
 WHERE g.answered_at IS NULL AND (%(project_id)s::text IS NULL OR g.project_id = %(project_id)s)
 ORDER BY g.opened_at, g.id
+
+-- name: cancel_dependents
+-- A step that failed for good never releases the steps waiting on it; they are cancelled
+-- (transitively) so nothing waits forever. The workflow decides what runs instead.
+WITH RECURSIVE doomed (id) AS (
+    SELECT d.job_id FROM job_dependency d WHERE d.depends_on = %(job_id)s
+    UNION
+    SELECT d.job_id FROM job_dependency d JOIN doomed ON d.depends_on = doomed.id
+)
+UPDATE job
+SET state = 'cancelled', updated_at = now(), settled_at = now(), last_error = %(why)s
+WHERE id IN (SELECT id FROM doomed) AND state = 'ready'

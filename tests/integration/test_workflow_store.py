@@ -252,6 +252,32 @@ def test_a_step_that_spends_its_attempts_reaches_the_workflow_as_a_failure(
     assert failed == {"type": "step_failed", "step": "a", "failure_class": "work", "detail": "no 4"}
 
 
+def test_the_steps_waiting_on_a_step_that_failed_for_good_are_cancelled(
+    pool: ConnectionPool, jobs: PostgresJobRepository
+) -> None:
+    store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny(chain=True)]))
+    wf = store.start("p13", definition="tiny").workflow
+    for _ in range(5):
+        job = claim_one(jobs, "p13")
+        assert job.step == "a"
+
+        def settle(conn: psycopg.Connection, outbox: list[int] | None, job: Job = job) -> object:
+            return jobs.nack_txn(
+                conn,
+                job.lease,
+                error="no",
+                failure_class=FailureClass.WORK,
+                retry_in=timedelta(0),
+                outbox=outbox,
+            )
+
+        jobs.dispatching_transaction(
+            store.settle_txn, job, settle, failure=(FailureClass.WORK, "no")
+        )
+    states = {row["step"]: row["state"] for row in store.steps(wf.id)}
+    assert states == {"a": "failed", "b": "cancelled", "c": "cancelled"}
+
+
 def test_history_is_append_only(store: WorkflowStore, pool: ConnectionPool) -> None:
     wf = store.start("p11", definition="tiny").workflow
     with pool.connection() as conn, pytest.raises(psycopg.errors.RaiseException, match="append"):
