@@ -25,6 +25,7 @@ Exceptions::
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -92,6 +93,7 @@ __all__ = [
 ]
 
 WORKFLOW_ERROR = "workflow_error"
+REPLAY_CACHE = 10_000
 WORKFLOW_ERROR_ANSWERS = ("retry", "cancel")
 
 
@@ -108,6 +110,8 @@ class WorkflowStore(WorkflowReads):
         self._jobs = jobs
         self._registry = registry
         self._clock = clock
+        # Workflows whose history this process has replayed (or made): bounded, oldest out.
+        self._replayed: OrderedDict[tuple[UUID, str, int], None] = OrderedDict()
 
     @property
     def registry(self) -> Registry:
@@ -275,6 +279,7 @@ class WorkflowStore(WorkflowReads):
             header, encoded = ruled, None
         else:
             definition = self._registry.get(workflow.definition, workflow.version)
+            self._check_replays(conn, workflow)
             state = definition.decode_state(workflow.state)
             header, decision = apply(definition, workflow.header, state, event, now)
             produced, encoded = decision.commands, definition.encode_state(decision.state)
@@ -289,6 +294,24 @@ class WorkflowStore(WorkflowReads):
         self._carry_out(conn, workflow, header, produced, outbox)
         last = max(seq, workflow.last_seq)
         return self._save(conn, workflow, header, encoded, last_seq=last, applied_seq=seq)
+
+    def _check_replays(self, conn: Conn, workflow: Workflow) -> None:
+        """The non-determinism guard: the first time this process touches a workflow, replay
+        its history through the definition this process runs. A definition changed under the
+        same version raises here, and the event blocks the workflow behind a gate instead of
+        being decided by code that would not have made the history it extends."""
+        key = (workflow.id, workflow.definition, workflow.version)
+        if workflow.applied_seq == 0 or key in self._replayed:
+            return
+        divergence = self._diverges(workflow, self._history(conn, workflow.id))
+        if divergence is not None:
+            raise WorkflowError(
+                f"non-determinism: {divergence} (the {workflow.definition} v{workflow.version} "
+                "this process runs does not reproduce the workflow's history)"
+            )
+        self._replayed[key] = None
+        while len(self._replayed) > REPLAY_CACHE:
+            self._replayed.popitem(last=False)
 
     def _carry_out(
         self,

@@ -205,6 +205,28 @@ def test_verify_detects_a_changed_definition_and_blocks_the_workflow(
     assert any(g.kind == "workflow_error" for g, _ in changed.inbox("p8"))
 
 
+def test_a_worker_running_a_changed_definition_blocks_the_workflow_at_its_next_event(
+    pool: ConnectionPool, jobs: PostgresJobRepository
+) -> None:
+    good = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny()]))
+    wf = good.start("p14", definition="tiny").workflow
+    succeed(good, jobs, claim_one(jobs, "p14"))  # opens gate g
+    gate = gate_id(good, "p14")
+    # The same name and version, different code: a process running it must not decide.
+    drifted = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny(gate_name="h")]))
+    assert drifted.answer(gate, "yes", by="ann").status is AnswerStatus.ANSWERED
+    blocked = drifted.get(wf.id)
+    assert blocked.status is Status.BLOCKED
+    assert "non-determinism" in (blocked.reason or "") and "gate g" in (blocked.reason or "")
+    assert (blocked.last_seq, blocked.applied_seq) == (3, 2)
+    assert jobs.claim("p14", owner="t") == []  # nothing was scheduled by the drifted code
+    # The right code, once deployed, applies the waiting answer.
+    [error] = [g for g, _ in good.inbox("p14") if g.kind == "workflow_error"]
+    good.answer(error.id, "retry", by="ops")
+    assert good.get(wf.id).status is Status.RUNNING
+    assert claim_one(jobs, "p14").kind == TIMER_KIND
+
+
 def test_cancel_stops_unfinished_steps_and_closes_gates(
     store: WorkflowStore, jobs: PostgresJobRepository
 ) -> None:
