@@ -21,13 +21,27 @@ venv:
         touch .venv/.installed
     fi
 
-# Bring up the local stack: PostgreSQL and RabbitMQ (reused if they answer), migrations, .env.
+# Local stack (services reused or started, migrations, .env, worker fleet), then the demo at its first gate.
 up: venv
     ops/local/up.sh
 
 # Stop what `just up` started (the services it found running are left alone).
 down:
     ops/local/down.sh
+
+# The worker fleet in the foreground (Ctrl-C drains and stops it); flags as `vibey worker`.
+worker *args: venv
+    #!/usr/bin/env bash
+    set -euo pipefail
+    # The engines' workspace as an absolute path: a relative one would be resolved wherever git runs.
+    ws=$(.venv/bin/python -c 'from vibey.settings import load_settings; print(load_settings().engine.workspace)')
+    [[ $ws == /* ]] || ws=$PWD/$ws
+    VIBEY_ENGINE_WORKSPACE=$ws exec .venv/bin/vibey worker {{args}}
+
+# Start the demo workflow (idempotent) and list the gates it waits at.
+demo: venv
+    .venv/bin/vibey workflow start demo --script ops/demo/demo.toml
+    .venv/bin/vibey gate list --project demo
 
 # Apply the migrations to $VIBEY_PG_URL.
 migrate: venv
