@@ -176,7 +176,7 @@ def test_a_worker_sigkilled_mid_build_loses_nothing(
 work_items = [{ id = "a", title = "A" }, { id = "b", title = "B" }, { id = "c", title = "C" }]
 
 [timing]
-step_seconds = { "build.implement" = 1.5 }
+step_seconds = { "build.implement" = 4 }
 """,
     )
     first = e2e.start_worker(processes=2, threads=4)
@@ -188,9 +188,7 @@ step_seconds = { "build.implement" = 1.5 }
         )
 
     e2e.drive(["crash"], until=implementing)
-    leased = sql(pg_url, "SELECT count(*) FROM job WHERE state = 'leased'")[0][0]
-    assert leased >= 1
-    e2e.kill_worker(first)  # SIGKILL to the whole process group, mid-step
+    e2e.kill_worker(first)  # SIGKILL to the whole process group, mid-step (each takes 4 s)
     e2e.start_worker(processes=2, threads=4)
     final = e2e.drive(["crash"], deadline_s=240)["crash"]["workflow"]
     assert (final["status"], final["completion_mode"]) == ("completed", "local")
