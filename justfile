@@ -76,3 +76,4 @@ fmt: venv
 bench: venv
     {{python}} ops/bench/claim_ack.py
     {{python}} ops/bench/steps.py
+    {{python}} ops/bench/workflows.py

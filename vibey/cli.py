@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -107,6 +108,9 @@ def _launch(
         return _fail(exc, ExitCode.UNAVAILABLE, verbose=verbose)
     except StoreError as exc:
         return _fail(exc, ExitCode.FAILURE, verbose=verbose)
+    except BrokenPipeError:  # the reader left (`vibey gate list | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.OK
     except Exception as exc:  # noqa: BLE001 - the last stop: a bug still ends in one line
         hint = "" if verbose else " (run with -v for the traceback)"
         return _fail(exc, ExitCode.FAILURE, verbose=verbose, prefix="internal error: ", hint=hint)
