@@ -333,3 +333,5 @@ _live = _workflow.c.status.in_([WorkflowStatus.RUNNING, WorkflowStatus.BLOCKED])
 Index("workflow_one_live_per_project", _workflow.c.project_id, unique=True, postgresql_where=_live)
 Index("workflow_by_project", _workflow.c.project_id, _workflow.c.created_at.desc())
 Index("workflow_live", _workflow.c.updated_at, postgresql_where=_live)
+
+from store.models_ledger import *  # noqa: E402,F403

@@ -87,7 +87,15 @@ def test_all_migrations_apply_and_are_recorded_with_checksums(empty_pg_url: str)
     assert query(
         empty_pg_url, "SELECT count(*) FROM schema_migrations WHERE applied_at IS NULL"
     ) == [(0,)]
-    for table in ("job", "job_dependency", "gate", "workflow", "workflow_history"):
+    for table in (
+        "job",
+        "job_dependency",
+        "gate",
+        "workflow",
+        "workflow_history",
+        "ledger_event",
+        "ledger_head",
+    ):
         assert table_exists(empty_pg_url, table), table
 
 
@@ -231,6 +239,8 @@ def test_models_match_the_migrated_schema(empty_pg_url: str) -> None:
         "gate",
         "workflow",
         "workflow_history",
+        "ledger_event",
+        "ledger_head",
         "schema_migrations",
     }
     assert models.JobRow.__tablename__ == "job"
