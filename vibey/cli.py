@@ -37,6 +37,7 @@ from store import migrate as migrations
 from store.errors import DatabaseUnavailable, StoreError
 from store.pool import redact
 from vibey.cli_gate import gate_app
+from vibey.cli_ledger import ledger_app
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
 from vibey.settings import (
@@ -74,6 +75,7 @@ app = App(
 )
 app.command(workflow_app)
 app.command(gate_app)
+app.command(ledger_app)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )
