@@ -78,7 +78,7 @@ def vibey_json(env: Mapping[str, str], *args: str) -> Any:
 def group_members(pgid: int) -> list[str]:
     """The live (not zombie) processes of the process group: "pid stat args" each."""
     out = subprocess.run(
-        ["ps", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True, check=True
+        ["ps", "-ww", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True, check=True
     ).stdout
     members = []
     for line in out.splitlines():
