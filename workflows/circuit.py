@@ -35,6 +35,7 @@ from typing import TypeAlias
 from workflows.capacity import (
     AuthenticationFailed,
     Available,
+    BackoffProbe,
     CapacityState,
     CreditsExhausted,
     DeadlineProbe,
@@ -92,6 +93,8 @@ class Circuit:
             )
         if self.consecutive_failures < 0 or self.probes < 0:
             raise ValueError("failure and probe counts are never negative")
+        if isinstance(self.probe, BackoffProbe) and self.probe.attempt != self.probes + 1:
+            raise ValueError("the next backoff probe is attempt probes + 1")
 
     @property
     def is_open(self) -> bool:
@@ -125,6 +128,17 @@ def half_open(circuit: Circuit, now: datetime) -> Circuit:
     if not circuit.probe_due(now):
         return circuit
     return replace(circuit, status=CircuitStatus.HALF_OPEN)
+
+
+def reauthenticated(circuit: Circuit, now: datetime) -> Circuit:
+    """A doctor pass: a circuit held open by a failed login is due for its probe at once (the
+    probe, not the doctor, closes it). Any other circuit is unchanged."""
+    probe = circuit.probe
+    if not circuit.is_open or not isinstance(circuit.capacity, AuthenticationFailed):
+        return circuit
+    if probe is None or probe.at <= now:
+        return circuit
+    return replace(circuit, probe=replace(probe, at=now))
 
 
 def _open(circuit: Circuit, capacity: CapacityState, now: datetime) -> Circuit:

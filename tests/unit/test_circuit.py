@@ -35,6 +35,7 @@ from workflows.circuit import (
     StepEvent,
     Success,
     half_open,
+    reauthenticated,
     record,
     settle_verdict,
 )
@@ -181,6 +182,19 @@ def test_a_half_open_engine_failure_reopens_at_once() -> None:
     probing = half_open(opened, opened.probe.at)
     reopened = record(probing, FailureClass.ENGINE, opened.probe.at)
     assert reopened.is_open and reopened.probes == 1
+
+
+def test_a_doctor_pass_makes_a_failed_login_due_for_its_probe_now() -> None:
+    locked_out = record(Circuit("claude"), CapacityRejected(AuthenticationFailed("401")), NOW)
+    later = NOW + timedelta(seconds=10)
+    assert not locked_out.admits(later)
+    due = reauthenticated(locked_out, later)
+    assert due.admits(later) and due.is_open
+    assert due.probe == BackoffProbe(later, 1)
+    # Nothing else is changed by a doctor pass.
+    credits = record(Circuit("claude"), CapacityRejected(CreditsExhausted()), NOW)
+    for circuit in (Circuit("claude"), credits, due):
+        assert reauthenticated(circuit, later) == circuit
 
 
 @given(history=histories)
