@@ -334,4 +334,5 @@ Index("workflow_one_live_per_project", _workflow.c.project_id, unique=True, post
 Index("workflow_by_project", _workflow.c.project_id, _workflow.c.created_at.desc())
 Index("workflow_live", _workflow.c.updated_at, postgresql_where=_live)
 
+from store.models_engines import *  # noqa: E402,F403
 from store.models_ledger import *  # noqa: E402,F403

@@ -95,6 +95,7 @@ def test_all_migrations_apply_and_are_recorded_with_checksums(empty_pg_url: str)
         "workflow_history",
         "ledger_event",
         "ledger_head",
+        "engine_health",
     ):
         assert table_exists(empty_pg_url, table), table
 
@@ -241,6 +242,7 @@ def test_models_match_the_migrated_schema(empty_pg_url: str) -> None:
         "workflow_history",
         "ledger_event",
         "ledger_head",
+        "engine_health",
         "schema_migrations",
     }
     assert models.JobRow.__tablename__ == "job"
