@@ -23,8 +23,9 @@ and R9 are waived; R6, R8 and R10 still hold.
 What the gate reads from the range (``workflows.ledger``): open questions, decisions,
 assumptions and findings come from :func:`workflows.ledger.open_items` (payload ``"id"``,
 closed by a later payload's ``"closes"``); an ``ArtifactProduced`` is named by its
-:func:`~workflows.ledger.item_id`; a ``VerdictRendered`` with ``"work_item"`` and
-``"passed": true`` finishes a work item; a ``BudgetSpent`` adds its ``"usd"`` and ``"turns"``.
+:func:`~workflows.ledger.item_id`; a ``VerdictRendered`` that names a ``"work_item"`` and says
+``"verdict": "pass"`` (or ``"passed": true``) finishes that work item; a ``BudgetSpent`` adds
+its ``"dollars"`` and ``"turns"`` (absent: 0; anything but a number fails R8).
 Events of kinds this vibey does not know count for R6 and nothing else.
 """
 
@@ -98,7 +99,7 @@ class BriefItem:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    usd: Decimal = Decimal(0)
+    dollars: Decimal = Decimal(0)
     turns: int = 0
 
 
@@ -245,38 +246,39 @@ def _closure(what: str, owed: frozenset[str], carried: Iterable[BriefItem]) -> s
 def _passed_work(ledger_range: Iterable[LedgerEvent]) -> frozenset[str]:
     done: set[str] = set()
     for event in ledger_range:
-        item, passed = event.payload.get("work_item"), event.payload.get("passed")
-        if event.kind is EventKind.VerdictRendered and isinstance(item, str) and passed is True:
+        item, payload = event.payload.get("work_item"), event.payload
+        passed = payload.get("verdict") == "pass" or payload.get("passed") is True
+        if event.kind is EventKind.VerdictRendered and isinstance(item, str) and passed:
             done.add(item)
     return frozenset(done)
 
 
 def _spent(ledger_range: Iterable[LedgerEvent]) -> Budget | None:
-    usd, turns = Decimal(0), 0
+    dollars, turns = Decimal(0), 0
     for event in ledger_range:
         if event.kind is not EventKind.BudgetSpent:
             continue
-        cost, count = event.payload.get("usd", 0), event.payload.get("turns", 0)
+        cost, count = event.payload.get("dollars", 0), event.payload.get("turns", 0)
         if isinstance(cost, bool) or not isinstance(cost, int | float | str):
             return None
         if isinstance(count, bool) or not isinstance(count, int):
             return None
         try:
-            usd += Decimal(str(cost))
+            dollars += Decimal(str(cost))
         except InvalidOperation:
             return None
         turns += count
-    return Budget(usd=usd, turns=turns)
+    return Budget(dollars=dollars, turns=turns)
 
 
 def _budget_carry(spent: Budget | None, carried: Budget) -> str | None:
     if spent is None:
         return "a BudgetSpent event in the range is not a number, so no budget can be carried"
-    if (spent.usd, spent.turns) == (carried.usd, carried.turns):
+    if (spent.dollars, spent.turns) == (carried.dollars, carried.turns):
         return None
     return (
-        f"the brief carries ${carried.usd} and {carried.turns} turns spent; "
-        f"the range spent ${spent.usd} and {spent.turns} turns"
+        f"the brief carries ${carried.dollars} and {carried.turns} turns spent; "
+        f"the range spent ${spent.dollars} and {spent.turns} turns"
     )
 
 

@@ -82,9 +82,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     raw += [(EventKind.AnswerGiven, {"closes": f"a{i}"}) for i in assumptions if i in settled]
     raw += [(EventKind.FindingResolved, {"closes": f"f{i}"}) for i in findings if i in resolved]
     raw += [(EventKind.ArtifactProduced, {"id": f"art{i}"}) for i in artifacts]
-    raw += [(EventKind.BudgetSpent, {"usd": c / 100, "turns": t}) for c, t in spends]
+    raw += [(EventKind.BudgetSpent, {"dollars": c / 100, "turns": t}) for c, t in spends]
     raw += [
-        (EventKind.VerdictRendered, {"work_item": f"w{i}", "passed": True})
+        (EventKind.VerdictRendered, {"work_item": f"w{i}", "verdict": "pass"})
         for i in work
         if i in passed
     ]
@@ -108,7 +108,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         findings=items([f"f{i}" for i in findings if i not in resolved]),
         artifacts=items([f"art{i}" for i in artifacts]),
         budget=Budget(
-            usd=sum((Decimal(c) / 100 for c, _ in spends), Decimal(0)),
+            dollars=sum((Decimal(c) / 100 for c, _ in spends), Decimal(0)),
             turns=sum(t for _, t in spends),
         ),
         constraints=items([f"c{i}" for i in constraints]),
@@ -164,7 +164,7 @@ def test_full_transcript_mode_waives_only_the_closure_rules(
     if broken == "digest":
         brief = replace(brief, range_digest="0" * 64)
     elif broken == "budget":
-        brief = replace(brief, budget=Budget(brief.budget.usd + 1, brief.budget.turns))
+        brief = replace(brief, budget=Budget(brief.budget.dollars + 1, brief.budget.turns))
     else:
         brief = replace(brief, decisions=(BriefItem("d-new", negates=("goal",)),))
     expected = {"digest": Rule.R6, "budget": Rule.R8, "negation": Rule.R10}[broken]
@@ -252,25 +252,27 @@ def test_r6_names_what_is_wrong() -> None:
 
 def test_r8_the_budget_must_match_what_the_range_spent() -> None:
     events = (
-        event(1, EventKind.BudgetSpent, {"usd": 0.1, "turns": 2}),
-        event(2, EventKind.BudgetSpent, {"usd": 0.2, "turns": 3}),
+        event(1, EventKind.BudgetSpent, {"dollars": 0.1, "turns": 2}),
+        event(2, EventKind.BudgetSpent, {"engine": "codex", "dollars": 0.2, "turns": 3}),
     )
     brief = HandoffBrief(budget=Budget(Decimal("0.3"), 5), range_digest=digest_range(events))
     assert verify(brief, events, Spec()).passed  # 0.1 + 0.2 is exactly 0.3 here
     for budget in (Budget(Decimal("0.3"), 4), Budget(Decimal("0.31"), 5), Budget()):
         report = verify(replace(brief, budget=budget), events, Spec())
         assert report.failed_rules == {Rule.R8}
-    bad = (event(1, EventKind.BudgetSpent, {"usd": "lots", "turns": 1}),)
+    bad = (event(1, EventKind.BudgetSpent, {"dollars": "lots", "turns": 1}),)
     report = verify(replace(brief, range_digest=digest_range(bad)), bad, Spec())
     assert report.failed_rules == {Rule.R8}
 
 
 def test_r1_work_with_a_passing_verdict_need_not_be_carried() -> None:
     events = (
-        event(1, EventKind.VerdictRendered, {"work_item": "api", "passed": True}),
-        event(2, EventKind.VerdictRendered, {"work_item": "ui", "passed": False}),
+        event(1, EventKind.VerdictRendered, {"work_item": "api", "verdict": "pass"}),
+        event(2, EventKind.VerdictRendered, {"work_item": "ui", "verdict": "fail"}),
+        event(3, EventKind.VerdictRendered, {"work_item": "cli", "passed": True}),
+        event(4, EventKind.VerdictRendered, {"step": "build.verify.0", "verdict": "pass"}),
     )
-    spec = Spec(work_items=("api", "ui", "docs"))
+    spec = Spec(work_items=("api", "ui", "docs", "cli"))
     brief = HandoffBrief(remaining_work=items(["ui", "docs"]), range_digest=digest_range(events))
     assert verify(brief, events, spec).passed
     report = verify(replace(brief, remaining_work=items(["docs"])), events, spec)
@@ -304,7 +306,7 @@ def test_every_failed_rule_is_named_once_in_rule_order() -> None:
     events = (
         event(1, EventKind.QuestionAsked, {"id": "q1"}),
         event(2, EventKind.FindingRaised, {"id": "f1"}),
-        event(3, EventKind.BudgetSpent, {"usd": 1, "turns": 1}),
+        event(3, EventKind.BudgetSpent, {"dollars": 1, "turns": 1}),
     )
     report = verify(HandoffBrief(), events, Spec())
     assert [f.rule for f in report.failures] == [Rule.R2, Rule.R5, Rule.R6, Rule.R8]
