@@ -209,6 +209,21 @@ def _timestamp(value: Any) -> datetime:
     return parsed
 
 
+def rejection_from_payload(data: Mapping[str, Any]) -> Exhausted:
+    """The capacity state a ``CapacityRejected`` payload reports (its payload is
+    :func:`encode_state` of the state, other keys ignored). A payload that names no exhausted
+    state, or a malformed one, is read as :class:`CreditsExhausted`: a rejection is never
+    dropped, and without a valid reset time nothing waits for a time."""
+    known = {key: data[key] for key in ("state", "resets_at", "detail") if key in data}
+    try:
+        state = decode_state(known)
+    except CapacityCodecError as exc:
+        return CreditsExhausted(detail=f"unreadable capacity rejection: {exc}")
+    if isinstance(state, Available):
+        return CreditsExhausted(detail="a capacity rejection that reported Available")
+    return state
+
+
 def from_columns(kind: str, resets_at: datetime | None, detail: str) -> CapacityState:
     """A state from ``engine_health``'s columns; the same rules as :func:`decode_state`."""
     data: dict[str, Any] = {"state": kind}

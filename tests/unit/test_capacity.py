@@ -25,6 +25,7 @@ from workflows.capacity import (
     decode_state,
     encode_state,
     from_columns,
+    rejection_from_payload,
     resets_at_of,
     schedule_probe,
 )
@@ -192,3 +193,25 @@ def test_from_columns_reads_table_rows_by_the_same_rules() -> None:
         from_columns("CreditsExhausted", NOW, "spent")
     with pytest.raises(CapacityCodecError, match="missing keys"):
         from_columns("WindowExhausted", None, "")
+
+
+@given(state=states.filter(lambda s: not isinstance(s, Available)))
+def test_a_rejection_payload_reads_back_its_state(state: CapacityState) -> None:
+    payload = {**encode_state(state), "engine": "claude"}
+    assert rejection_from_payload(payload) == state
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"state": "Available"},
+        {"state": "WindowExhausted", "detail": "429"},
+        {"state": "CreditsExhausted", "detail": "", "resets_at": "2026-01-01T00:00:00+00:00"},
+        {"state": "RateLimited"},
+    ],
+)
+def test_an_unreadable_rejection_is_still_a_rejection_and_never_a_deadline(
+    payload: dict[str, object],
+) -> None:
+    assert isinstance(rejection_from_payload(payload), CreditsExhausted)
