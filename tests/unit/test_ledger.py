@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from workflows.ledger import (
@@ -245,9 +245,9 @@ def test_digest_survives_a_json_round_trip(payload: dict[str, Any]) -> None:
     assert digest("ArtifactProduced", back) == digest("ArtifactProduced", payload)
 
 
-@given(payloads, payloads)
-def test_different_payloads_have_different_digests(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assume(canonical_json(a) != canonical_json(b))
+@given(st.lists(payloads, min_size=2, max_size=2, unique_by=canonical_json))
+def test_different_payloads_have_different_digests(pair: list[dict[str, Any]]) -> None:
+    a, b = pair
     assert digest("FindingRaised", a) != digest("FindingRaised", b)
 
 
@@ -258,6 +258,7 @@ def test_the_kind_is_part_of_the_digest() -> None:
 # --- the range fold -------------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(ranges)
 def test_the_fold_is_the_documented_one(items: list[tuple[Any, dict[str, Any]]]) -> None:
     events = numbered(items)
@@ -268,29 +269,44 @@ def test_an_empty_range_is_the_domain_hash() -> None:
     assert digest_range([]) == hashlib.sha256(b"vibey.ledger.range/1").hexdigest()
 
 
-@given(ranges, st.data())
+def content(item: tuple[Any, dict[str, Any]]) -> str:
+    return canonical_json([item[0].name, item[1]])
+
+
+# At least two events, no two alike: every reordering but the identity changes the content.
+distinct_ranges = st.lists(
+    st.tuples(any_kinds, payloads), min_size=2, max_size=8, unique_by=content
+)
+
+
+def reordering(data: st.DataObject, n: int) -> list[int]:
+    """A permutation of range(n) that is not the identity (n >= 2)."""
+    order = list(data.draw(st.permutations(range(n))))
+    if order == sorted(order):
+        order[0], order[1] = order[1], order[0]
+    return order
+
+
+@settings(deadline=None)
+@given(distinct_ranges, st.data())
 def test_any_reordering_changes_the_range_digest(
     items: list[tuple[Any, dict[str, Any]]], data: st.DataObject
 ) -> None:
-    order = data.draw(st.permutations(range(len(items))))
-    moved = [items[i] for i in order]
-    assume(
-        [canonical_json([k.name, p]) for k, p in moved]
-        != [canonical_json([k.name, p]) for k, p in items]
-    )
+    moved = [items[i] for i in reordering(data, len(items))]
     assert digest_range(numbered(moved)) != digest_range(numbered(items))
 
 
-@given(ranges, st.data())
+@settings(deadline=None)
+@given(st.lists(st.tuples(any_kinds, payloads), min_size=2, max_size=8), st.data())
 def test_reordering_the_stored_rows_changes_the_range_digest(
     items: list[tuple[Any, dict[str, Any]]], data: st.DataObject
 ) -> None:
-    events = numbered(items)
-    order = data.draw(st.permutations(range(len(events))))
-    assume(list(order) != sorted(order))
-    assert digest_range([events[i] for i in order]) != digest_range(events)
+    events = numbered(items)  # identical events included: their seqs still differ
+    moved = [events[i] for i in reordering(data, len(events))]
+    assert digest_range(moved) != digest_range(events)
 
 
+@settings(deadline=None)
 @given(ranges, st.data(), any_kinds, payloads)
 def test_an_insertion_changes_the_range_digest(
     items: list[tuple[Any, dict[str, Any]]], data: st.DataObject, kind: Any, payload: Any
@@ -300,6 +316,7 @@ def test_an_insertion_changes_the_range_digest(
     assert digest_range(numbered(longer)) != digest_range(numbered(items))
 
 
+@settings(deadline=None)
 @given(ranges, st.data())
 def test_a_removal_changes_the_range_digest(
     items: list[tuple[Any, dict[str, Any]]], data: st.DataObject
@@ -312,6 +329,7 @@ def test_a_removal_changes_the_range_digest(
     assert digest_range(shorter) != digest_range(events)
 
 
+@settings(deadline=None)
 @given(ranges, st.data(), payloads)
 def test_a_changed_payload_changes_the_range_digest(
     items: list[tuple[Any, dict[str, Any]]], data: st.DataObject, payload: dict[str, Any]
@@ -326,6 +344,7 @@ def test_a_changed_payload_changes_the_range_digest(
     assert digest_range(changed) != digest_range(events)
 
 
+@settings(deadline=None)
 @given(ranges, unknown_names, payloads, st.data())
 def test_unrecognised_kinds_are_kept_in_the_range(
     items: list[tuple[Any, dict[str, Any]]], name: str, payload: Any, data: st.DataObject
@@ -339,6 +358,7 @@ def test_unrecognised_kinds_are_kept_in_the_range(
 # --- verify ---------------------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(ranges)
 def test_an_intact_ledger_verifies(items: list[tuple[Any, dict[str, Any]]]) -> None:
     events = numbered(items)
