@@ -56,6 +56,8 @@ from actors.worktrees import (
     current_branch,
 )
 from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind
+from workflows.ledger import UnwritableEvent
+from workflows.protocol.ledger import engine_events
 from workflows.queue import Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Success
 
@@ -95,6 +97,10 @@ def build_handlers(context: HandlerContext) -> Handlers:
 def to_outcome(kind: str, verdict: EngineVerdict) -> Outcome:
     """The step's outcome for an engine's verdict (the table in the module docstring)."""
     if verdict.status == "ok":
+        try:  # writers are strict: what the engine says it did must be ledger events we know
+            engine_events(verdict.evidence)
+        except UnwritableEvent as exc:
+            return Failure(FailureClass.ENGINE, f"the engine's evidence: {exc}"[:DETAIL_LIMIT])
         return Success({**verdict.result, "evidence": verdict.evidence})
     if verdict.status == "capacity":
         reason = verdict.detail or "the engine reported no capacity"

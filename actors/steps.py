@@ -171,6 +171,7 @@ class StepRunner:
         settle, label = _settle_write(self._store, job, outcome)
         if self._workflows is not None and job.workflow_id is not None:
             result = outcome.result if isinstance(outcome, Success) else {}
+            evidence = result.get("evidence")
             failure = (
                 (outcome.failure_class, outcome.detail) if isinstance(outcome, Failure) else None
             )
@@ -180,6 +181,7 @@ class StepRunner:
                 settle,
                 result={k: v for k, v in result.items() if k != "evidence"},
                 failure=failure,
+                evidence=evidence if isinstance(evidence, dict) else None,
             )
         else:
             settled = self._store.dispatching_transaction(_plain, settle)

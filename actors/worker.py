@@ -34,6 +34,7 @@ from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames, Topology
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
 from store.pool import open_pool
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
@@ -132,7 +133,10 @@ class Runtime:
             after_commit=self.relay.submit,
         )
         self.workflows = WorkflowStore(
-            pool=self.pool, jobs=self.store, registry=load_registry(config.definitions)
+            pool=self.pool,
+            jobs=self.store,
+            registry=load_registry(config.definitions),
+            ledger=Ledger(self.pool),
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, self._handler_context())

@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository, gate_from_row
+from store.ledger import Ledger
 from store.sql import load
 from store.workflow_reads import (
     GateAnswerOutcome,
@@ -51,6 +52,7 @@ from store.workflow_reads import (
 from workflows.engine import (
     CancelRequested,
     Command,
+    Definition,
     Event,
     GateAnswered,
     Header,
@@ -72,6 +74,7 @@ from workflows.engine import (
     engine_rule,
 )
 from workflows.job import TIMER_KIND, JobState
+from workflows.protocol.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     AnswerStatus,
     EnqueueRequest,
@@ -105,8 +108,12 @@ class WorkflowStore(WorkflowReads):
         jobs: PostgresJobRepository,
         registry: Registry,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        ledger: Ledger | None = None,
     ) -> None:
+        """With ``ledger``, every applied event also appends the ledger events its definition
+        says it produces (a definition's optional ``ledger_events``), in the same transaction."""
         self._pool = pool
+        self._ledger = ledger
         self._jobs = jobs
         self._registry = registry
         self._clock = clock
@@ -183,6 +190,7 @@ class WorkflowStore(WorkflowReads):
         *,
         result: JsonObject | None = None,
         failure: tuple[Any, str] | None = None,
+        evidence: JsonObject | None = None,
         outbox: list[int] | None = None,
     ) -> Settled:
         """A step's fenced settle and its event, one transaction: lock the workflow, run
@@ -204,8 +212,18 @@ class WorkflowStore(WorkflowReads):
             event = StepFailed(step=job.step, failure_class=failure[0], detail=failure[1])
             why = f"cancelled: step {job.step} failed for good"
             conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
+        if evidence and self._ledger is not None:  # what the engine reports it did
+            self._ledger.append_txn(
+                conn,
+                job.project_id,
+                engine_events(evidence),
+                causation_id=str(job.id),
+                correlation_id=str(workflow.id),
+                job_id=job.id,
+                workflow_id=workflow.id,
+            )
         if event is not None:
-            self._record(conn, workflow, event, outbox)
+            self._record(conn, workflow, event, outbox, cause=str(job.id), job_id=job.id)
         return settled
 
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
@@ -248,7 +266,14 @@ class WorkflowStore(WorkflowReads):
     # -- the core: one event through the definition -----------------------------------------
 
     def _record(
-        self, conn: Conn, workflow: Workflow, event: Event, outbox: list[int] | None
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        event: Event,
+        outbox: list[int] | None,
+        *,
+        cause: str | None = None,
+        job_id: UUID | None = None,
     ) -> None:
         now = self._clock()
         seq = workflow.last_seq + 1
@@ -258,7 +283,9 @@ class WorkflowStore(WorkflowReads):
             return
         try:
             with conn.transaction():  # a savepoint: a failed decision leaves nothing behind
-                self._decide(conn, workflow, seq, event, now, outbox, pending=False)
+                self._decide(
+                    conn, workflow, seq, event, now, outbox, pending=False, cause=(cause, job_id)
+                )
         except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
             self._block(conn, workflow, seq, event, now, exc)
 
@@ -272,8 +299,10 @@ class WorkflowStore(WorkflowReads):
         outbox: list[int] | None,
         *,
         pending: bool,
+        cause: tuple[str | None, UUID | None] = (None, None),
     ) -> Workflow:
         ruled = engine_rule(workflow.header, event)
+        definition: Definition[Any] | None = None
         if ruled is not None:  # no definition needed (it may be the thing that is broken)
             produced: tuple[Command, ...] = ()
             header, encoded = ruled, None
@@ -292,8 +321,38 @@ class WorkflowStore(WorkflowReads):
         else:
             self._append(conn, workflow.id, seq, event, commands, now)
         self._carry_out(conn, workflow, header, produced, outbox)
+        if definition is not None and not workflow.status.finished:
+            self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
         return self._save(conn, workflow, header, encoded, last_seq=last, applied_seq=seq)
+
+    def _write_ledger(
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        definition: Definition[Any],
+        event: Event,
+        commands: Sequence[Command],
+        cause: tuple[str | None, UUID | None],
+    ) -> None:
+        hook = getattr(definition, "ledger_events", None)
+        if self._ledger is None or hook is None:
+            return
+
+        def open_findings() -> frozenset[str]:
+            rows = fetch_all(conn, Q["finding_events"], {"project_id": workflow.project_id})
+            return open_finding_ids((r["kind"], r["payload"]) for r in rows)
+
+        events = hook(event, commands, open_findings)
+        self._ledger.append_txn(
+            conn,
+            workflow.project_id,
+            events,
+            causation_id=cause[0],
+            correlation_id=str(workflow.id),
+            job_id=cause[1],
+            workflow_id=workflow.id,
+        )
 
     def _check_replays(self, conn: Conn, workflow: Workflow) -> None:
         """The non-determinism guard: the first time this process touches a workflow, replay

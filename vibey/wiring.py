@@ -19,6 +19,7 @@ from actors.rabbitmq_queue import RabbitMqQueueOptions
 from actors.worker import WorkerConfig, load_object
 from store.db import Pool
 from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
 from store.pool import open_pool
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, SettingsError, check_project_ids
@@ -158,7 +159,9 @@ class WorkflowClient:
             relay_id=self._relay_id,
             after_commit=self._outbox.extend,
         )
-        self.store = WorkflowStore(pool=pool, jobs=self.jobs, registry=registry)
+        self.store = WorkflowStore(
+            pool=pool, jobs=self.jobs, registry=registry, ledger=Ledger(pool)
+        )
 
     def publish(self) -> Dispatch:
         """Send the outbox rows the commits so far wrote; never raises for the broker."""

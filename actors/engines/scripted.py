@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,21 @@ class ScriptedEngine:
         pause = script.step_seconds.get(task.kind, 0.0)
         if pause:
             time.sleep(pause)
-        return answer(script, task)
+        verdict = answer(script, task)
+        return replace(verdict, evidence={**verdict.evidence, "ledger": _turn(task, verdict)})
+
+
+def _turn(task: EngineTask, verdict: EngineVerdict) -> list[dict[str, Any]]:
+    """The ledger events of one scripted turn: requested, completed, and what it cost."""
+    turn = {"kind": task.kind, "subject": task.subject, "attempt": task.attempt}
+    return [
+        {"kind": "TurnRequested", "payload": {"engine": "scripted", **turn}},
+        {
+            "kind": "TurnCompleted",
+            "payload": {"engine": "scripted", "status": verdict.status, **turn},
+        },
+        {"kind": "BudgetSpent", "payload": {"engine": "scripted", "turns": 1, "dollars": 0}},
+    ]
 
 
 def script_of(task: EngineTask) -> Script:

@@ -112,3 +112,9 @@ WITH RECURSIVE doomed (id) AS (
 UPDATE job
 SET state = 'cancelled', updated_at = now(), settled_at = now(), last_error = %(why)s
 WHERE id IN (SELECT id FROM doomed) AND state = 'ready'
+
+-- name: finding_events
+-- The project's findings raised and resolved, in ledger order (what is still open).
+SELECT kind, payload FROM ledger_event
+WHERE project_id = %(project_id)s AND kind IN ('FindingRaised', 'FindingResolved')
+ORDER BY seq

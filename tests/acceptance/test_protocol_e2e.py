@@ -82,6 +82,31 @@ def test_the_demo_runs_to_done_locally(e2e: Stack, pg_url: str) -> None:
     assert "build" in seen and "review" in seen and "deploy_design" not in seen
     assert e2e.json("workflow", "verify", "demo")["ok"] is True
     assert_each_step_committed_once(pg_url, "demo")
+    # The ledger: written in the settles' and answers' transactions, gapless, verifiable.
+    assert "digests match" in e2e.vibey("ledger", "verify", "demo").stdout
+    events = e2e.json("ledger", "show", "demo")["events"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    kinds = {e["kind"] for e in events}
+    for kind in (
+        "SessionSeeded",
+        "PhaseTransitioned",
+        "QuestionAsked",
+        "AnswerGiven",
+        "TurnRequested",
+        "TurnCompleted",
+        "BudgetSpent",
+        "FindingRaised",
+        "FindingResolved",
+        "ArtifactProduced",
+        "VerdictRendered",
+        "DeploymentDeclined",
+        "VisualDesignDeclined",
+        "DecisionRecorded",
+    ):
+        assert kind in kinds, (kind, sorted(kinds))
+    asked = {e["payload"]["id"] for e in events if e["kind"] == "QuestionAsked"}
+    answered = {e["payload"]["closes"] for e in events if e["kind"] == "AnswerGiven"}
+    assert asked == answered, "every question asked was answered"
 
 
 def test_a_run_that_opts_into_deployment_ends_deployed(e2e: Stack, pg_url: str) -> None:

@@ -316,7 +316,10 @@ def test_verdicts_map_to_outcomes(
 
 def test_the_scripted_engine_runs_through_its_handler(handlers: Handlers) -> None:
     outcome = handlers["build.plan"](make_job("build.decompose", findings=[]))
-    assert outcome == Success({"work_items": [{"id": "api", "title": "HTTP API"}], "evidence": {}})
+    assert isinstance(outcome, Success)
+    assert outcome.result["work_items"] == [{"id": "api", "title": "HTTP API"}]
+    kinds = [e["kind"] for e in outcome.result["evidence"]["ledger"]]
+    assert kinds == ["TurnRequested", "TurnCompleted", "BudgetSpent"]
     failed = handlers["build.verify"](make_job("build.verify", items=["api"], attempts=1))
     assert isinstance(failed, Success)  # this script has no verify failures
 

@@ -15,12 +15,13 @@ workflow.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from workflows.engine import (
+    Command,
     Decision,
     Definition,
     Event,
@@ -31,8 +32,10 @@ from workflows.engine import (
     StepSucceeded,
     TimerFired,
 )
+from workflows.ledger import NewEvent
 from workflows.protocol import deploy, product
 from workflows.protocol.enter import enter_design
+from workflows.protocol.ledger import OpenFindings, events_for
 from workflows.protocol.plan import Out, fail, open_gate, step_command, unchanged
 from workflows.protocol.state import (
     Gate,
@@ -83,6 +86,13 @@ class ProtocolDefinition:
                 return deploy.soaked(state)
             case _:
                 return unchanged(state)
+
+    def ledger_events(
+        self, event: Event, commands: Sequence[Command], open_findings: OpenFindings
+    ) -> list[NewEvent]:
+        """The ledger events this event and its commands produce (``workflows.protocol.ledger``),
+        appended by the store in the same transaction."""
+        return events_for(event, commands, open_findings)
 
     def encode_state(self, state: ProtocolState) -> Mapping[str, Any]:
         return encode_state(state)

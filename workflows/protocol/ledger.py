@@ -1,0 +1,203 @@
+"""The ledger events a workflow's events produce: what the store appends, in the same
+transaction, beside each history entry (seed 004 "Ledger").
+
+Pure: the events follow from the workflow event, the commands ``decide`` gave for it and, for
+a review's triage, the findings still open in the ledger. Ids join the closable events:
+
+* every gate opened is a ``QuestionAsked`` with ``id`` = the gate's name, and its answer an
+  ``AnswerGiven`` that ``closes`` it; the opt-in gates add the ADR-0014 events
+  (VisualDesignOptedIn/Declined, VisualDesignAccepted/Waived, DeploymentOptedIn/Declined);
+  an approval, a retry-or-abandon answer and the end of the workflow are ``DecisionRecorded``;
+* a triage's findings are ``FindingRaised`` (``id`` = ``finding:<id>``); a later triage that
+  no longer reports an open finding resolves it (``FindingResolved``), as does the end of the
+  workflow for every finding still open;
+* specs, implemented items, integrations and deployments are ``ArtifactProduced``; a verify
+  or a failed step is a ``VerdictRendered``; a phase change is a ``PhaseTransitioned``.
+
+Engine-level events (turns, tools, files, transcripts, budget, capacity) are the engines'
+to report: a step's ``evidence["ledger"]`` (see :func:`engine_events`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from workflows.engine import (
+    CancelRequested,
+    Command,
+    Complete,
+    Event,
+    Fail,
+    GateAnswered,
+    OpenGate,
+    Started,
+    StepFailed,
+    StepSucceeded,
+    TransitionPhase,
+)
+from workflows.ledger import EventKind, NewEvent, UnwritableEvent
+
+K = EventKind
+
+OPT_INS: Mapping[tuple[str, str], EventKind] = {
+    ("visual.opt_in", "yes"): K.VisualDesignOptedIn,
+    ("visual.opt_in", "no"): K.VisualDesignDeclined,
+    ("visual.accept", "accept"): K.VisualDesignAccepted,
+    ("visual.accept", "waive"): K.VisualDesignWaived,
+    ("deployment.opt_in", "yes"): K.DeploymentOptedIn,
+    ("deployment.opt_in", "no"): K.DeploymentDeclined,
+}
+DECISION_GATES = ("design.accept", "deploy.accept", "deploy.signoff", "step.failed")
+ENGINE_KINDS = frozenset(
+    {
+        K.TurnRequested,
+        K.TurnCompleted,
+        K.ToolInvoked,
+        K.TranscriptRecorded,
+        K.FileEdited,
+        K.BudgetSpent,
+        K.CapacityRejected,
+        K.AssumptionStated,
+        K.SavePointCreated,
+    }
+)
+
+
+def step_kind(step: str) -> str:
+    """``design.spec.0.1`` → ``design.spec``: a protocol step's name starts with its kind."""
+    return ".".join(step.split(".")[:2])
+
+
+def gate_family(gate: str) -> str:
+    """``visual.accept.0`` → ``visual.accept``; ``step.failed.<step>`` → ``step.failed``."""
+    return ".".join(gate.split(".")[:2])
+
+
+OpenFindings = Callable[[], Iterable[str]]
+
+
+def events_for(
+    event: Event, commands: Sequence[Command], open_findings: OpenFindings = frozenset
+) -> list[NewEvent]:
+    """The protocol's own ledger events for one applied workflow event, in order.
+    ``open_findings`` (asked only at a triage and at the end) names the findings still open
+    in the ledger."""
+    produced = _from_event(event, open_findings)
+    for command in commands:
+        produced.extend(_from_command(command, open_findings))
+    return produced
+
+
+def _from_event(event: Event, open_findings: OpenFindings) -> list[NewEvent]:
+    match event:
+        case Started(input=given):
+            engine = given.get("engine")
+            name = engine.get("name") if isinstance(engine, Mapping) else None
+            return [NewEvent(K.SessionSeeded, {"engine": name})]
+        case GateAnswered(gate=gate, answer=answer, by=by):
+            return _answered(gate, answer, by)
+        case StepSucceeded(step=step, result=result):
+            return _succeeded(step, result, open_findings)
+        case StepFailed(step=step, failure_class=cls, detail=detail):
+            payload = {"step": step, "verdict": "fail", "failure_class": cls.value}
+            return [NewEvent(K.VerdictRendered, payload | {"detail": detail[:500]})]
+        case CancelRequested(by=by, reason=reason):
+            return [NewEvent(K.DecisionRecorded, {"id": "cancel", "by": by, "reason": reason})]
+    return []
+
+
+def _answered(gate: str, answer: str, by: str) -> list[NewEvent]:
+    family = gate_family(gate)
+    out = [NewEvent(K.AnswerGiven, {"closes": gate, "answer": answer, "by": by})]
+    opt_in = OPT_INS.get((family, answer))
+    if opt_in is not None:
+        out.append(NewEvent(opt_in, {"gate": gate, "by": by}))
+    if family in DECISION_GATES:
+        out.append(NewEvent(K.DecisionRecorded, {"id": gate, "decision": answer, "by": by}))
+    return out
+
+
+def _succeeded(step: str, result: Mapping[str, Any], open_findings: OpenFindings) -> list[NewEvent]:
+    kind = step_kind(step)
+    if kind == "review.triage":
+        return _triaged(result.get("findings") or [], frozenset(open_findings()))
+    if kind in ("design.spec", "deploy.spec"):
+        return [NewEvent(K.ArtifactProduced, {"id": step, "artifact": "spec"})]
+    if kind in ("build.implement", "build.integrate") and result.get("commit"):
+        payload = {"id": step, "branch": result.get("branch"), "commit": result.get("commit")}
+        return [NewEvent(K.ArtifactProduced, payload)]
+    if kind == "deploy.execute":
+        return [NewEvent(K.ArtifactProduced, {"id": step, "url": result.get("url")})]
+    if kind == "build.verify":
+        return [NewEvent(K.VerdictRendered, {"step": step, "verdict": "pass"})]
+    return []
+
+
+def _triaged(findings: Sequence[Any], open_findings: frozenset[str]) -> list[NewEvent]:
+    raised: list[dict[str, Any]] = []
+    for finding in findings:
+        if isinstance(finding, Mapping) and isinstance(finding.get("id"), str):
+            payload = {
+                "id": f"finding:{finding['id']}",
+                "text": str(finding.get("text", "")),
+                "ambiguous": bool(finding.get("ambiguous", False)),
+            }
+            raised.append(payload)
+    current = {p["id"] for p in raised}
+    gone = sorted(set(open_findings) - current)
+    out = [NewEvent(K.FindingResolved, {"closes": gone})] if gone else []
+    return out + [NewEvent(K.FindingRaised, p) for p in raised if p["id"] not in open_findings]
+
+
+def _from_command(command: Command, open_findings: OpenFindings) -> list[NewEvent]:
+    match command:
+        case OpenGate(gate=gate, kind=kind, question=question, answers=answers):
+            payload = {"id": gate, "kind": kind, "question": question, "answers": list(answers)}
+            return [NewEvent(K.QuestionAsked, payload)]
+        case TransitionPhase(phase=phase, cycle=cycle):
+            return [NewEvent(K.PhaseTransitioned, {"phase": phase, "cycle": cycle})]
+        case Complete(mode=mode):
+            done = NewEvent(K.DecisionRecorded, {"id": "completion", "completion_mode": mode})
+            return [*_closing(open_findings()), done]
+        case Fail(reason=reason):
+            return [NewEvent(K.DecisionRecorded, {"id": "failure", "reason": reason})]
+    return []
+
+
+def _closing(open_findings: Iterable[str]) -> list[NewEvent]:
+    still = sorted(open_findings)
+    return [NewEvent(K.FindingResolved, {"closes": still})] if still else []
+
+
+def engine_events(evidence: Mapping[str, Any]) -> list[NewEvent]:
+    """The engine-level events a step's evidence reports under ``"ledger"``: a list of
+    ``{"kind": <EventKind name>, "payload": {...}}``. Writers are strict: a kind that is not
+    an engine-level kind of this vibey, or a payload that is not JSON, raises
+    :class:`~workflows.ledger.UnwritableEvent`."""
+    entries = evidence.get("ledger") or []
+    if not isinstance(entries, list):
+        raise UnwritableEvent("evidence.ledger must be a list of {kind, payload} objects")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise UnwritableEvent(f"evidence.ledger holds {entry!r}, not a {{kind, payload}}")
+        name = entry.get("kind")
+        kind = next((k for k in ENGINE_KINDS if k.value == name), None)
+        if kind is None:
+            known = ", ".join(sorted(k.value for k in ENGINE_KINDS))
+            raise UnwritableEvent(f"an engine may not write ledger kind {name!r}; it may: {known}")
+        out.append(NewEvent(kind, entry.get("payload") or {}))
+    return out
+
+
+def open_finding_ids(events: Iterable[tuple[str, Mapping[str, Any]]]) -> frozenset[str]:
+    """The findings still open after ``events`` (kind name, payload), in ledger order."""
+    open_: set[str] = set()
+    for kind, payload in events:
+        if kind == K.FindingRaised.value and isinstance(payload.get("id"), str):
+            open_.add(payload["id"])
+        elif kind == K.FindingResolved.value:
+            closed = payload.get("closes")
+            open_ -= {closed} if isinstance(closed, str) else set(closed or ())
+    return frozenset(open_)
