@@ -31,7 +31,7 @@ from uuid import UUID
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
-from store.db import Conn, Pool, fetch_all, fetch_one, transaction
+from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.errors import StoreError
 from store.sql import load
 from workflows.ledger import (
@@ -135,7 +135,7 @@ class Ledger:
         self, project_id: str, *, after: int = 0, limit: int | None = None
     ) -> list[LedgerEvent]:
         """The project's events with seq > ``after``, in seq order, at most ``limit``."""
-        with transaction(self._pool) as conn:
+        with statement(self._pool) as conn:
             rows = fetch_all(
                 conn, Q["read_events"], {"project_id": project_id, "after": after, "limit": limit}
             )
@@ -143,7 +143,7 @@ class Ledger:
 
     def head(self, project_id: str) -> int:
         """The project's last assigned seq; 0 when it has never had an event."""
-        with transaction(self._pool) as conn:
+        with statement(self._pool) as conn:
             row = fetch_one(conn, Q["head"], {"project_id": project_id})
         return 0 if row is None else int(row["last_seq"])
 
