@@ -129,6 +129,7 @@ def test_drain_publishes_rows_nobody_holds_and_reclaims_a_dead_relays(amqp, pool
     unclaimed.enqueue(EnqueueRequest(project_id=P, kind="design.spec", subject="a"))
     dead.enqueue(EnqueueRequest(project_id=P, kind="design.spec", subject="b"))
     assert relay.drain(reclaim_after=timedelta(minutes=5)) == 1
+    assert relay.flush(timeout=10)  # "a" is sent before a zero reclaim window could take it
     time.sleep(0.05)
     assert relay.drain(reclaim_after=timedelta(0)) == 1
     assert relay.flush(timeout=10)
