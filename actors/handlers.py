@@ -55,13 +55,23 @@ from actors.worktrees import (
     commit_all,
     current_branch,
 )
+from workflows.effort import Attempt, Effort, LadderExhausted, next_attempt
 from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind
 from workflows.ledger import UnwritableEvent
+from workflows.phases import Phase
 from workflows.protocol.ledger import engine_events
-from workflows.queue import Job
-from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Success
+from workflows.queue import LADDER_EXHAUSTED, GateRequest, Job
+from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
-IMPLEMENT, INTEGRATE = "build.implement", "build.integrate"
+IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
+# Bounded ladders (seed 004): these kinds climb BUILD's effort ladder and park when it is spent.
+LADDER_KINDS: frozenset[str] = frozenset({IMPLEMENT, VERIFY})
+LADDER_MAX_ATTEMPTS = {IMPLEMENT: 5, VERIFY: 3}  # the protocol's, for the no-pool fallback
+GRANT_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 50}
+GRANTED = (
+    "SELECT coalesce(sum(answer::int), 0) FROM gate "
+    "WHERE job_id = %s AND kind = %s AND answered_at IS NOT NULL AND answer ~ '^[0-9]+$'"
+)
 WORK_FAILURE_KINDS: frozenset[str] = frozenset({"build.verify", "deploy.execute"})
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
@@ -133,15 +143,35 @@ class Steps:
             step_input = step_input_of(job)
             engine = self._engine(step_input)
             worktree = self._worktree(job, step_input) if kind == IMPLEMENT else None
+            granted = self._granted(job) if kind in LADDER_KINDS else 0
+            effort = _effort(job, granted) if kind in LADDER_KINDS else None
             task = EngineTask(
-                kind, job.project_id, job.cycle, job.subject, job.attempts, step_input, worktree
+                kind,
+                job.project_id,
+                job.cycle,
+                job.subject,
+                job.attempts,
+                step_input,
+                worktree,
+                effort=None if effort is None else effort.name,
             )
             verdict = engine.run(task)
             if worktree is not None and verdict.status == "ok":
                 verdict = _finish_implement(worktree, task, verdict)
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
-        return to_outcome(kind, verdict)
+        outcome = to_outcome(kind, verdict)
+        if isinstance(outcome, Failure) and kind in LADDER_KINDS:
+            return _park_if_exhausted(job, kind, outcome, granted)
+        return outcome
+
+    def _granted(self, job: Job) -> int:
+        """The attempts granted so far by answers to this job's ladder gates (the record)."""
+        if self.context.pool is None:
+            return max(0, job.max_attempts - LADDER_MAX_ATTEMPTS.get(job.kind, job.max_attempts))
+        with self.context.pool.connection() as conn:
+            row = conn.execute(GRANTED, (job.id, LADDER_EXHAUSTED)).fetchone()
+        return int(row[0]) if row else 0
 
     def integrate(self, job: Job) -> Outcome:
         try:
@@ -183,6 +213,37 @@ class Steps:
         if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
             raise StepInputError(f"build.implement needs input.item with an id, got {item!r}")
         return self.workspace.worktree(job.project_id, job.cycle, item["id"])
+
+
+def _effort(job: Job, granted: int) -> Effort:
+    """This attempt's rung: failures so far climb BUILD's ladder; granted ones run at its top."""
+    step = next_attempt(Phase.BUILD, max(0, job.attempts - 1), granted)
+    return step.effort if isinstance(step, Attempt) else step.top
+
+
+def _park_if_exhausted(job: Job, kind: str, failure: Failure, granted: int) -> Outcome:
+    """Bounded ladders park, they do not loop: a failure that exhausts the effort ladder (and
+    whatever was granted) parks the job behind a gate whose answer grants more attempts."""
+    after = next_attempt(Phase.BUILD, job.attempts, granted)
+    if not isinstance(after, LadderExhausted):
+        return failure
+    bound = "max_rounds" if kind == VERIFY else "max_attempts"
+    prompt = (
+        f"{kind} of {job.payload.get('subject') or job.subject} failed at the top of its effort "
+        f"ladder ({after.top.name}) after {job.attempts} attempts: {failure.detail[:300]}. "
+        f"Answer with a number to grant that many more attempts ({bound}); they run at "
+        f"{after.top.name}. Or cancel the workflow."
+    )
+    context = {
+        "kind": kind,
+        "attempts": job.attempts,
+        "granted": granted,
+        "grant": bound,
+        "effort": after.top.name,
+        "failure_class": failure.failure_class.value,
+        "detail": failure.detail[:1000],
+    }
+    return Park(GateRequest(LADDER_EXHAUSTED, prompt, context=context, schema=GRANT_SCHEMA))
 
 
 def step_input_of(job: Job) -> Mapping[str, Any]:

@@ -398,6 +398,7 @@ class PostgresJobRepository:
             "prompt": gate.prompt,
             "answers": Jsonb(list(gate.answers)),
             "context": Jsonb(dict(gate.context)),
+            "schema": Jsonb(dict(gate.schema)),
         }
         row = fetch_one(conn, Q["park"], params)
         if row is None:

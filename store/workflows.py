@@ -76,6 +76,7 @@ from workflows.engine import (
 from workflows.job import TIMER_KIND, JobState
 from workflows.protocol.ledger import engine_events, open_finding_ids
 from workflows.queue import (
+    LADDER_EXHAUSTED,
     AnswerStatus,
     EnqueueRequest,
     Gate,
@@ -236,13 +237,15 @@ class WorkflowStore(WorkflowReads):
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
         if found.name is None or found.workflow_id is None:  # a parked job's gate
+            problem = _invalid(found, answer) if found.open else ""
+            if problem:
+                return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, found, problem)
+            # A bounded ladder's gate grants the attempts its answer names.
+            grant = int(answer) if found.kind == LADDER_EXHAUSTED else 0
             outcome = self._jobs.answer_gate_txn(
-                conn, gate_id, answer=answer, answered_by=by, outbox=outbox
+                conn, gate_id, answer=answer, answered_by=by, grant_attempts=grant, outbox=outbox
             )
-            detail = (
-                _invalid(found, answer) if outcome.status is AnswerStatus.INVALID_ANSWER else ""
-            )
-            return GateAnswerOutcome(outcome.status, outcome.gate, detail)
+            return GateAnswerOutcome(outcome.status, outcome.gate)
         workflow = self._lock(conn, found.workflow_id)
         gate = self._jobs.lock_gate_txn(conn, gate_id)
         if gate is None or not gate.open:

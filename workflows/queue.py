@@ -43,6 +43,7 @@ from workflows.job import (
 )
 
 DELIVERY_EXHAUSTED = "delivery_exhausted"
+LADDER_EXHAUSTED = "ladder_exhausted"  # its answer is a number: the attempts it grants
 DELIVERY_EXHAUSTED_PROMPT = (
     "This job's lease expired on every one of its attempts (its worker died or stalled each "
     "time). Answer anything to retry it with one more attempt."
@@ -180,12 +181,14 @@ NOT_APPLIED = Settled(applied=False)
 
 @dataclass(frozen=True, slots=True)
 class GateRequest:
-    """What a parked job asks a person. ``answers`` empty means any answer is accepted."""
+    """What a parked job asks a person. ``answers`` empty means ``schema`` decides (see
+    ``workflows.engine.check_answer``); both empty accept any answer."""
 
     kind: str
     prompt: str
     answers: tuple[str, ...] = ()
     context: JsonObject = field(default_factory=dict)
+    schema: JsonObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class EngineTask:
     attempt: int
     input: Mapping[str, Any]
     worktree: Path | None = None
+    effort: str | None = None  # the effort ladder's level for this attempt (BUILD's kinds)
 
 
 @dataclass(frozen=True, slots=True)

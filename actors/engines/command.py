@@ -10,6 +10,7 @@ variables added to the environment it inherits:
                     {"status": "ok"|"failed"|"capacity", "result": {...}, "evidence": {...},
                      "detail": "..."}
     VIBEY_KIND      the step's kind
+    VIBEY_EFFORT    the effort ladder's level (build.implement, build.verify)
 
 A verdict the command writes is returned as it is. A command that exits non-zero, runs past
 its timeout (its whole process group is killed: SIGTERM, then SIGKILL after a grace), or
@@ -92,6 +93,8 @@ class CommandEngine:
         self, task: EngineTask, cwd: Path, run_dir: Path, plan: Path, verdict: Path
     ) -> _Exit:
         variables = [f"VIBEY_PLAN={plan}", f"VIBEY_VERDICT={verdict}", f"VIBEY_KIND={task.kind}"]
+        if task.effort:
+            variables.append(f"VIBEY_EFFORT={task.effort}")
         with (run_dir / "stdout").open("wb") as out, (run_dir / "stderr").open("wb") as err:
             process = subprocess.Popen(
                 ["env", *variables, *self.argv],

@@ -232,9 +232,9 @@ WITH parked AS (
       AND lease_token = %(token)s AND lease_expires_at > now()
     RETURNING id, project_id, workflow_id
 )
-INSERT INTO gate (id, project_id, job_id, workflow_id, kind, prompt, answers, context)
+INSERT INTO gate (id, project_id, job_id, workflow_id, kind, prompt, answers, context, schema)
 SELECT %(gate_id)s, p.project_id, p.id, p.workflow_id, %(kind)s, %(prompt)s, %(answers)s,
-    %(context)s
+    %(context)s, %(schema)s
 FROM parked p
 RETURNING id
 

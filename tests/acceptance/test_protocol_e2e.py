@@ -153,20 +153,46 @@ def test_a_bounded_build_failure_parks_at_a_gate(e2e: Stack, tmp_path: Path, pg_
     e2e.start_worker()
     e2e.vibey("workflow", "start", "stuck", "--script", str(script))
 
-    def until_failed_step(gate: Any) -> str | None:
-        return None if gate["kind"] == "step_failed" else cooperative(gate)
+    def until_parked(gate: Any) -> str | None:
+        return None if gate["kind"] == "ladder_exhausted" else cooperative(gate)
 
-    e2e.drive(["stuck"], until_failed_step)
+    e2e.drive(["stuck"], until_parked)
     status = e2e.status("stuck")
     assert status["workflow"]["status"] == "running"
-    [gate] = [g for g in status["gates"] if g["kind"] == "step_failed"]
-    assert gate["answers"] == ["retry", "abandon"]
-    failed = sql(pg_url, "SELECT attempts, max_attempts FROM job WHERE kind = 'build.verify'")
-    assert failed == [(3, 3)]
+    [gate] = [g for g in e2e.open_gates("stuck") if g["kind"] == "ladder_exhausted"]
+    assert gate["context"]["grant"] == "max_rounds" and gate["context"]["effort"] == "HIGH"
+    verify = "SELECT state::text, attempts, max_attempts FROM job WHERE kind = 'build.verify'"
+    assert sql(pg_url, verify) == [("awaiting_human", 3, 3)]
     assert sql(pg_url, "SELECT count(*) FROM job WHERE state = 'leased'") == [(0,)]
-    e2e.vibey("gate", "answer", gate["id"], "abandon", "--by", "e2e")
-    final = e2e.status("stuck")["workflow"]
-    assert final["status"] == "failed"
+    # Not a number: exit 2, nothing changed.
+    refused = e2e.vibey("gate", "answer", gate["id"], "lots", check=False)
+    assert refused.returncode == 2 and "integer" in refused.stderr
+    # Two more rounds at the top of the ladder; still failing, it parks again.
+    e2e.vibey("gate", "answer", gate["id"], "2", "--by", "e2e")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sql(pg_url, verify)[0][1] < 5:
+        time.sleep(0.5)
+    time.sleep(1)
+    assert sql(pg_url, verify) == [("awaiting_human", 5, 5)]
+    [again] = [g for g in e2e.open_gates("stuck") if g["kind"] == "ladder_exhausted"]
+    assert again["context"]["granted"] == 2
+    e2e.vibey("workflow", "cancel", "stuck", "--by", "e2e")
+    assert e2e.status("stuck")["workflow"]["status"] == "cancelled"
+    assert sql(pg_url, verify) == [("cancelled", 5, 5)]
+
+
+def test_a_verify_ladder_exhausts_parks_is_granted_two_rounds_and_succeeds(
+    e2e: Stack, tmp_path: Path, pg_url: str
+) -> None:
+    script = write_script(tmp_path, "[build]\nverify_failures = [4]\n")
+    e2e.start_worker()
+    e2e.vibey("workflow", "start", "grant", "--script", str(script))
+    final = e2e.drive(["grant"])["grant"]["workflow"]  # answers the ladder gate with "2"
+    assert (final["status"], final["completion_mode"]) == ("completed", "local")
+    verify = "SELECT attempts, max_attempts FROM job WHERE kind = 'build.verify' AND cycle = 0"
+    assert sql(pg_url, verify) == [(5, 5)]
+    grants = sql(pg_url, "SELECT answer FROM gate WHERE kind = 'ladder_exhausted'")
+    assert grants == [("2",)]
 
 
 def test_twenty_workflows_at_once(e2e: Stack, pg_url: str) -> None:
