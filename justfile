@@ -77,3 +77,5 @@ bench: venv
     {{python}} ops/bench/claim_ack.py
     {{python}} ops/bench/steps.py
     {{python}} ops/bench/workflows.py
+    {{python}} ops/bench/workflows.py --no-ledger
+    {{python}} ops/bench/ledger.py

@@ -18,6 +18,7 @@ VIBEY_TEST_PG_URL is an admin URL (a scratch database is created and dropped); V
 the broker (every queue and exchange under a unique prefix, deleted afterwards).
 
     .venv/bin/python ops/bench/workflows.py [--threads 8] [--samples 40] [--workflows 20]
+        [--no-ledger]
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--samples", type=int, default=40)
     parser.add_argument("--workflows", type=int, default=20)
+    parser.add_argument(
+        "--no-ledger", action="store_true", help="run without ledger writes (to price them)"
+    )
     return parser.parse_args(argv)
 
 
@@ -202,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with declared_topology(config):
             context = HandlerContext(pool=None, workspace=Path(work))
             runtime = Runtime(config, handlers=clock.wrap(build_handlers(context)), owner="bench")
+            if args.no_ledger:
+                runtime.workflows._ledger = None  # noqa: SLF001 - the bench prices the ledger
             runtime.start()
             try:
                 started, answered = latencies(runtime, clock, args.samples)
@@ -215,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"demo protocol, {args.workflows} workflows at once ({args.threads} threads, one "
         f"process): {steps} durable steps in {wall:.1f} s = {steps / wall:.0f} steps/s, "
         f"{answers} gates answered in-process as they opened"
+        + (" (no ledger writes)" if args.no_ledger else " (with ledger writes)")
     )
     return 0
 
