@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             context = HandlerContext(pool=None, workspace=Path(work))
             runtime = Runtime(config, handlers=clock.wrap(build_handlers(context)), owner="bench")
             if args.no_ledger:
-                runtime.workflows._ledger = None  # noqa: SLF001 - the bench prices the ledger
+                runtime.workflows._ledger = None  # the bench prices the ledger
             runtime.start()
             try:
                 started, answered = latencies(runtime, clock, args.samples)
