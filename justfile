@@ -76,6 +76,6 @@ fmt: venv
 bench: venv
     {{python}} ops/bench/claim_ack.py
     {{python}} ops/bench/steps.py
-    {{python}} ops/bench/workflows.py
-    {{python}} ops/bench/workflows.py --no-ledger
+    {{python}} ops/bench/protocol.py
+    {{python}} ops/bench/protocol.py --no-ledger
     {{python}} ops/bench/ledger.py

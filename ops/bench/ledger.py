@@ -24,38 +24,19 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from steps import scratch_database
 
 from store.ledger import Ledger
 from store.migrate import migrate
 from workflows.ledger import EventKind, NewEvent
-
-
-def with_database(url: str, name: str) -> str:
-    head, _, _ = url.rpartition("/")
-    return f"{head}/{name}"
-
-
-@contextmanager
-def scratch_database(admin: str) -> Iterator[str]:
-    name = f"vibey_bench_ledger_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield with_database(admin, name)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def appender(url: str, project: str, batch: int, start: float, stop: float, out: mp.Queue) -> None:
@@ -114,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("set VIBEY_TEST_PG_URL to an admin URL (a scratch database is made)", file=sys.stderr)
         return 2
     counts = [int(n) for n in args.appenders.split(",")]
-    with scratch_database(admin) as url:
+    with scratch_database(admin, f"vibey_bench_ledger_{uuid.uuid4().hex[:8]}") as url:
         migrate(url)
         print(
             f"ledger appends/s ({args.batch} event{'s' if args.batch > 1 else ''} a transaction, "

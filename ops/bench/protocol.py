@@ -17,7 +17,7 @@ relay, PostgreSQL and RabbitMQ; handlers are the protocol's, on the scripted eng
 VIBEY_TEST_PG_URL is an admin URL (a scratch database is created and dropped); VIBEY_TEST_AMQP_URL
 the broker (every queue and exchange under a unique prefix, deleted afterwards).
 
-    .venv/bin/python ops/bench/workflows.py [--threads 8] [--samples 40] [--workflows 20]
+    .venv/bin/python ops/bench/protocol.py [--threads 8] [--samples 40] [--workflows 20]
         [--no-ledger]
 """
 
