@@ -55,6 +55,22 @@ def succeed(store: WorkflowStore, jobs: PostgresJobRepository, job: Job) -> None
     assert settled.applied
 
 
+def fail(store: WorkflowStore, jobs: PostgresJobRepository, job: Job, detail: str) -> None:
+    """A failed attempt (a work failure, retried at once), settled as the step actor does."""
+
+    def settle(conn: psycopg.Connection, outbox: list[int] | None) -> object:
+        return jobs.nack_txn(
+            conn,
+            job.lease,
+            error=detail,
+            failure_class=FailureClass.WORK,
+            retry_in=timedelta(0),
+            outbox=outbox,
+        )
+
+    jobs.dispatching_transaction(store.settle_txn, job, settle, failure=(FailureClass.WORK, detail))
+
+
 def gate_id(store: WorkflowStore, project: str, name: str = "g") -> UUID:
     [gate] = [g for g, _ in store.inbox(project) if g.name == name]
     return gate.id
@@ -253,21 +269,7 @@ def test_a_step_that_spends_its_attempts_reaches_the_workflow_as_a_failure(
 ) -> None:
     wf = store.start("p10", definition="tiny").workflow
     for attempt in range(5):
-        job = claim_one(jobs, "p10")
-
-        def settle(conn: psycopg.Connection, outbox: list[int] | None, job: Job = job) -> object:
-            return jobs.nack_txn(
-                conn,
-                job.lease,
-                error="no",
-                failure_class=FailureClass.WORK,
-                retry_in=timedelta(0),
-                outbox=outbox,
-            )
-
-        jobs.dispatching_transaction(
-            store.settle_txn, job, settle, failure=(FailureClass.WORK, f"no {attempt}")
-        )
+        fail(store, jobs, claim_one(jobs, "p10"), f"no {attempt}")
     final = store.get(wf.id)
     assert final.status is Status.FAILED and final.reason == "step a failed"
     failed = store.history(wf.id)[-1].event
@@ -282,20 +284,7 @@ def test_the_steps_waiting_on_a_step_that_failed_for_good_are_cancelled(
     for _ in range(5):
         job = claim_one(jobs, "p13")
         assert job.step == "a"
-
-        def settle(conn: psycopg.Connection, outbox: list[int] | None, job: Job = job) -> object:
-            return jobs.nack_txn(
-                conn,
-                job.lease,
-                error="no",
-                failure_class=FailureClass.WORK,
-                retry_in=timedelta(0),
-                outbox=outbox,
-            )
-
-        jobs.dispatching_transaction(
-            store.settle_txn, job, settle, failure=(FailureClass.WORK, "no")
-        )
+        fail(store, jobs, job, "no")
     states = {row["step"]: row["state"] for row in store.steps(wf.id)}
     assert states == {"a": "failed", "b": "cancelled", "c": "cancelled"}
 
