@@ -1,7 +1,8 @@
 """The scripted engine's script, parsed and checked (format: docs/protocol.md).
 
 Every section is optional; a missing one means "nothing to report": no questions, one work
-item ``main``, no failures, no findings. Two forms beyond the documented ones are accepted:
+item ``main``, no failures, no findings, one engine ``scripted`` that never runs out of
+capacity, and briefs that pass the no-loss gate. Two forms beyond the documented ones are accepted:
 ``verify_failures`` and ``execute_failures`` may be a list (failures per cycle, resp. per
 DEPLOY round; past the list: 0), and a ``triage`` entry may be ``"none"`` or ``""`` (TOML has
 no null) for a round without a failure.
@@ -19,7 +20,34 @@ DEPLOY_FAILURES: frozenset[str] = frozenset(
     {"infra", "config", "design", "product", "code", "review"}
 )
 DEFAULT_ITEM: dict[str, str] = {"id": "main", "title": "main"}
+DEFAULT_ENGINE = "scripted"
 Failures = int | tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RosterEngine:
+    """One engine of ``[engines] roster``: rotation picks among them by weight."""
+
+    id: str
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CreditsExhaustion:
+    """``[capacity] credits_exhausted``: ``engine`` reports CreditsExhausted for a step of
+    ``kind`` (on ``item`` and at ``attempt``, when given; any, when not)."""
+
+    engine: str
+    kind: str = "build.implement"
+    item: str | None = None
+    attempt: int | None = None
+
+    def matches(self, engine: str, kind: str, item: str | None, attempt: int) -> bool:
+        return (
+            (self.engine, self.kind) == (engine, kind)
+            and self.item in (None, item)
+            and self.attempt in (None, attempt)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +62,9 @@ class Script:
     triage: tuple[str | None, ...] = ()
     has_deploy: bool = False
     step_seconds: Mapping[str, float] = field(default_factory=dict)  # how long a kind works
+    roster: tuple[RosterEngine, ...] = (RosterEngine(DEFAULT_ENGINE),)
+    credits_exhausted: tuple[CreditsExhaustion, ...] = ()
+    failing_briefs: int = 0  # the first N handoff briefs leave out something the gate needs
 
     @classmethod
     def parse(cls, raw: Any) -> Script:
@@ -43,6 +74,7 @@ class Script:
             raise ScriptError(f"the script must be a table/object, got {type(raw).__name__}")
         design, build = _section(raw, "design"), _section(raw, "build")
         review, deploy = _section(raw, "review"), _section(raw, "deploy")
+        roster = _roster(_section(raw, "engines").get("roster"))
         return cls(
             design_questions=_questions(design.get("questions", []), "design.questions"),
             deploy_questions=_questions(deploy.get("questions", []), "deploy.questions"),
@@ -56,7 +88,17 @@ class Script:
             triage=_triage(deploy.get("triage", [])),
             has_deploy="deploy" in raw,
             step_seconds=_seconds(_section(raw, "timing").get("step_seconds", {})),
+            roster=roster,
+            credits_exhausted=_exhaustions(
+                _section(raw, "capacity").get("credits_exhausted", []), roster
+            ),
+            failing_briefs=_count(
+                _section(raw, "handoff").get("failing_briefs", 0), "handoff.failing_briefs"
+            ),
         )
+
+    def credits_exhausted_for(self, engine: str, kind: str, item: str | None, attempt: int) -> bool:
+        return any(e.matches(engine, kind, item, attempt) for e in self.credits_exhausted)
 
     def verify_failures_in(self, cycle: int) -> int:
         return _per_index(self.verify_failures, cycle)
@@ -177,3 +219,41 @@ def _seconds(value: Any) -> dict[str, float]:
             raise ScriptError(f"timing.step_seconds.{kind} must be between 0 and 600 seconds")
         seconds[str(kind)] = float(amount)
     return seconds
+
+
+def _roster(value: Any) -> tuple[RosterEngine, ...]:
+    """``[engines] roster = [{ id = "alpha", weight = 2 }, { id = "beta" }]`` (weight: 1)."""
+    if value is None:
+        return (RosterEngine(DEFAULT_ENGINE),)
+    engines = []
+    for n, entry in enumerate(_list(value, "engines.roster")):
+        if (
+            not isinstance(entry, Mapping)
+            or not isinstance(entry.get("id"), str)
+            or not entry["id"]
+        ):
+            raise ScriptError(f"engines.roster[{n}] needs an id, got {entry!r}")
+        weight = _count(entry.get("weight", 1), f"engines.roster[{n}].weight")
+        engines.append(RosterEngine(entry["id"], weight))
+    ids = [e.id for e in engines]
+    if not engines or len(ids) != len(set(ids)):
+        raise ScriptError(f"engines.roster must name one engine or more, each once, got {ids}")
+    return tuple(engines)
+
+
+def _exhaustions(value: Any, roster: tuple[RosterEngine, ...]) -> tuple[CreditsExhaustion, ...]:
+    known = {e.id for e in roster}
+    out = []
+    for n, entry in enumerate(_list(value, "capacity.credits_exhausted")):
+        where = f"capacity.credits_exhausted[{n}]"
+        if not isinstance(entry, Mapping) or entry.get("engine") not in known:
+            names = ", ".join(sorted(known))
+            raise ScriptError(f"{where} needs an engine of the roster ({names}), got {entry!r}")
+        kind, item = entry.get("kind", "build.implement"), entry.get("item")
+        if not isinstance(kind, str) or not (item is None or isinstance(item, str)):
+            raise ScriptError(f"{where}: kind and item must be strings, got {entry!r}")
+        attempt = entry.get("attempt")
+        if attempt is not None and _count(attempt, f"{where}.attempt") < 1:
+            raise ScriptError(f"{where}.attempt counts from 1, got {attempt}")
+        out.append(CreditsExhaustion(entry["engine"], kind, item, attempt))
+    return tuple(out)

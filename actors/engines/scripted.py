@@ -4,19 +4,49 @@ subject, input), so a workflow run on it replays the same way every time.
 The script travels in the step input (``input["engine"]["script"]``, docs/protocol.md). The
 one side effect is build.implement's: given a worktree, it writes ``src/<item>.txt`` (the
 item's title and the cycle) and commits it, so BUILD has real branches to integrate.
+
+One scripted engine plays every engine of the script's ``[engines] roster``: the step input's
+``engine_id`` (set by the handoff runner, :mod:`actors.handoff`) says which one it is this
+time (default ``scripted``), and its ledger events name it. The roster's engines run out of
+credits where ``[capacity] credits_exhausted`` says: the verdict is ``capacity`` with
+``result["capacity"] = {"state": "CreditsExhausted", "detail": …}`` and a ``CapacityRejected``
+ledger event. :meth:`ScriptedEngine.write_brief` writes a handoff brief from the ledger range:
+everything the no-loss gate asks for, except in its first ``[handoff] failing_briefs`` briefs.
+A seeded engine (``input["handoff"]``) reads the ledger file its seed prompt names, and says
+so in its evidence (``seed``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from actors.engines.base import EngineTask, EngineVerdict, ScriptError
-from actors.engines.script import DEPLOY_FAILURES, Script
+from actors.engines.script import DEFAULT_ENGINE, DEPLOY_FAILURES, Script
 from actors.worktrees import commit_all, current_branch
+from workflows.capacity import CreditsExhausted, encode_state
+from workflows.ledger import (
+    EventKind,
+    LedgerEvent,
+    UnwritableEvent,
+    digest_range,
+    open_items,
+)
+from workflows.ledger import (
+    item_id as event_item_id,
+)
+from workflows.noloss import (
+    BriefItem,
+    BriefMode,
+    Budget,
+    HandoffBrief,
+    RuleFailure,
+    Spec,
+    obligations,
+)
 
 ROUTES: Mapping[str | None, str] = {
     None: "done",
@@ -37,24 +67,159 @@ class ScriptedEngine:
         if answer is None:
             raise ScriptError(f"the scripted engine has no answer for kind {task.kind!r}")
         script = script_of(task)
+        engine = engine_id_of(task)
         pause = script.step_seconds.get(task.kind, 0.0)
         if pause:
             time.sleep(pause)
-        verdict = answer(script, task)
-        return replace(verdict, evidence={**verdict.evidence, "ledger": _turn(task, verdict)})
+        if script.credits_exhausted_for(engine, task.kind, _item_of(task), task.attempt):
+            verdict = credits_exhausted(engine, task)
+        else:
+            verdict = answer(script, task)
+        evidence = {**verdict.evidence, "ledger": _turn(task, verdict, engine)}
+        seed = _seed(task)
+        return replace(verdict, evidence=evidence | ({"seed": seed} if seed else {}))
+
+    def write_brief(
+        self,
+        task: EngineTask,
+        ledger_range: Sequence[LedgerEvent],
+        spec: Spec,
+        *,
+        mode: BriefMode,
+        number: int,
+        fix: tuple[RuleFailure, ...] = (),
+    ) -> HandoffBrief:
+        """The handoff brief this engine (``input["engine_id"]``) writes for ``ledger_range``
+        and ``spec`` in ``mode``: :func:`complete_brief`, except that the script's first
+        ``failing_briefs`` briefs (``number`` counts from 1) are flawed (:func:`flawed`).
+        ``fix`` (what the last brief failed) changes nothing: a script is a script."""
+        brief = complete_brief(ledger_range, spec, mode)
+        if number <= script_of(task).failing_briefs:
+            return flawed(brief, ledger_range)
+        return brief
 
 
-def _turn(task: EngineTask, verdict: EngineVerdict) -> list[dict[str, Any]]:
-    """The ledger events of one scripted turn: requested, completed, and what it cost."""
+def engine_id_of(task: EngineTask) -> str:
+    """Which roster engine runs ``task``: ``input["engine_id"]``, else ``scripted``."""
+    engine = task.input.get("engine_id", DEFAULT_ENGINE)
+    if not isinstance(engine, str) or not engine:
+        raise ScriptError(f"input.engine_id must be an engine id, got {engine!r}")
+    return engine
+
+
+def _item_of(task: EngineTask) -> str | None:
+    item = task.input.get("item")
+    return item.get("id") if isinstance(item, Mapping) else None
+
+
+def credits_exhausted(engine: str, task: EngineTask) -> EngineVerdict:
+    """The verdict of an engine out of credits: no work done, and no time it comes back."""
+    detail = f"engine {engine} ran out of credits ({task.kind} of {task.subject or 'its step'})"
+    state = encode_state(CreditsExhausted(detail=detail))
+    return EngineVerdict("capacity", result={"capacity": state}, detail=detail)
+
+
+def _turn(task: EngineTask, verdict: EngineVerdict, engine: str) -> list[dict[str, Any]]:
+    """The ledger events of one scripted turn: requested, completed, what it cost, and a
+    capacity rejection when it reported one."""
     turn = {"kind": task.kind, "subject": task.subject, "attempt": task.attempt}
-    return [
-        {"kind": "TurnRequested", "payload": {"engine": "scripted", **turn}},
+    events = [
+        {"kind": "TurnRequested", "payload": {"engine": engine, **turn}},
         {
             "kind": "TurnCompleted",
-            "payload": {"engine": "scripted", "status": verdict.status, **turn},
+            "payload": {"engine": engine, "status": verdict.status, **turn},
         },
-        {"kind": "BudgetSpent", "payload": {"engine": "scripted", "turns": 1, "dollars": 0}},
+        {"kind": "BudgetSpent", "payload": {"engine": engine, "turns": 1, "dollars": 0}},
     ]
+    capacity = verdict.result.get("capacity")
+    if verdict.status == "capacity" and isinstance(capacity, Mapping):
+        events.append({"kind": "CapacityRejected", "payload": {**capacity, "engine": engine}})
+    return events
+
+
+def _seed(task: EngineTask) -> dict[str, Any] | None:
+    """A seeded engine reads the ledger file its seed names (it must exist): what it read."""
+    seed = task.input.get("handoff")
+    if seed is None:
+        return None
+    if not isinstance(seed, Mapping) or not isinstance(seed.get("ledger_file"), str):
+        raise ScriptError(f"input.handoff must name a ledger_file, got {seed!r}")
+    path = Path(seed["ledger_file"])
+    if str(path) not in str(seed.get("prompt", "")) or not path.is_file():
+        raise ScriptError(f"the seed names ledger file {path}, which is not there")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {
+        "from": seed.get("from"),
+        "mode": seed.get("mode"),
+        "ledger_file": str(path),
+        "ledger_events": len(lines),
+    }
+
+
+# -- handoff briefs ----------------------------------------------------------------------
+
+
+def complete_brief(
+    ledger_range: Sequence[LedgerEvent], spec: Spec, mode: BriefMode = "brief"
+) -> HandoffBrief:
+    """The brief that carries everything the no-loss gate asks of ``ledger_range`` and
+    ``spec`` (:func:`workflows.noloss.obligations`), each item with what it says."""
+    owed = obligations(ledger_range, spec)
+    texts = {(item.kind, item.id): _said(item.payload) for item in open_items(ledger_range)}
+    artifacts = {
+        event_item_id(e): _said(e.payload)
+        for e in ledger_range
+        if e.kind is EventKind.ArtifactProduced
+    }
+    clauses = {clause.id: clause.text for clause in spec.clauses}
+
+    def carried(kind: EventKind, ids: frozenset[str]) -> tuple[BriefItem, ...]:
+        return tuple(BriefItem(i, texts.get((kind, i), "")) for i in sorted(ids))
+
+    return HandoffBrief(
+        remaining_work=tuple(BriefItem(w) for w in sorted(owed.remaining_work)),
+        open_questions=carried(EventKind.QuestionAsked, owed.open_questions),
+        decisions=carried(EventKind.DecisionRecorded, owed.decisions),
+        assumptions=carried(EventKind.AssumptionStated, owed.assumptions),
+        findings=carried(EventKind.FindingRaised, owed.findings),
+        artifacts=tuple(BriefItem(a, artifacts.get(a, "")) for a in sorted(owed.artifacts)),
+        budget=owed.budget or Budget(),
+        constraints=tuple(BriefItem(c, clauses.get(c, "")) for c in sorted(owed.constraints)),
+        range_digest=_range_digest(ledger_range),
+        mode=mode,
+    )
+
+
+def flawed(brief: HandoffBrief, ledger_range: Sequence[LedgerEvent]) -> HandoffBrief:
+    """A brief that fails the gate: in ``brief`` mode it leaves out its first open question,
+    finding, decision, assumption, artifact or work item (the first of those it carries);
+    in ``full_transcript`` mode, where those rules are waived, or when it carries none of
+    them, it names the digest of a stale range (the range without its last event: R6)."""
+    if brief.mode == "brief":
+        for name in ("open_questions", "findings", "decisions", "assumptions", "artifacts"):
+            items: tuple[BriefItem, ...] = getattr(brief, name)
+            if items:
+                fewer: dict[str, Any] = {name: items[1:]}
+                return replace(brief, **fewer)
+        if brief.remaining_work:
+            return replace(brief, remaining_work=brief.remaining_work[1:])
+    stale = _range_digest(ledger_range[:-1]) if ledger_range else "0" * 64
+    return replace(brief, range_digest=stale)
+
+
+def _range_digest(ledger_range: Sequence[LedgerEvent]) -> str:
+    try:
+        return digest_range(ledger_range)
+    except (UnwritableEvent, ValueError):
+        return ""  # a range that cannot be folded: R6 names it
+
+
+def _said(payload: Mapping[str, Any]) -> str:
+    for key in ("question", "text", "decision", "artifact", "commit"):
+        value = payload.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def script_of(task: EngineTask) -> Script:

@@ -298,3 +298,142 @@ def test_timing_makes_a_kind_take_its_time_and_bad_timing_is_refused() -> None:
 
     with pytest.raises(ScriptError, match="between 0 and 600"):
         ScriptedEngine().run(EngineTask("design.research", "p", 0, "", 1, bad))
+
+
+# -- rotation rosters, credits and handoff briefs ------------------------------------------
+
+ROSTER: dict[str, Any] = {
+    "build": {"work_items": [{"id": "api", "title": "HTTP API"}]},
+    "engines": {"roster": [{"id": "alpha", "weight": 2}, {"id": "beta"}]},
+    "capacity": {
+        "credits_exhausted": [
+            {"engine": "alpha", "kind": "build.implement", "item": "api", "attempt": 1}
+        ]
+    },
+    "handoff": {"failing_briefs": 2},
+}
+
+
+def test_a_roster_defaults_to_one_scripted_engine() -> None:
+    from actors.engines.script import RosterEngine, Script
+
+    assert Script.parse({}).roster == (RosterEngine("scripted", 1),)
+    parsed = Script.parse(ROSTER)
+    assert parsed.roster == (RosterEngine("alpha", 2), RosterEngine("beta", 1))
+    assert parsed.failing_briefs == 2
+    assert parsed.credits_exhausted_for("alpha", "build.implement", "api", 1)
+    assert not parsed.credits_exhausted_for("alpha", "build.implement", "api", 2)
+    assert not parsed.credits_exhausted_for("beta", "build.implement", "api", 1)
+    assert not parsed.credits_exhausted_for("alpha", "build.implement", "ui", 1)
+    anywhere = Script.parse({**ROSTER, "capacity": {"credits_exhausted": [{"engine": "beta"}]}})
+    assert anywhere.credits_exhausted_for("beta", "build.implement", "ui", 7)
+
+
+def test_an_engine_out_of_credits_says_so_with_no_reset_time() -> None:
+    item = {"id": "api", "title": "HTTP API"}
+    spent = run("build.implement", ROSTER, item=item, subject="api", engine_id="alpha")
+    assert spent.status == "capacity"
+    assert spent.result["capacity"]["state"] == "CreditsExhausted"
+    assert "resets_at" not in spent.result["capacity"]
+    ledger = spent.evidence["ledger"]
+    assert [e["kind"] for e in ledger] == [
+        "TurnRequested",
+        "TurnCompleted",
+        "BudgetSpent",
+        "CapacityRejected",
+    ]
+    assert {e["payload"]["engine"] for e in ledger} == {"alpha"}
+    beta = run("build.implement", ROSTER, item=item, subject="api", engine_id="beta")
+    assert beta.status == "ok"
+    assert beta.evidence["ledger"][0]["payload"]["engine"] == "beta"
+    again = run("build.implement", ROSTER, item=item, attempt=2, engine_id="alpha")
+    assert again.status == "ok"
+    # Without an engine_id the engine is "scripted", as before rosters.
+    assert run("build.implement", SCRIPT, item=item).evidence["ledger"][0]["payload"] == {
+        "engine": "scripted",
+        "kind": "build.implement",
+        "subject": "",
+        "attempt": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ({"engines": {"roster": []}}, "one engine or more"),
+        ({"engines": {"roster": [{"id": "a"}, {"id": "a"}]}}, "each once"),
+        ({"engines": {"roster": [{"weight": 1}]}}, "engines.roster[0] needs an id"),
+        ({"engines": {"roster": [{"id": "a", "weight": -1}]}}, "weight must be a whole"),
+        ({"capacity": {"credits_exhausted": [{"engine": "ghost"}]}}, "an engine of the roster"),
+        (
+            {"capacity": {"credits_exhausted": [{"engine": "scripted", "attempt": 0}]}},
+            "counts from 1",
+        ),
+        ({"handoff": {"failing_briefs": -1}}, "handoff.failing_briefs"),
+    ],
+)
+def test_malformed_rosters_and_capacity_are_script_errors(script: Any, message: str) -> None:
+    from actors.engines import ScriptError
+    from actors.engines.script import Script
+
+    with pytest.raises(ScriptError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Script.parse(script)
+
+
+def _range() -> list[Any]:
+    from workflows.ledger import EventKind, LedgerEvent, NewEvent
+
+    new = [
+        NewEvent(EventKind.QuestionAsked, {"id": "q1", "question": "Which database?"}),
+        NewEvent(EventKind.DecisionRecorded, {"id": "d1", "decision": "PostgreSQL"}),
+        NewEvent(EventKind.FindingRaised, {"id": "finding:f1", "text": "slow"}),
+        NewEvent(EventKind.ArtifactProduced, {"id": "design.spec.0.0", "artifact": "spec"}),
+        NewEvent(EventKind.BudgetSpent, {"turns": 3, "dollars": 1.5}),
+    ]
+    return [
+        LedgerEvent("demo", n, e.kind, e.payload, e.digest) for n, e in enumerate(new, start=1)
+    ]
+
+
+def test_a_scripted_brief_passes_the_gate_after_its_failing_ones() -> None:
+    from workflows.noloss import Rule, Spec, verify
+
+    events, spec = _range(), Spec(work_items=("api",))
+    step_input = {"engine": {"name": "scripted", "script": ROSTER}, "engine_id": "alpha"}
+    task = EngineTask("build.implement", "demo", 0, "api", 1, step_input)
+    engine = ScriptedEngine()
+    briefs = [
+        engine.write_brief(task, events, spec, mode="brief", number=n) for n in (1, 2, 3)
+    ]
+    reports = [verify(brief, events, spec) for brief in briefs]
+    assert [r.failed_rules for r in reports] == [{Rule.R2}, {Rule.R2}, frozenset()]
+    good = briefs[2]
+    assert [i.id for i in good.open_questions] == ["q1"]
+    assert good.open_questions[0].text == "Which database?"
+    assert [i.id for i in good.remaining_work] == ["api"]
+    assert str(good.budget.dollars) == "1.5" and good.budget.turns == 3
+    # In full_transcript mode the closures are waived: a failing brief names a stale range.
+    stale = engine.write_brief(task, events, spec, mode="full_transcript", number=1)
+    assert verify(stale, events, spec).failed_rules == {Rule.R6}
+    fine = engine.write_brief(task, events, spec, mode="full_transcript", number=3)
+    assert verify(fine, events, spec).passed
+
+
+def test_a_seeded_engine_reads_the_ledger_file_its_seed_names(tmp_path: Path) -> None:
+    from actors.engines import ScriptError
+
+    ledger = tmp_path / ".vibey" / "handoff" / "ledger.jsonl"
+    ledger.parent.mkdir(parents=True)
+    ledger.write_text('{"seq": 1}\n{"seq": 2}\n')
+    seed = {"from": "alpha", "mode": "full_transcript", "ledger_file": str(ledger)}
+    item = {"id": "api", "title": "HTTP API"}
+    seeded = run(
+        "build.implement",
+        ROSTER,
+        item=item,
+        engine_id="beta",
+        handoff={**seed, "prompt": f"read {ledger} first"},
+    )
+    assert seeded.evidence["seed"] == {**seed, "ledger_events": 2}
+    with pytest.raises(ScriptError, match="not there"):
+        run("build.implement", ROSTER, item=item, handoff={**seed, "prompt": "nothing named"})
