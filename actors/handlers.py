@@ -21,9 +21,11 @@ script, no engine command configured) is ``Failure(vibey, what to fix)``.
 
 build.implement runs in the item's own git worktree (:class:`actors.worktrees.Workspace`);
 whatever the engine left uncommitted there is committed, and the result names the item's
-branch and commit. build.integrate asks no engine: it merges the cycle's item branches into
-the integration branch, serialised per project and cycle by a PostgreSQL transaction-level
-advisory lock (a merge conflict is ``Failure(work)``).
+branch and commit. Its engine is picked by rotation among the roster, and an engine out of
+credits hands the item to the next one through the no-loss gate (:mod:`actors.handoff`).
+build.integrate asks no engine: it merges the cycle's item branches into the integration
+branch, serialised per project and cycle by a PostgreSQL transaction-level advisory lock (a
+merge conflict is ``Failure(work)``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from actors.engines import (
     EngineVerdict,
     ScriptedEngine,
 )
+from actors.handoff import Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
     MergeConflictError,
@@ -136,6 +139,7 @@ class Steps:
                 context.command, context.command_timeout, scratch_root=context.workspace
             )
         self._engines.update(context.engines)
+        self.handoffs = Handoffs(context.pool)  # build.implement: rotation and handoff
 
     def run(self, job: Job) -> Outcome:
         kind = canonical_kind(job.kind)
@@ -155,7 +159,10 @@ class Steps:
                 worktree,
                 effort=None if effort is None else effort.name,
             )
-            verdict = engine.run(task)
+            ran = self.handoffs.run(job, task, engine) if kind == IMPLEMENT else engine.run(task)
+            if not isinstance(ran, EngineVerdict):  # parked at a handoff gate, or deferred
+                return ran
+            verdict = ran
             if worktree is not None and verdict.status == "ok":
                 verdict = _finish_implement(worktree, task, verdict)
         except (StepInputError, EngineError, WorkspaceError) as exc:

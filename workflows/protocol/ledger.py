@@ -14,8 +14,9 @@ a review's triage, the findings still open in the ledger. Ids join the closable 
 * specs, implemented items, integrations and deployments are ``ArtifactProduced``; a verify
   or a failed step is a ``VerdictRendered``; a phase change is a ``PhaseTransitioned``.
 
-Engine-level events (turns, tools, files, transcripts, budget, capacity) are the engines'
-to report: a step's ``evidence["ledger"]`` (see :func:`engine_events`).
+Engine-level events (turns, tools, files, transcripts, budget, capacity, and the handoffs
+between engines inside a job) are the engines' to report: a step's ``evidence["ledger"]``
+(see :func:`engine_events`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ ENGINE_KINDS = frozenset(
         K.CapacityRejected,
         K.AssumptionStated,
         K.SavePointCreated,
+        K.HandoffInitiated,  # a handoff inside an engine-driven job (actors/handoff.py)
+        K.HandoffAccepted,
     }
 )
 
