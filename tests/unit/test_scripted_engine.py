@@ -390,9 +390,7 @@ def _range() -> list[Any]:
         NewEvent(EventKind.ArtifactProduced, {"id": "design.spec.0.0", "artifact": "spec"}),
         NewEvent(EventKind.BudgetSpent, {"turns": 3, "dollars": 1.5}),
     ]
-    return [
-        LedgerEvent("demo", n, e.kind, e.payload, e.digest) for n, e in enumerate(new, start=1)
-    ]
+    return [LedgerEvent("demo", n, e.kind, e.payload, e.digest) for n, e in enumerate(new, start=1)]
 
 
 def test_a_scripted_brief_passes_the_gate_after_its_failing_ones() -> None:
@@ -402,9 +400,7 @@ def test_a_scripted_brief_passes_the_gate_after_its_failing_ones() -> None:
     step_input = {"engine": {"name": "scripted", "script": ROSTER}, "engine_id": "alpha"}
     task = EngineTask("build.implement", "demo", 0, "api", 1, step_input)
     engine = ScriptedEngine()
-    briefs = [
-        engine.write_brief(task, events, spec, mode="brief", number=n) for n in (1, 2, 3)
-    ]
+    briefs = [engine.write_brief(task, events, spec, mode="brief", number=n) for n in (1, 2, 3)]
     reports = [verify(brief, events, spec) for brief in briefs]
     assert [r.failed_rules for r in reports] == [{Rule.R2}, {Rule.R2}, frozenset()]
     good = briefs[2]
@@ -437,3 +433,26 @@ def test_a_seeded_engine_reads_the_ledger_file_its_seed_names(tmp_path: Path) ->
     assert seeded.evidence["seed"] == {**seed, "ledger_events": 2}
     with pytest.raises(ScriptError, match="not there"):
         run("build.implement", ROSTER, item=item, handoff={**seed, "prompt": "nothing named"})
+
+
+def test_the_handoff_demo_script_runs_as_described() -> None:
+    from actors.engines.script import RosterEngine, Script
+    from workflows.noloss import Spec, verify
+
+    relay = _script("handoff.toml")
+    parsed = Script.parse(relay)
+    assert parsed.roster == (RosterEngine("alpha", 2), RosterEngine("beta", 1))
+    assert parsed.failing_briefs == 2
+    item = {"id": "ui", "title": "Web page"}
+    assert run("build.implement", relay, item=item, engine_id="alpha").status == "capacity"
+    assert run("build.implement", relay, item=item, engine_id="beta").status == "ok"
+    events, spec = _range(), Spec(work_items=("ui",))
+    step_input = {"engine": {"name": "scripted", "script": relay}, "engine_id": "alpha"}
+    task = EngineTask("build.implement", "relay", 0, "ui", 1, step_input)
+    passed = [
+        verify(
+            ScriptedEngine().write_brief(task, events, spec, mode="brief", number=n), events, spec
+        ).passed
+        for n in (1, 2, 3)
+    ]
+    assert passed == [False, False, True]
