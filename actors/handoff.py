@@ -49,8 +49,9 @@ one), ``HandoffInitiated`` (``{"id": "handoff:<job>:<outgoing>", "from", "to", "
 "reason"}``) and ``HandoffAccepted`` (the same id, ``"mode"``, ``"briefs"``, ``"rounds"``,
 ``"ledger_file"``, ``"range_digest"``) travel in the step's ``evidence["ledger"]`` and are
 appended in the settle's transaction. When the step will not settle with a success (it parks,
-defers, or fails), nothing of its evidence is written, so what the handoff carried is appended
-here at once instead.
+defers, or fails), nothing of its evidence is written, so what the handoffs carried, and any
+capacity rejection, is appended here at once instead (its own transaction, with the job's
+causation and correlation ids).
 
 Without a pool (unit tests) there is no ``engine_health`` and no ledger: the roster is
 selected from scratch each time (every engine authenticated, circuits closed), the range is
@@ -99,7 +100,7 @@ from workflows.steps import Defer, Outcome, Park
 
 HANDOFF_GATE = "handoff"
 CAPACITY_DELAY = timedelta(seconds=60)
-LEDGER_ENTRY = "CapacityRejected"
+REJECTED = "CapacityRejected"
 ANSWERED = (
     "SELECT answer, answered_by, context FROM gate WHERE job_id = %s AND kind = %s "
     "AND answered_at IS NOT NULL ORDER BY answered_at DESC LIMIT 1"
@@ -165,10 +166,14 @@ class _Run:
     task: EngineTask
     engine: Engine
     roster: tuple[Member, ...]
-    now: datetime
+    clock: Callable[[], datetime]
     carried: list[Entry] = field(default_factory=list)
     handoffs: list[dict[str, Any]] = field(default_factory=list)
     rejected: set[str] = field(default_factory=set)
+
+    @property
+    def now(self) -> datetime:
+        return self.clock()
 
     @property
     def item(self) -> str:
@@ -198,7 +203,7 @@ class Handoffs:
         the outcome itself when the job parks behind a handoff gate or waits for capacity."""
         if task.worktree is None:
             raise EngineError(f"{task.kind} runs in a worktree; job {job.id} has none")
-        run = _Run(job, task, engine, roster_of(task.input), self._clock())
+        run = _Run(job, task, engine, roster_of(task.input), self._clock)
         self._ready(run)
         answered = self._answered(job)
         if answered is not None and answered.answer == "cancel":
@@ -249,20 +254,22 @@ class Handoffs:
         verdict = run.engine.run(replace(task, input={**task.input, "engine_id": engine_id}))
         settled, verdict = settle(engine_id, verdict)
         if self._health is not None:
+            now = run.now  # when it ended: an engine may work for hours
             if isinstance(settled, OutOfCapacity):
-                self._health.record_capacity(engine_id, settled.state, run.now)
+                self._health.record_capacity(engine_id, settled.state, now)
             elif isinstance(settled, Completed):
-                self._health.record_outcome(engine_id, Success(), run.now)
+                self._health.record_outcome(engine_id, Success(), now)
             else:
-                self._health.record_outcome(engine_id, FailureClass.ENGINE, run.now)
+                self._health.record_outcome(engine_id, FailureClass.ENGINE, now)
         return verdict
 
     def _finish(self, run: _Run, verdict: EngineVerdict) -> EngineVerdict:
         """The last engine's verdict is the step's, carrying what the handoffs recorded."""
-        if not run.carried:
-            return verdict
         if verdict.status != "ok":  # no success settles, so no evidence is written: now
-            self._append(run, run.carried + _entries(verdict))
+            if run.carried or verdict.status == "capacity":
+                self._append(run, run.carried + _entries(verdict))
+            return verdict
+        if not run.carried:
             return verdict
         ledger = run.carried + _entries(verdict)
         evidence = {**verdict.evidence, "ledger": ledger, "handoffs": run.handoffs}
@@ -420,10 +427,11 @@ class Handoffs:
         rows in engine-id order)."""
         if self._pool is None or self._health is None:
             return
+        now = run.now
         with transaction(self._pool) as conn:
             for member in sorted(run.roster, key=lambda m: m.id):
                 self._health.register_txn(conn, member.id, installed=True, weight=member.weight)
-                self._health.record_doctor_txn(conn, member.id, passed=True, at=run.now)
+                self._health.record_doctor_txn(conn, member.id, passed=True, at=now)
 
     def _select(
         self,
@@ -439,19 +447,20 @@ class Handoffs:
         ids = allowed if allowed is not None else frozenset(m.id for m in run.roster)
         ids = ids - (run.rejected if allowed is None else frozenset())
         policy = replace(self._policy, allow_lists={Phase.BUILD: ids})
+        now = run.now
         if self._health is None:
-            candidates = [Candidate(m.id, m.weight, authenticated_at=run.now) for m in run.roster]
-            return rotate(candidates, RotationState(), boundary, policy, run.now).engine_id
+            candidates = [Candidate(m.id, m.weight, authenticated_at=now) for m in run.roster]
+            return rotate(candidates, RotationState(), boundary, policy, now).engine_id
         if not preview:
-            return self._health.select(boundary, policy, run.now).engine_id
+            return self._health.select(boundary, policy, now).engine_id
         healths = self._health.all()
         state = RotationState(
             tuple(
                 (h.engine_id, h.rotation_weight) for h in healths if h.rotation_weight is not None
             )
         )
-        candidates = [h.candidate(run.now) for h in healths]
-        return rotate(candidates, state, boundary, policy, run.now).engine_id
+        candidates = [h.candidate(now) for h in healths]
+        return rotate(candidates, state, boundary, policy, now).engine_id
 
     def _range(self, project: str) -> list[LedgerEvent]:
         return [] if self._ledger is None else self._ledger.read(project)
@@ -512,8 +521,8 @@ def settle(engine_id: str, verdict: EngineVerdict) -> tuple[Verdict, EngineVerdi
         return settled, verdict
     state = settled.state
     ledger = _entries(verdict)
-    if not any(e.get("kind") == LEDGER_ENTRY for e in ledger):
-        ledger.append(_entry(LEDGER_ENTRY, {**encode_state(state), "engine": engine_id}))
+    if not any(e.get("kind") == REJECTED for e in ledger):
+        ledger.append(_entry(REJECTED, {**encode_state(state), "engine": engine_id}))
     detail = verdict.detail or f"engine {engine_id}: {state.kind.value}"
     if verdict.status != "capacity":
         detail = (
@@ -530,7 +539,7 @@ def _rejections(verdict: EngineVerdict) -> list[Exhausted]:
     found = [
         rejection_from_payload(e["payload"])
         for e in _entries(verdict)
-        if e.get("kind") == LEDGER_ENTRY and isinstance(e.get("payload"), Mapping)
+        if e.get("kind") == REJECTED and isinstance(e.get("payload"), Mapping)
     ]
     if verdict.status == "capacity":
         named = verdict.result.get("capacity")

@@ -358,6 +358,10 @@ def test_a_rate_limit_window_defers_without_a_handoff(pool: ConnectionPool, tmp_
     circuit = EngineHealthStore(pool=pool).get("fake").circuit
     assert circuit.status is CircuitStatus.OPEN
     assert isinstance(circuit.capacity, WindowExhausted) and circuit.capacity.resets_at == resets
+    [rejected] = Ledger(pool).read(P)  # deferred, the step settles no evidence: written now
+    assert rejected.kind_name == "CapacityRejected" and rejected.payload["state"] == (
+        "WindowExhausted"
+    )
     # The only engine's circuit is open: the next item waits for capacity, nobody runs it.
     again = handlers["build.implement"](
         make_job({"engine": {"name": "fake"}, "cycle": 0, "phase": "build"})
