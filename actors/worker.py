@@ -238,6 +238,7 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(processName)s %(name)s %(message)s"
     )
+    logging.getLogger("pika").setLevel(logging.WARNING)  # its INFO narrates every close
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

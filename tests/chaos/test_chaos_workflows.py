@@ -1,0 +1,134 @@
+"""Chaos: whole protocol workflows on a Dramatiq fleet whose processes are SIGKILLed.
+
+Four worker processes run the real protocol handlers (scripted engine, git worktrees) while
+the rabbit chaos crash points kill about one execution in five (before the claim, after the
+work, after the settle) and stall a few past their lease. Gates are answered as they open.
+At the end: every workflow completed, each step's result was recorded once (one job per step
+name, one ``step_succeeded`` per step), every history replays to its stored state, every
+project's ledger verifies (gapless, digests match), nothing is leased and nothing is unsent.
+
+Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from actors.capabilities import detect
+from actors.worker import Supervisor, WorkerConfig
+from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
+from store.workflows import WorkflowStore
+from tests.amqp_fixtures import Amqp
+from workflows.dispatch import WaitTiers
+from workflows.engine import Registry, Status
+from workflows.job import LeasePolicy
+from workflows.protocol import DEFINITIONS
+
+pytestmark = pytest.mark.chaos
+
+WORKFLOWS = 10
+DEADLINE_S = 240.0
+LEASE = timedelta(seconds=3)
+SCRIPT = {
+    "design": {"questions": [{"id": "who", "question": "Who is it for?", "answers": []}]},
+    "build": {"work_items": [{"id": "core", "title": "Core"}, {"id": "cli", "title": "CLI"}]},
+}
+
+
+def answer_for(gate: object) -> str:
+    kind, answers = getattr(gate, "kind", ""), tuple(getattr(gate, "answers", ()))
+    if kind == "ladder_exhausted":
+        return "2"
+    if getattr(gate, "name", None) in ("visual.opt_in", "deployment.opt_in"):
+        return "no"
+    for preferred in ("accept", "retry", "yes"):
+        if preferred in answers:
+            return preferred
+    return answers[0] if answers else "an answer"
+
+
+def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
+    pg_url: str, amqp: Amqp, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("VIBEY_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
+    os.environ["VIBEY_CHAOS_SEED"] = str(seed)  # the worker processes read it
+    os.environ["VIBEY_CHAOS_LEASE_S"] = str(LEASE.total_seconds())
+    print(f"\nworkflow chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    config = WorkerConfig(
+        pg_url=pg_url,
+        amqp_url=amqp.url,
+        prefix=amqp.prefix,
+        tiers=WaitTiers((timedelta(seconds=1), timedelta(seconds=5))),
+        leases=LeasePolicy(default=LEASE, by_kind={}),
+        threads=2,
+        reconcile_interval=timedelta(seconds=1),
+        redispatch_after=timedelta(seconds=8),
+        reclaim_after=timedelta(seconds=5),
+        crash_points="tests.chaos.rabbit_chaos:CRASH",
+        workspace=str(tmp_path / "work"),
+    )
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
+    connection.close()
+    supervisor = Supervisor(config, processes=4)
+    fleet = threading.Thread(target=supervisor.run, daemon=True)
+    started = time.monotonic()
+    with ConnectionPool(pg_url, min_size=1, max_size=4, kwargs={"autocommit": True}) as pool:
+        jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        ledger = Ledger(pool)
+        store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=ledger)
+        ids = [
+            store.start(
+                f"wf{n:02d}",
+                definition="vibey-protocol",
+                input={"engine": {"name": "scripted", "script": SCRIPT}},
+            ).workflow.id
+            for n in range(WORKFLOWS)
+        ]
+        fleet.start()
+        answered = 0
+        try:
+            while time.monotonic() - started < DEADLINE_S:
+                for gate, _waited in store.inbox():
+                    store.answer(gate.id, answer_for(gate), by="chaos")
+                    answered += 1
+                if all(store.get(i).status.finished for i in ids):
+                    break
+                time.sleep(0.2)
+        finally:
+            supervisor.stop()
+            fleet.join(timeout=120)
+        workflows = [store.get(i) for i in ids]
+        with pool.connection() as conn:
+            dupes = conn.execute(
+                "SELECT workflow_id, event->>'step', count(*) FROM workflow_history "
+                "WHERE event->>'type' = 'step_succeeded' GROUP BY 1, 2 HAVING count(*) > 1"
+            ).fetchall()
+            [(leased,)] = conn.execute("SELECT count(*) FROM job WHERE state = 'leased'")
+            [(succeeded,)] = conn.execute("SELECT count(*) FROM job WHERE state = 'succeeded'")
+            [(attempts,)] = conn.execute("SELECT coalesce(sum(attempts), 0) FROM job")
+        verified = [store.verify(i) for i in ids]
+        ledgers = [ledger.verify(wf.project_id) for wf in workflows]
+    print(
+        f"workflow chaos tally (seed {seed}): workflows={WORKFLOWS} "
+        f"statuses={sorted({w.status.value for w in workflows})} steps={succeeded} "
+        f"claims={attempts} respawns={supervisor.respawns} gates answered={answered} "
+        f"ledger events={sum(v.count for v in ledgers)} wall={time.monotonic() - started:.1f}s"
+    )
+    assert all(w.status is Status.COMPLETED for w in workflows), [
+        (w.project_id, w.status.value, w.phase, w.reason) for w in workflows
+    ]
+    assert dupes == [], f"a step's result recorded more than once: {dupes}"
+    assert all(v.ok for v in verified), [v.divergence for v in verified if not v.ok]
+    assert all(v.ok for v in ledgers), [v.problem for v in ledgers if not v.ok]
+    assert leased == 0
+    assert supervisor.respawns >= 5, "the chaos did not happen"
