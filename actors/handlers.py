@@ -58,8 +58,8 @@ from actors.worktrees import (
     commit_all,
     current_branch,
 )
-from workflows.effort import Attempt, Effort, LadderExhausted, next_attempt
-from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind
+from workflows.effort import Attempt, Effort, LadderExhausted, effort_for, next_attempt
+from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind, phase_of
 from workflows.ledger import UnwritableEvent
 from workflows.phases import Phase
 from workflows.protocol.ledger import engine_events
@@ -148,7 +148,7 @@ class Steps:
             engine = self._engine(step_input)
             worktree = self._worktree(job, step_input) if kind == IMPLEMENT else None
             granted = self._granted(job) if kind in LADDER_KINDS else 0
-            effort = _effort(job, granted) if kind in LADDER_KINDS else None
+            effort = _effort(job, granted)
             task = EngineTask(
                 kind,
                 job.project_id,
@@ -157,7 +157,7 @@ class Steps:
                 job.attempts,
                 step_input,
                 worktree,
-                effort=None if effort is None else effort.name,
+                effort=effort.name,
             )
             ran = self.handoffs.run(job, task, engine) if kind == IMPLEMENT else engine.run(task)
             if not isinstance(ran, EngineVerdict):  # parked at a handoff gate, or deferred
@@ -223,8 +223,12 @@ class Steps:
 
 
 def _effort(job: Job, granted: int) -> Effort:
-    """This attempt's rung: failures so far climb BUILD's ladder; granted ones run at its top."""
-    step = next_attempt(Phase.BUILD, max(0, job.attempts - 1), granted)
+    """This attempt's rung of its phase's ladder (seed 004): BUILD and DEPLOY_EXECUTE climb
+    after failures; BUILD's bounded kinds run granted attempts at the top."""
+    phase = phase_of(job.kind)
+    if canonical_kind(job.kind) not in LADDER_KINDS:
+        return effort_for(phase, max(0, job.attempts - 1))
+    step = next_attempt(phase, max(0, job.attempts - 1), granted)
     return step.effort if isinstance(step, Attempt) else step.top
 
 

@@ -390,3 +390,27 @@ def test_a_relative_workspace_root_makes_worktrees_where_it_says(
     assert path == tmp_path / "rel" / "work" / "proj" / "worktrees" / "c0-item"
     assert (path / ".git").is_file()
     assert Path(git(path, "rev-parse", "--show-toplevel")) == path
+
+
+@pytest.mark.parametrize(
+    ("kind", "attempts", "effort"),
+    [
+        ("design.spec", 1, "HIGH"),
+        ("review.triage", 3, "HIGH"),
+        ("deploy.execute", 1, "LOW"),
+        ("deploy.execute", 2, "STANDARD"),
+        ("deploy.execute", 5, "HIGH"),
+        ("build.verify", 1, "LOW"),
+        ("build.verify", 3, "HIGH"),
+    ],
+)
+def test_each_attempt_runs_at_its_phase_ladder_rung(
+    tmp_path: Path, kind: str, attempts: int, effort: str
+) -> None:
+    from actors.engines import FakeEngine
+
+    fake = FakeEngine()
+    context = HandlerContext(pool=None, workspace=tmp_path, engines={"fake": fake})
+    job = make_job(kind, attempts=attempts, items=["api"], engine={"name": "fake"})
+    build_handlers(context)[kind](job)
+    assert [t.effort for t in fake.tasks] == [effort]
