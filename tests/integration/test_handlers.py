@@ -7,9 +7,8 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,8 @@ from psycopg_pool import ConnectionPool
 
 from actors.engines import EngineTask, EngineVerdict, FakeEngine
 from actors.handlers import NO_COMMAND, HandlerContext, build_handlers
-from workflows.job import KIND_ALIASES, REGISTERED_KINDS, FailureClass, JobState
+from tests.factories import leased_job
+from workflows.job import KIND_ALIASES, REGISTERED_KINDS, FailureClass
 from workflows.queue import Job
 from workflows.steps import Defer, Failure, Handlers, Outcome, Success
 
@@ -37,35 +37,10 @@ def make_job(
     payload: Any = None,
     **inp: Any,
 ) -> Job:
-    now = datetime.now(UTC)
     step_input = {"engine": SCRIPTED, "cycle": cycle, "phase": "build", **inp}
-    return Job(
-        id=uuid.uuid4(),
-        project_id=P,
-        cycle=cycle,
-        kind=kind,
-        subject=subject,
-        idempotency_key="k",
-        state=JobState.LEASED,
-        priority=0,
-        payload={"workflow_id": "w", "step": kind, "subject": subject, "input": step_input}
-        if payload is None
-        else payload,
-        result=None,
-        run_after=now,
-        attempts=attempts,
-        max_attempts=5,
-        lease_timeout=timedelta(minutes=2),
-        lease_owner="test",
-        lease_token=uuid.uuid4(),
-        lease_expires_at=now + timedelta(minutes=2),
-        engine_id=None,
-        last_error=None,
-        failure_class=None,
-        created_at=now,
-        updated_at=now,
-        settled_at=None,
-    )
+    if payload is None:
+        payload = {"workflow_id": "w", "step": kind, "subject": subject, "input": step_input}
+    return leased_job(kind, payload, project_id=P, subject=subject, cycle=cycle, attempts=attempts)
 
 
 def git(cwd: Path, *args: str) -> str:

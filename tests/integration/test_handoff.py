@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ from actors.handoff import settle
 from store.engine_health import EngineHealthStore
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
+from tests.factories import leased_job
 from workflows.capacity import CreditsExhausted, WindowExhausted
 from workflows.circuit import CircuitStatus, Completed, OutOfCapacity
-from workflows.job import JobState
 from workflows.ledger import EventKind, NewEvent
 from workflows.protocol.ledger import engine_events
 from workflows.queue import EnqueueRequest, Job
@@ -55,31 +54,9 @@ class Recording(ScriptedEngine):
 
 
 def make_job(step_input: dict[str, Any], *, item: dict[str, str] = ITEM, attempts: int = 1) -> Job:
-    now = datetime.now(UTC)
-    return Job(
-        id=uuid.uuid4(),
-        project_id=P,
-        cycle=0,
-        kind="build.implement",
-        subject=item["id"],
-        idempotency_key="k",
-        state=JobState.LEASED,
-        priority=0,
-        payload={"step": "build.implement.0.0", "input": {**step_input, "item": item}},
-        result=None,
-        run_after=now,
-        attempts=attempts,
-        max_attempts=5,
-        lease_timeout=timedelta(minutes=2),
-        lease_owner="test",
-        lease_token=uuid.uuid4(),
-        lease_expires_at=now + timedelta(minutes=2),
-        engine_id=None,
-        last_error=None,
-        failure_class=None,
-        created_at=now,
-        updated_at=now,
-        settled_at=None,
+    payload = {"step": "build.implement.0.0", "input": {**step_input, "item": item}}
+    return leased_job(
+        "build.implement", payload, project_id=P, subject=item["id"], attempts=attempts
     )
 
 
