@@ -63,7 +63,7 @@ from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kin
 from workflows.ledger import UnwritableEvent
 from workflows.phases import Phase
 from workflows.protocol.ledger import engine_events
-from workflows.queue import LADDER_EXHAUSTED, GateRequest, Job
+from workflows.queue import LADDER_EXHAUSTED, SPEND_EXHAUSTED, GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
 IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
@@ -71,6 +71,15 @@ IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.veri
 LADDER_KINDS: frozenset[str] = frozenset({IMPLEMENT, VERIFY})
 LADDER_MAX_ATTEMPTS = {IMPLEMENT: 5, VERIFY: 3}  # the protocol's, for the no-pool fallback
 GRANT_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 50}
+SPENT = (
+    "SELECT coalesce(sum((payload->>'dollars')::numeric), 0), "
+    "coalesce(sum((payload->>'turns')::numeric), 0) FROM ledger_event "
+    "WHERE job_id = %s AND kind = 'BudgetSpent'"
+)
+SPEND_GRANTED = (
+    "SELECT context->>'grant', sum(answer::numeric) FROM gate WHERE job_id = %s AND kind = %s "
+    "AND answered_at IS NOT NULL AND answer ~ '^[0-9]+$' GROUP BY 1"
+)
 GRANTED = (
     "SELECT coalesce(sum(answer::int), 0) FROM gate "
     "WHERE job_id = %s AND kind = %s AND answered_at IS NOT NULL AND answer ~ '^[0-9]+$'"
@@ -96,6 +105,8 @@ class HandlerContext:
     command: tuple[str, ...] = ()
     command_timeout: timedelta = timedelta(hours=2)
     engines: Mapping[str, Engine] = field(default_factory=dict)
+    max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
+    max_turns: int | None = None
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
@@ -119,12 +130,23 @@ def to_outcome(kind: str, verdict: EngineVerdict) -> Outcome:
         reason = verdict.detail or "the engine reported no capacity"
         return Defer(CAPACITY_DELAY, reason, capacity=True)
     detail = verdict.detail or f"the engine failed {kind}"
+    evidence = _writable(verdict.evidence)
     if verdict.engine_fault:
         stderr = str(verdict.evidence.get("stderr_tail", "")).strip()
         detail = f"{detail}; stderr: {stderr[-1000:]}" if stderr else detail
-        return Failure(FailureClass.ENGINE, detail[:DETAIL_LIMIT])
+        return Failure(FailureClass.ENGINE, detail[:DETAIL_LIMIT], evidence=evidence)
     work = canonical_kind(kind) in WORK_FAILURE_KINDS
-    return Failure(FailureClass.WORK if work else FailureClass.ENGINE, detail[:DETAIL_LIMIT])
+    cls = FailureClass.WORK if work else FailureClass.ENGINE
+    return Failure(cls, detail[:DETAIL_LIMIT], evidence=evidence)
+
+
+def _writable(evidence: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A failed attempt's evidence, kept for the ledger only when it is writable."""
+    try:
+        engine_events(evidence)
+    except UnwritableEvent:
+        return {}
+    return evidence
 
 
 class Steps:
@@ -148,6 +170,9 @@ class Steps:
             engine = self._engine(step_input)
             worktree = self._worktree(job, step_input) if kind == IMPLEMENT else None
             granted = self._granted(job) if kind in LADDER_KINDS else 0
+            over = self._over_spend_cap(job) if kind in LADDER_KINDS else None
+            if over is not None:
+                return over
             effort = _effort(job, granted)
             task = EngineTask(
                 kind,
@@ -171,6 +196,22 @@ class Steps:
         if isinstance(outcome, Failure) and kind in LADDER_KINDS:
             return _park_if_exhausted(job, kind, outcome, granted)
         return outcome
+
+    def _over_spend_cap(self, job: Job) -> Park | None:
+        """A bounded job whose recorded spend (the ledger's BudgetSpent for it) reached a cap
+        plus what answers granted parks before it runs again; its gate grants more."""
+        caps = {"max_dollars": self.context.max_dollars, "max_turns": self.context.max_turns}
+        if self.context.pool is None or not any(caps.values()):
+            return None
+        with self.context.pool.connection() as conn:
+            spent = conn.execute(SPENT, (job.id,)).fetchone() or (0, 0)
+            rows = conn.execute(SPEND_GRANTED, (job.id, SPEND_EXHAUSTED)).fetchall()
+        granted: dict[str, float] = {str(bound): float(amount) for bound, amount in rows}
+        for (bound, cap), used in zip(caps.items(), spent, strict=True):
+            limit = None if cap is None else cap + granted.get(bound, 0.0)
+            if limit is not None and float(used) >= limit:
+                return _spend_gate(job, bound, float(used), limit)
+        return None
 
     def _granted(self, job: Job) -> int:
         """The attempts granted so far by answers to this job's ladder gates (the record)."""
@@ -255,6 +296,17 @@ def _park_if_exhausted(job: Job, kind: str, failure: Failure, granted: int) -> O
         "detail": failure.detail[:1000],
     }
     return Park(GateRequest(LADDER_EXHAUSTED, prompt, context=context, schema=GRANT_SCHEMA))
+
+
+def _spend_gate(job: Job, bound: str, used: float, limit: float) -> Park:
+    unit = "dollars" if bound == "max_dollars" else "turns"
+    prompt = (
+        f"{job.kind} of {job.payload.get('subject') or job.subject} reached its spend cap: "
+        f"{used:g} of {limit:g} {unit}. Answer with a number to grant that many more {unit} "
+        f"({bound}). Or cancel the workflow."
+    )
+    context = {"kind": job.kind, "grant": bound, "spent": used, "limit": limit}
+    return Park(GateRequest(SPEND_EXHAUSTED, prompt, context=context, schema=GRANT_SCHEMA))
 
 
 def step_input_of(job: Job) -> Mapping[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -171,7 +171,7 @@ class StepRunner:
         settle, label = _settle_write(self._store, job, outcome)
         if self._workflows is not None and job.workflow_id is not None:
             result = outcome.result if isinstance(outcome, Success) else {}
-            evidence = result.get("evidence")
+            evidence = outcome.evidence if isinstance(outcome, Failure) else result.get("evidence")
             failure = (
                 (outcome.failure_class, outcome.detail) if isinstance(outcome, Failure) else None
             )
@@ -181,7 +181,7 @@ class StepRunner:
                 settle,
                 result={k: v for k, v in result.items() if k != "evidence"},
                 failure=failure,
-                evidence=evidence if isinstance(evidence, dict) else None,
+                evidence=evidence if isinstance(evidence, Mapping) else None,
             )
         else:
             settled = self._store.dispatching_transaction(_plain, settle)

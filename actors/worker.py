@@ -66,6 +66,8 @@ class WorkerConfig:
     workspace: str = ".vibey/work"  # engines' git repositories and worktrees
     engine_command: tuple[str, ...] = ()  # the `command` engine's argv
     engine_timeout: timedelta = timedelta(hours=2)
+    max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
+    max_turns: int | None = None
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -186,6 +188,8 @@ class Runtime:
             workspace=Path(self.config.workspace),
             command=self.config.engine_command,
             command_timeout=self.config.engine_timeout,
+            max_dollars=self.config.max_dollars,
+            max_turns=self.config.max_turns,
         )
 
     def _declarer(self, topology: Topology) -> Any:

@@ -77,6 +77,7 @@ from workflows.job import TIMER_KIND, JobState
 from workflows.protocol.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     LADDER_EXHAUSTED,
+    SPEND_EXHAUSTED,
     AnswerStatus,
     EnqueueRequest,
     Gate,
@@ -241,7 +242,9 @@ class WorkflowStore(WorkflowReads):
             if problem:
                 return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, found, problem)
             # A bounded ladder's gate grants the attempts its answer names.
+            # A spend gate parked the job before it ran: its claim's attempt is given back.
             grant = int(answer) if found.kind == LADDER_EXHAUSTED else 0
+            grant = 1 if found.kind == SPEND_EXHAUSTED else grant
             outcome = self._jobs.answer_gate_txn(
                 conn, gate_id, answer=answer, answered_by=by, grant_attempts=grant, outbox=outbox
             )

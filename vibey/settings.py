@@ -51,6 +51,8 @@ The file, every key optional (unknown sections and keys are errors)::
     command = ["my-agent", "--x"]    # the command engine's argv; VIBEY_ENGINE_COMMAND (shell words)
     timeout_seconds = 7200           # the command's time limit; VIBEY_ENGINE_TIMEOUT
     workspace = ".vibey/work"        # engines' repositories and worktrees; VIBEY_ENGINE_WORKSPACE
+    # max_dollars = 20             # a bounded BUILD job's spend cap; VIBEY_ENGINE_MAX_DOLLARS
+    # max_turns = 200              # turn cap of one; VIBEY_ENGINE_MAX_TURNS (unset: no cap)
 
 Lists come from the environment comma-separated (``1,5,30``); an empty item is an error.
 Durations are numbers of seconds: finite, more than 0 (``first_claim_wait_seconds`` may be 0)
@@ -153,6 +155,8 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "command": "VIBEY_ENGINE_COMMAND",
         "timeout_seconds": "VIBEY_ENGINE_TIMEOUT",
         "workspace": "VIBEY_ENGINE_WORKSPACE",
+        "max_dollars": "VIBEY_ENGINE_MAX_DOLLARS",
+        "max_turns": "VIBEY_ENGINE_MAX_TURNS",
     },
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
@@ -398,8 +402,16 @@ class EngineSettings:
     command: tuple[str, ...] = ()
     timeout_seconds: float = 7200.0
     workspace: str = ".vibey/work"
+    max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
+    max_turns: int | None = None
 
     def __post_init__(self) -> None:
+        for key, cap in (("max_dollars", self.max_dollars), ("max_turns", self.max_turns)):
+            if cap is not None and not (math.isfinite(cap) and cap > 0):
+                raise SettingsError(
+                    f"{key} must be more than 0, got {cap}: fix VIBEY_ENGINE_{key.upper()} "
+                    f"(or {key} under [engine]), or leave it unset for no cap"
+                )
         if self.name not in ENGINES:
             raise SettingsError(
                 f"unknown engine {self.name!r}: set VIBEY_ENGINE_NAME (or name under [engine]) "
@@ -760,5 +772,7 @@ def _engine(src: _Source) -> EngineSettings:
             command=src.argv("command"),
             timeout_seconds=src.seconds("timeout_seconds"),
             workspace=src.text("workspace"),
+            max_dollars=src.seconds("max_dollars"),
+            max_turns=src.integer("max_turns"),
         )
     )

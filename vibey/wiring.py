@@ -70,6 +70,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         workspace=settings.engine.workspace,
         engine_command=settings.engine.command,
         engine_timeout=timedelta(seconds=settings.engine.timeout_seconds),
+        max_dollars=settings.engine.max_dollars,
+        max_turns=settings.engine.max_turns,
     )
     _check_names(config)
     _check_handlers(config.handlers)

@@ -44,6 +44,7 @@ from workflows.job import (
 
 DELIVERY_EXHAUSTED = "delivery_exhausted"
 LADDER_EXHAUSTED = "ladder_exhausted"  # its answer is a number: the attempts it grants
+SPEND_EXHAUSTED = "spend_exhausted"  # its answer is a number: the dollars or turns it grants
 DELIVERY_EXHAUSTED_PROMPT = (
     "This job's lease expired on every one of its attempts (its worker died or stalled each "
     "time). Answer anything to retry it with one more attempt."

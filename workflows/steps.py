@@ -24,6 +24,7 @@ class Failure:
     failure_class: FailureClass
     detail: str
     retry_in: timedelta | None = None
+    evidence: JsonObject = field(default_factory=dict)  # what the engine did, for the ledger
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ class Script:
     triage: tuple[str | None, ...] = ()
     has_deploy: bool = False
     step_seconds: Mapping[str, float] = field(default_factory=dict)  # how long a kind works
+    dollars_per_turn: float = 0.0  # what each scripted turn reports it cost ([budget])
     roster: tuple[RosterEngine, ...] = (RosterEngine(DEFAULT_ENGINE),)
     credits_exhausted: tuple[CreditsExhaustion, ...] = ()
     failing_briefs: int = 0  # the first N handoff briefs leave out something the gate needs
@@ -88,6 +89,7 @@ class Script:
             triage=_triage(deploy.get("triage", [])),
             has_deploy="deploy" in raw,
             step_seconds=_seconds(_section(raw, "timing").get("step_seconds", {})),
+            dollars_per_turn=_dollars(_section(raw, "budget").get("dollars_per_turn", 0)),
             roster=roster,
             credits_exhausted=_exhaustions(
                 _section(raw, "capacity").get("credits_exhausted", []), roster
@@ -257,3 +259,11 @@ def _exhaustions(value: Any, roster: tuple[RosterEngine, ...]) -> tuple[CreditsE
             raise ScriptError(f"{where}.attempt counts from 1, got {attempt}")
         out.append(CreditsExhaustion(entry["engine"], kind, item, attempt))
     return tuple(out)
+
+
+def _dollars(value: Any) -> float:
+    """``[budget] dollars_per_turn = 0.5``: what each scripted turn says it cost."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not 0 <= value <= 1000:
+        raise ScriptError("budget.dollars_per_turn must be a number between 0 and 1000")
+    return float(value)

@@ -75,7 +75,8 @@ class ScriptedEngine:
             verdict = credits_exhausted(engine, task)
         else:
             verdict = answer(script, task)
-        evidence = {**verdict.evidence, "ledger": _turn(task, verdict, engine)}
+        turn = _turn(task, verdict, engine, script.dollars_per_turn)
+        evidence = {**verdict.evidence, "ledger": turn}
         seed = _seed(task)
         return replace(verdict, evidence=evidence | ({"seed": seed} if seed else {}))
 
@@ -119,7 +120,9 @@ def credits_exhausted(engine: str, task: EngineTask) -> EngineVerdict:
     return EngineVerdict("capacity", result={"capacity": state}, detail=detail)
 
 
-def _turn(task: EngineTask, verdict: EngineVerdict, engine: str) -> list[dict[str, Any]]:
+def _turn(
+    task: EngineTask, verdict: EngineVerdict, engine: str, dollars: float = 0.0
+) -> list[dict[str, Any]]:
     """The ledger events of one scripted turn: requested, completed, what it cost, and a
     capacity rejection when it reported one."""
     turn = {"kind": task.kind, "subject": task.subject, "attempt": task.attempt}
@@ -129,7 +132,7 @@ def _turn(task: EngineTask, verdict: EngineVerdict, engine: str) -> list[dict[st
             "kind": "TurnCompleted",
             "payload": {"engine": engine, "status": verdict.status, **turn},
         },
-        {"kind": "BudgetSpent", "payload": {"engine": engine, "turns": 1, "dollars": 0}},
+        {"kind": "BudgetSpent", "payload": {"engine": engine, "turns": 1, "dollars": dollars}},
     ]
     capacity = verdict.result.get("capacity")
     if verdict.status == "capacity" and isinstance(capacity, Mapping):

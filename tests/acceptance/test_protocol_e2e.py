@@ -296,3 +296,35 @@ def test_a_thousand_workflows_parked_at_gates_hold_no_message_and_no_lease(
     took = time.monotonic() - started
     assert len(listed["gates"]) == 1000
     print(f"\n1,000 parked workflows: 0 messages, 0 leases; `vibey gate list --json` {took:.2f}s")
+
+
+def test_a_spend_cap_parks_a_verify_and_a_grant_lets_it_finish(
+    e2e: Stack, tmp_path: Path, pg_url: str
+) -> None:
+    config = tmp_path / "vibey.toml"
+    config.write_text("[engine]\nmax_dollars = 2\n")
+    e2e.config = config
+    script = write_script(
+        tmp_path, "[build]\nverify_failures = [2]\n\n[budget]\ndollars_per_turn = 1.0\n"
+    )
+    e2e.start_worker()
+    e2e.vibey("workflow", "start", "spend", "--script", str(script))
+
+    def until_capped(gate: Any) -> str | None:
+        return None if gate["kind"] == "spend_exhausted" else cooperative(gate)
+
+    e2e.drive(["spend"], until_capped)
+    [gate] = [g for g in e2e.open_gates("spend") if g["kind"] == "spend_exhausted"]
+    assert gate["context"]["grant"] == "max_dollars"
+    assert (gate["context"]["spent"], gate["context"]["limit"]) == (2, 2)
+    # Two failed attempts' spend is in the ledger, written with their nacks.
+    spent = sql(
+        pg_url,
+        "SELECT sum((e.payload->>'dollars')::numeric) FROM ledger_event e JOIN job j "
+        "ON j.id = e.job_id WHERE e.kind = 'BudgetSpent' AND j.kind = 'build.verify'",
+    )
+    assert spent == [(2,)]
+    e2e.vibey("gate", "answer", gate["id"], "3", "--by", "e2e")
+    final = e2e.drive(["spend"])["spend"]["workflow"]
+    assert (final["status"], final["completion_mode"]) == ("completed", "local")
+    assert "digests match" in e2e.vibey("ledger", "verify", "spend").stdout

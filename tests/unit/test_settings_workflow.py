@@ -149,3 +149,21 @@ def test_definitions_that_cannot_load_are_refused_before_a_worker_starts(
 def test_load_registry_registers_the_named_definitions(empty_dir: Path) -> None:
     env = {"VIBEY_WORKFLOW_DEFINITIONS": "tests.acceptance.tiny_definition:DEFINITIONS"}
     assert load_registry(load_settings(env, empty_dir)).known() == ["tiny v1"]
+
+
+def test_spend_caps_reach_the_worker_and_bad_ones_are_refused(empty_dir: Path) -> None:
+    env = {
+        "VIBEY_PG_URL": PG,
+        "VIBEY_AMQP_URL": AMQP,
+        "VIBEY_ENGINE_MAX_DOLLARS": "12.5",
+        "VIBEY_ENGINE_MAX_TURNS": "40",
+    }
+    settings = load_settings(env, empty_dir)
+    assert (settings.engine.max_dollars, settings.engine.max_turns) == (12.5, 40)
+    config = worker_config(settings)
+    assert (config.max_dollars, config.max_turns) == (12.5, 40)
+    assert load_settings({}, empty_dir).engine.max_dollars is None
+    with pytest.raises(SettingsError, match="VIBEY_ENGINE_MAX_TURNS"):
+        load_settings({"VIBEY_ENGINE_MAX_TURNS": "0"}, empty_dir)
+    with pytest.raises(SettingsError, match="VIBEY_ENGINE_MAX_TURNS must be an integer"):
+        load_settings({"VIBEY_ENGINE_MAX_TURNS": "many"}, empty_dir)
