@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -254,9 +255,19 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     runtime.stop()
 
 
+QUICK_EXIT_S = 10.0  # an error exit this soon after the start backs the respawn off
+RESPAWN_BASE_S = 0.5
+RESPAWN_MAX_S = 30.0
+
+
 class Supervisor:
     """Runs ``processes`` worker processes and respawns any that dies (by pid), until
-    :meth:`stop`; then stops them all gracefully (SIGTERM: each drains)."""
+    :meth:`stop`; then stops them all gracefully (SIGTERM: each drains).
+
+    A process killed by a signal (SIGKILL, the OOM killer) is respawned at once. One that
+    exits with an error soon after it started (PostgreSQL down, a bad setting) is respawned
+    after a doubling delay (0.5 s, 1 s, 2 s, … at most 30 s), so a fleet that cannot start
+    does not spin; a process that ran for a while resets its delay."""
 
     def __init__(self, config: WorkerConfig, *, processes: int) -> None:
         self._config = config
@@ -265,13 +276,16 @@ class Supervisor:
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["actors.worker"])
         self._children: list[Any] = [None] * processes
+        self._started = [0.0] * processes
+        self._failures = [0] * processes  # quick error exits in a row, per slot
+        self._due: list[float | None] = [None] * processes  # when a dead slot respawns
         self._stopping = threading.Event()
         self.respawns = 0
 
     def run(self) -> int:
         for slot in range(len(self._children)):
             self._spawn(slot)
-        while not self._stopping.wait(0.5):
+        while not self._stopping.wait(0.25):
             self._respawn_dead()
         self._terminate()
         return self.respawns
@@ -289,15 +303,36 @@ class Supervisor:
         )
         child.start()
         self._children[slot] = child
+        self._started[slot] = time.monotonic()
+        self._due[slot] = None
 
     def _respawn_dead(self) -> None:
+        now = time.monotonic()
         for slot, child in enumerate(self._children):
-            if child is not None and not child.is_alive() and not self._stopping.is_set():
+            if child is None or child.is_alive() or self._stopping.is_set():
+                continue
+            if self._due[slot] is None:
+                delay = self._respawn_delay(slot, child.exitcode, now)
                 log.warning(
-                    "worker %s (pid %s) exited %s; respawning", slot, child.pid, child.exitcode
+                    "worker %s (pid %s) exited %s; respawning%s",
+                    slot,
+                    child.pid,
+                    child.exitcode,
+                    f" in {delay:g} s" if delay else "",
                 )
+                self._due[slot] = now + delay
+            if now >= (self._due[slot] or now):
                 self.respawns += 1
                 self._spawn(slot)
+
+    def _respawn_delay(self, slot: int, exitcode: int | None, now: float) -> float:
+        quick_error = (
+            exitcode is not None and exitcode > 0 and now - self._started[slot] < QUICK_EXIT_S
+        )
+        self._failures[slot] = self._failures[slot] + 1 if quick_error else 0
+        if not quick_error:
+            return 0.0
+        return float(min(RESPAWN_BASE_S * 2 ** (self._failures[slot] - 1), RESPAWN_MAX_S))
 
     def _terminate(self) -> None:
         live = [c for c in self._children if c is not None and c.is_alive()]

@@ -1,0 +1,37 @@
+"""The worker supervisor: a fleet that cannot start backs off; a killed process comes back
+at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from actors.worker import RESPAWN_MAX_S, Supervisor, WorkerConfig
+from tests.amqp_fixtures import Amqp
+
+
+def test_the_respawn_delay_doubles_for_quick_error_exits_only() -> None:
+    supervisor = Supervisor(
+        WorkerConfig(pg_url="postgresql://x/y", amqp_url="amqp://x"), processes=1
+    )
+    delays = [supervisor._respawn_delay(0, 1, now=1.0) for _ in range(8)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, RESPAWN_MAX_S, RESPAWN_MAX_S]
+    assert supervisor._respawn_delay(0, -9, now=1.0) == 0.0  # killed by a signal: at once
+    assert supervisor._respawn_delay(0, 1, now=1.0) == 0.5  # the streak starts again
+    assert supervisor._respawn_delay(0, 1, now=60.0) == 0.0  # it ran a while: no backoff
+
+
+def test_a_fleet_that_cannot_start_does_not_spin(pg_url: str, amqp: Amqp) -> None:
+    # A worker that fails at start: its crash points cannot be imported.
+    config = WorkerConfig(
+        pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix, crash_points="tests.nowhere:X"
+    )
+    supervisor = Supervisor(config, processes=1)
+    fleet = threading.Thread(target=supervisor.run, daemon=True)
+    fleet.start()
+    time.sleep(6.0)
+    supervisor.stop()
+    fleet.join(timeout=60)
+    # Without the backoff it would respawn every quarter second (~20 times); with it: the
+    # delays 0.5, 1, 2 (and 4) fit in six seconds with each start's own cost.
+    assert 1 <= supervisor.respawns <= 4, supervisor.respawns
