@@ -321,10 +321,11 @@ def worker(
 
     Runs PROCESSES worker processes of THREADS threads each under a supervisor that respawns
     a process that dies (at once when it was killed; after a doubling delay, at most 30 s,
-    when it keeps failing right after its start). Without --project the fleet serves the shared lane queues (every
-    project); with it, only those projects' dedicated queues. It prints one line saying what
-    it runs; SIGTERM or Ctrl-C lets running steps settle, then exits 0. The flags override
-    [worker] in vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL and VIBEY_AMQP_URL.
+    when it keeps failing right after its start). Without --project the fleet serves the
+    shared lane queues (every project); with it, only those projects' dedicated queues. It
+    prints one line saying what it runs; SIGTERM or Ctrl-C lets running steps settle, then
+    exits 0. The flags override [worker] in vibey.toml and VIBEY_WORKER_*; it needs
+    VIBEY_PG_URL and VIBEY_AMQP_URL.
 
     Parameters
     ----------
