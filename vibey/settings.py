@@ -34,7 +34,7 @@ The file, every key optional (unknown sections and keys are errors)::
     [bus]
     amqp_url = "amqp://guest:guest@127.0.0.1:5672/"   # VIBEY_AMQP_URL
     prefix = "vibey"                                  # VIBEY_BUS_PREFIX
-    vhost = "/"                                       # VIBEY_BUS_VHOST
+    vhost = "/"                                       # for a URL naming none; VIBEY_BUS_VHOST
 
     [worker]                         # `vibey worker`; its flags override these
     processes = 2                    # VIBEY_WORKER_PROCESSES
@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import REGISTERED_KINDS, LeasePolicy, UnknownJobKindError
@@ -334,6 +335,28 @@ class BusSettings:
                 f"the bus prefix {self.prefix!r} must be non-empty and contain no '*', '#' or "
                 "whitespace: fix VIBEY_BUS_PREFIX (or prefix under [bus])"
             )
+        if self.amqp_url is not None:
+            object.__setattr__(self, "amqp_url", _with_vhost(self.amqp_url, self.vhost))
+
+
+def _with_vhost(url: str, vhost: str) -> str:
+    """``[bus] vhost`` applied to the AMQP URL: a URL that names no vhost gets it; one that
+    names the same is kept; one that names another is an error. ``/`` (the default) leaves
+    the URL to decide."""
+    if not vhost:
+        raise SettingsError(
+            "the bus vhost must not be empty: fix VIBEY_BUS_VHOST (or vhost under [bus])"
+        )
+    parts = urlsplit(url)
+    named = unquote(parts.path[1:]) if parts.path not in ("", "/") else None
+    if vhost == "/" or named == vhost:
+        return url
+    if named is None:
+        return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
+    raise SettingsError(
+        f"the AMQP URL names vhost {named!r} but the bus vhost is {vhost!r}: drop one "
+        "(VIBEY_AMQP_URL's path, or VIBEY_BUS_VHOST / vhost under [bus])"
+    )
 
 
 def _worker_fix(key: str) -> str:

@@ -167,3 +167,25 @@ def test_spend_caps_reach_the_worker_and_bad_ones_are_refused(empty_dir: Path) -
         load_settings({"VIBEY_ENGINE_MAX_TURNS": "0"}, empty_dir)
     with pytest.raises(SettingsError, match="VIBEY_ENGINE_MAX_TURNS must be an integer"):
         load_settings({"VIBEY_ENGINE_MAX_TURNS": "many"}, empty_dir)
+
+
+@pytest.mark.parametrize(
+    ("url", "vhost", "expected"),
+    [
+        ("amqp://g:g@h:5672/", "team", "amqp://g:g@h:5672/team"),
+        ("amqp://g:g@h:5672", "a/b", "amqp://g:g@h:5672/a%2Fb"),
+        ("amqp://g:g@h:5672/x", "/", "amqp://g:g@h:5672/x"),
+        ("amqp://g:g@h:5672/x", "x", "amqp://g:g@h:5672/x"),
+    ],
+)
+def test_the_bus_vhost_applies_to_a_url_that_names_none(
+    empty_dir: Path, url: str, vhost: str, expected: str
+) -> None:
+    settings = load_settings({"VIBEY_AMQP_URL": url, "VIBEY_BUS_VHOST": vhost}, empty_dir)
+    assert settings.bus.amqp_url == expected
+
+
+def test_a_url_naming_another_vhost_than_the_bus_is_an_error(empty_dir: Path) -> None:
+    env = {"VIBEY_AMQP_URL": "amqp://g:g@h:5672/x", "VIBEY_BUS_VHOST": "y"}
+    with pytest.raises(SettingsError, match="names vhost 'x' but the bus vhost is 'y'"):
+        load_settings(env, empty_dir)
