@@ -74,7 +74,7 @@ from workflows.engine import (
     engine_rule,
 )
 from workflows.job import TIMER_KIND, JobState
-from workflows.protocol.ledger import engine_events, open_finding_ids
+from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     LADDER_EXHAUSTED,
     SPEND_EXHAUSTED,
@@ -167,9 +167,8 @@ class WorkflowStore(WorkflowReads):
             if live is None:  # pragma: no cover - the conflict guarantees it
                 raise StoreError(f"project {project_id}: workflow start conflicted and vanished")
             return StartOutcome(workflow_from_row(live), created=False)
-        locked = self._lock(conn, row["id"])
-        self._record(conn, locked, Started(input=dict(input)), outbox)
-        return StartOutcome(self._lock(conn, row["id"]), created=True)
+        started = self._record(conn, workflow_from_row(row), Started(input=dict(input)), outbox)
+        return StartOutcome(started, created=True)
 
     def record(self, workflow_id: UUID, event: Event) -> Workflow:
         """Record one event (and carry out what it decides) in its own transaction."""
@@ -178,8 +177,7 @@ class WorkflowStore(WorkflowReads):
     def record_txn(
         self, conn: Conn, workflow_id: UUID, event: Event, *, outbox: list[int] | None = None
     ) -> Workflow:
-        self._record(conn, self._lock(conn, workflow_id), event, outbox)
-        return self._lock(conn, workflow_id)
+        return self._record(conn, self._lock(conn, workflow_id), event, outbox)
 
     def cancel(self, workflow_id: UUID, *, by: str, reason: str = "") -> Workflow:
         return self.record(workflow_id, CancelRequested(by=by, reason=reason))
@@ -280,20 +278,21 @@ class WorkflowStore(WorkflowReads):
         *,
         cause: str | None = None,
         job_id: UUID | None = None,
-    ) -> None:
+    ) -> Workflow:
+        """The event recorded (and decided, unless the workflow is blocked); the workflow
+        after it."""
         now = self._clock()
         seq = workflow.last_seq + 1
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
             self._append(conn, workflow.id, seq, event, None, now)
-            self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
-            return
+            return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
         try:
             with conn.transaction():  # a savepoint: a failed decision leaves nothing behind
-                self._decide(
+                return self._decide(
                     conn, workflow, seq, event, now, outbox, pending=False, cause=(cause, job_id)
                 )
         except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
-            self._block(conn, workflow, seq, event, now, exc)
+            return self._block(conn, workflow, seq, event, now, exc)
 
     def _decide(
         self,
@@ -441,10 +440,10 @@ class WorkflowStore(WorkflowReads):
 
     def _block(
         self, conn: Conn, workflow: Workflow, seq: int, event: Event, now: datetime, exc: Exception
-    ) -> None:
+    ) -> Workflow:
         error = f"{type(exc).__name__}: {exc}"[:2000]
         self._append(conn, workflow.id, seq, event, None, now)
-        self._save(
+        blocked = self._save(
             conn,
             workflow,
             Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error),
@@ -453,6 +452,7 @@ class WorkflowStore(WorkflowReads):
             applied_seq=None,
         )
         self._open_error_gate(conn, workflow, seq, error)
+        return blocked
 
     def _open_error_gate(self, conn: Conn, workflow: Workflow, seq: int, error: str) -> None:
         gate = OpenGate(
@@ -541,7 +541,8 @@ class WorkflowStore(WorkflowReads):
     ) -> Workflow:
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
-        conn.execute(
+        stamps = fetch_one(
+            conn,
             Q["update_workflow"],
             {
                 "id": workflow.id,
@@ -555,8 +556,12 @@ class WorkflowStore(WorkflowReads):
                 "applied_seq": applied,
             },
         )
+        if stamps is None:  # pragma: no cover - the row is locked by this transaction
+            raise WorkflowNotFound(f"no workflow {workflow.id}")
         return replace(
             workflow,
+            updated_at=stamps["updated_at"],
+            finished_at=stamps["finished_at"],
             phase=header.phase,
             cycle=header.cycle,
             status=header.status,

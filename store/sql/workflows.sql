@@ -41,6 +41,7 @@ SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
     finished_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled')
                        THEN coalesce(finished_at, now()) END
 WHERE id = %(id)s
+RETURNING updated_at, finished_at
 
 -- name: append_history
 INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
