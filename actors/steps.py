@@ -184,7 +184,9 @@ class StepRunner:
                 evidence=evidence if isinstance(evidence, Mapping) else None,
             )
         else:
-            settled = self._store.dispatching_transaction(_plain, settle)
+            # nack, defer and park are one statement each: no BEGIN/COMMIT around them.
+            one = not isinstance(outcome, Success)
+            settled = self._store.dispatching_transaction(_plain, settle, one_statement=one)
         if not settled.applied:
             log.warning("job %s: settle refused, the lease was lost (%s)", job.id, label)
             return StepResult.STALE

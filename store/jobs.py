@@ -87,11 +87,14 @@ class PostgresJobRepository:
     def _dispatch_params(self) -> dict[str, Any]:
         return {"dispatch": self._dispatch, "relay": self._relay_id}
 
-    def dispatching_transaction(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        """Run ``fn(conn, *args, outbox=[...], **kwargs)`` in one transaction; the outbox rows
-        it wrote go to the relay after the commit. For writers outside this repository (the
-        workflow store) that compose ``*_txn`` methods."""
-        return self._run_dispatching(fn, *args, **kwargs)
+    def dispatching_transaction(
+        self, fn: Callable[..., R], *args: Any, one_statement: bool = False, **kwargs: Any
+    ) -> R:
+        """Run ``fn(conn, *args, outbox=[...], **kwargs)`` in one transaction (or, when ``fn``
+        issues one statement, as that statement); the outbox rows it wrote go to the relay
+        after the commit. For writers outside this repository (the workflow store, the step
+        actor) that compose ``*_txn`` methods."""
+        return self._run_dispatching(fn, *args, one_statement=one_statement, **kwargs)
 
     def _run_dispatching(
         self,
