@@ -58,11 +58,17 @@ from actors.worktrees import (
     commit_all,
     current_branch,
 )
-from workflows.effort import Attempt, Effort, LadderExhausted, effort_for, next_attempt
+from workflows.effort import (
+    Attempt,
+    Effort,
+    LadderExhausted,
+    effort_for,
+    ladder,
+    next_attempt,
+)
 from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind, phase_of
-from workflows.ledger import UnwritableEvent
+from workflows.ledger import UnwritableEvent, engine_events
 from workflows.phases import Phase
-from workflows.protocol.ledger import engine_events
 from workflows.queue import LADDER_EXHAUSTED, SPEND_EXHAUSTED, GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
@@ -214,7 +220,10 @@ class Steps:
         return None
 
     def _granted(self, job: Job) -> int:
-        """The attempts granted so far by answers to this job's ladder gates (the record)."""
+        """The attempts granted so far by answers to this job's ladder gates (the record).
+        Grants matter only once the ladder's rungs are spent: before that, no query."""
+        if job.attempts < len(ladder(Phase.BUILD)):
+            return 0
         if self.context.pool is None:
             return max(0, job.max_attempts - LADDER_MAX_ATTEMPTS.get(job.kind, job.max_attempts))
         with self.context.pool.connection() as conn:
