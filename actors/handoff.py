@@ -90,10 +90,9 @@ from workflows.circuit import (
     settle_verdict,
 )
 from workflows.job import FailureClass
-from workflows.ledger import LedgerEvent, NewEvent, UnwritableEvent
+from workflows.ledger import LedgerEvent, NewEvent, UnwritableEvent, engine_events
 from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
 from workflows.phases import Phase
-from workflows.protocol.ledger import engine_events
 from workflows.queue import GateRequest, Job
 from workflows.rotation import Boundary, Candidate, RotationPolicy, RotationState, Trigger, rotate
 from workflows.steps import Defer, Outcome, Park

@@ -38,6 +38,11 @@ names it (a string, or a list of strings) closes it (:data:`CLOSERS`): AnswerGiv
 question or an assumption, FindingResolved a finding, DecisionRecorded a decision it
 supersedes or an assumption it settles. :func:`open_items` is what is still open.
 
+**Engines write only engine-level kinds** (:data:`ENGINE_KINDS`: turns, tools, files,
+transcripts, budget, capacity, handoffs), reported in a step's ``evidence["ledger"]`` and read
+by :func:`engine_events`; :func:`open_finding_ids` is what the findings raised and resolved so
+far leave open.
+
 **Causation and correlation.** Every stored event may carry ``causation_id`` (what caused
 it, typically the job id of the step that wrote it) and ``correlation_id`` (what it belongs
 to, typically the workflow id), plus ``job_id`` and ``workflow_id`` as UUIDs for joins.
@@ -445,3 +450,55 @@ def open_items(events: Iterable[LedgerEvent]) -> tuple[OpenItem, ...]:
             key = (kind, item_id(event))  # opened again: the newer one stands
             open_[key] = OpenItem(kind, key[1], event.seq, event.payload)
     return tuple(sorted(open_.values(), key=lambda item: item.seq))
+
+
+# --- what engines may write, and the findings still open ------------------------------
+
+ENGINE_KINDS: frozenset[EventKind] = frozenset(
+    {
+        EventKind.TurnRequested,
+        EventKind.TurnCompleted,
+        EventKind.ToolInvoked,
+        EventKind.TranscriptRecorded,
+        EventKind.FileEdited,
+        EventKind.BudgetSpent,
+        EventKind.CapacityRejected,
+        EventKind.AssumptionStated,
+        EventKind.SavePointCreated,
+        EventKind.HandoffInitiated,  # a handoff inside an engine-driven job (actors/handoff.py)
+        EventKind.HandoffAccepted,
+    }
+)
+
+
+def engine_events(evidence: Mapping[str, Any]) -> list[NewEvent]:
+    """The engine-level events a step's evidence reports under ``"ledger"``: a list of
+    ``{"kind": <EventKind name>, "payload": {...}}``. Writers are strict: a kind that is not
+    an engine-level kind of this vibey, or a payload that is not JSON, raises
+    :class:`~workflows.ledger.UnwritableEvent`."""
+    entries = evidence.get("ledger") or []
+    if not isinstance(entries, list):
+        raise UnwritableEvent("evidence.ledger must be a list of {kind, payload} objects")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise UnwritableEvent(f"evidence.ledger holds {entry!r}, not a {{kind, payload}}")
+        name = entry.get("kind")
+        kind = next((k for k in ENGINE_KINDS if k.value == name), None)
+        if kind is None:
+            known = ", ".join(sorted(k.value for k in ENGINE_KINDS))
+            raise UnwritableEvent(f"an engine may not write ledger kind {name!r}; it may: {known}")
+        out.append(NewEvent(kind, entry.get("payload") or {}))
+    return out
+
+
+def open_finding_ids(events: Iterable[tuple[str, Mapping[str, Any]]]) -> frozenset[str]:
+    """The findings still open after ``events`` (kind name, payload), in ledger order."""
+    open_: set[str] = set()
+    for kind, payload in events:
+        if kind == EventKind.FindingRaised.value and isinstance(payload.get("id"), str):
+            open_.add(payload["id"])
+        elif kind == EventKind.FindingResolved.value:
+            closed = payload.get("closes")
+            open_ -= {closed} if isinstance(closed, str) else set(closed or ())
+    return frozenset(open_)

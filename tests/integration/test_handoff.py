@@ -23,8 +23,7 @@ from store.ledger import Ledger
 from tests.factories import leased_job
 from workflows.capacity import CreditsExhausted, WindowExhausted
 from workflows.circuit import CircuitStatus, Completed, OutOfCapacity
-from workflows.ledger import EventKind, NewEvent
-from workflows.protocol.ledger import engine_events
+from workflows.ledger import EventKind, NewEvent, engine_events
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Defer, Outcome, Park, Success
 

@@ -17,8 +17,8 @@ from workflows.engine import (
     TransitionPhase,
 )
 from workflows.job import FailureClass
-from workflows.ledger import EventKind, UnwritableEvent
-from workflows.protocol.ledger import engine_events, events_for, open_finding_ids, step_kind
+from workflows.ledger import EventKind, UnwritableEvent, engine_events, open_finding_ids
+from workflows.protocol.ledger import events_for, step_kind
 
 K = EventKind
 

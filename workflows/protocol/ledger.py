@@ -37,7 +37,7 @@ from workflows.engine import (
     StepSucceeded,
     TransitionPhase,
 )
-from workflows.ledger import EventKind, NewEvent, UnwritableEvent
+from workflows.ledger import EventKind, NewEvent
 
 K = EventKind
 
@@ -50,21 +50,6 @@ OPT_INS: Mapping[tuple[str, str], EventKind] = {
     ("deployment.opt_in", "no"): K.DeploymentDeclined,
 }
 DECISION_GATES = ("design.accept", "deploy.accept", "deploy.signoff", "step.failed")
-ENGINE_KINDS = frozenset(
-    {
-        K.TurnRequested,
-        K.TurnCompleted,
-        K.ToolInvoked,
-        K.TranscriptRecorded,
-        K.FileEdited,
-        K.BudgetSpent,
-        K.CapacityRejected,
-        K.AssumptionStated,
-        K.SavePointCreated,
-        K.HandoffInitiated,  # a handoff inside an engine-driven job (actors/handoff.py)
-        K.HandoffAccepted,
-    }
-)
 
 
 def step_kind(step: str) -> str:
@@ -171,36 +156,3 @@ def _from_command(command: Command, open_findings: OpenFindings) -> list[NewEven
 def _closing(open_findings: Iterable[str]) -> list[NewEvent]:
     still = sorted(open_findings)
     return [NewEvent(K.FindingResolved, {"closes": still})] if still else []
-
-
-def engine_events(evidence: Mapping[str, Any]) -> list[NewEvent]:
-    """The engine-level events a step's evidence reports under ``"ledger"``: a list of
-    ``{"kind": <EventKind name>, "payload": {...}}``. Writers are strict: a kind that is not
-    an engine-level kind of this vibey, or a payload that is not JSON, raises
-    :class:`~workflows.ledger.UnwritableEvent`."""
-    entries = evidence.get("ledger") or []
-    if not isinstance(entries, list):
-        raise UnwritableEvent("evidence.ledger must be a list of {kind, payload} objects")
-    out = []
-    for entry in entries:
-        if not isinstance(entry, Mapping):
-            raise UnwritableEvent(f"evidence.ledger holds {entry!r}, not a {{kind, payload}}")
-        name = entry.get("kind")
-        kind = next((k for k in ENGINE_KINDS if k.value == name), None)
-        if kind is None:
-            known = ", ".join(sorted(k.value for k in ENGINE_KINDS))
-            raise UnwritableEvent(f"an engine may not write ledger kind {name!r}; it may: {known}")
-        out.append(NewEvent(kind, entry.get("payload") or {}))
-    return out
-
-
-def open_finding_ids(events: Iterable[tuple[str, Mapping[str, Any]]]) -> frozenset[str]:
-    """The findings still open after ``events`` (kind name, payload), in ledger order."""
-    open_: set[str] = set()
-    for kind, payload in events:
-        if kind == K.FindingRaised.value and isinstance(payload.get("id"), str):
-            open_.add(payload["id"])
-        elif kind == K.FindingResolved.value:
-            closed = payload.get("closes")
-            open_ -= {closed} if isinstance(closed, str) else set(closed or ())
-    return frozenset(open_)
