@@ -27,7 +27,6 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-import pika
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -35,6 +34,7 @@ from actors.capabilities import detect
 from actors.worker import Supervisor, WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
+from tests.chaos.fleet import chaos_seed, count, queue_depths
 from tests.commit_audit import COMMIT_AUDIT
 from workflows.dispatch import WaitTiers
 from workflows.job import LeasePolicy
@@ -75,27 +75,12 @@ def enqueue_chains(repo: PostgresJobRepository, seed: int) -> int:
     return len(requests)
 
 
-def count(pool: ConnectionPool, sql: str) -> int:
-    with pool.connection() as conn:
-        row = conn.execute(sql.encode()).fetchone()
-    return int(row[0]) if row else -1
-
-
 def unsettled(pool: ConnectionPool) -> int:
     return count(
         pool,
         "SELECT count(*) FROM job WHERE state NOT IN "
         "('succeeded', 'failed', 'cancelled', 'awaiting_human')",
     )
-
-
-def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
-    connection = pika.BlockingConnection(pika.URLParameters(amqp.url))
-    try:
-        channel = connection.channel()
-        return {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
-    finally:
-        connection.close()
 
 
 def bounce_broker(after_s: float, down_s: float, done: threading.Event) -> None:
@@ -109,10 +94,7 @@ def bounce_broker(after_s: float, down_s: float, done: threading.Event) -> None:
 def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
     pg_url: str, amqp: Amqp, tmp_path: Path
 ) -> None:
-    seed = int(os.environ.get("VIBEY_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
-    os.environ["VIBEY_CHAOS_SEED"] = str(seed)  # the worker processes read it
-    os.environ["VIBEY_CHAOS_LEASE_S"] = str(LEASE.total_seconds())
-    print(f"\nrabbitmq chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    seed = chaos_seed("rabbitmq", lease=LEASE)
     config = WorkerConfig(
         pg_url=pg_url,
         amqp_url=amqp.url,

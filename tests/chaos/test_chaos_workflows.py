@@ -12,8 +12,6 @@ Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
 
 from __future__ import annotations
 
-import os
-import random
 import threading
 import time
 from datetime import timedelta
@@ -27,11 +25,14 @@ from actors.worker import Supervisor, WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore
+from tests.acceptance.stack import cooperative
 from tests.amqp_fixtures import Amqp
+from tests.chaos.fleet import chaos_seed
 from workflows.dispatch import WaitTiers
 from workflows.engine import Registry, Status
 from workflows.job import LeasePolicy
 from workflows.protocol import DEFINITIONS
+from workflows.queue import Gate
 
 pytestmark = pytest.mark.chaos
 
@@ -44,25 +45,15 @@ SCRIPT = {
 }
 
 
-def answer_for(gate: object) -> str:
-    kind, answers = getattr(gate, "kind", ""), tuple(getattr(gate, "answers", ()))
-    if kind == "ladder_exhausted":
-        return "2"
-    if getattr(gate, "name", None) in ("visual.opt_in", "deployment.opt_in"):
-        return "no"
-    for preferred in ("accept", "retry", "yes"):
-        if preferred in answers:
-            return preferred
-    return answers[0] if answers else "an answer"
+def answer_for(gate: Gate) -> str:
+    """What a cooperative person answers (the e2e tests' answerer)."""
+    return cooperative({"name": gate.name, "kind": gate.kind, "answers": list(gate.answers)})
 
 
 def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
     pg_url: str, amqp: Amqp, tmp_path: Path
 ) -> None:
-    seed = int(os.environ.get("VIBEY_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
-    os.environ["VIBEY_CHAOS_SEED"] = str(seed)  # the worker processes read it
-    os.environ["VIBEY_CHAOS_LEASE_S"] = str(LEASE.total_seconds())
-    print(f"\nworkflow chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    seed = chaos_seed("workflow", lease=LEASE)
     config = WorkerConfig(
         pg_url=pg_url,
         amqp_url=amqp.url,

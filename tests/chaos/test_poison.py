@@ -28,7 +28,6 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-import pika
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -36,6 +35,7 @@ from actors.capabilities import detect
 from actors.worker import Supervisor, WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
+from tests.chaos.fleet import count, queue_depths
 from tests.chaos.poison_handlers import KIND
 from workflows.dispatch import WaitTiers
 from workflows.job import LeasePolicy
@@ -83,24 +83,9 @@ def enqueue(repo: PostgresJobRepository, seed: int) -> set[uuid.UUID]:
     return poison
 
 
-def count(pool: ConnectionPool, query: str) -> int:
-    with pool.connection() as conn:
-        row = conn.execute(query.encode()).fetchone()
-    return int(row[0]) if row else -1
-
-
 def unsettled(pool: ConnectionPool) -> int:
     states = ", ".join(f"'{s}'" for s in SETTLED)
     return count(pool, f"SELECT count(*) FROM job WHERE state NOT IN ({states})")
-
-
-def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
-    connection = pika.BlockingConnection(pika.URLParameters(amqp.url))
-    try:
-        channel = connection.channel()
-        return {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
-    finally:
-        connection.close()
 
 
 def stop_fleet(supervisor: Supervisor, fleet: threading.Thread) -> None:
