@@ -41,7 +41,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from actors.engines import (
+from actors.agents import (
     CommandEngine,
     Engine,
     EngineError,

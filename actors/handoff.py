@@ -70,8 +70,8 @@ from typing import Any, Protocol, runtime_checkable
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from actors.engines import Engine, EngineError, EngineTask, EngineVerdict
-from actors.engines.script import Script
+from actors.agents import Engine, EngineError, EngineTask, EngineVerdict
+from actors.agents.script import Script
 from store.db import transaction
 from store.engine_health import EngineHealthStore
 from store.jobs import PostgresJobRepository

@@ -56,8 +56,8 @@ def read_script(path: Path) -> dict[str, Any]:
             f"script {path}: must hold an object at the top, got {type(parsed).__name__}",
             ExitCode.USAGE,
         )
-    from actors.engines.base import ScriptError  # the scripted engine's own reading
-    from actors.engines.script import Script
+    from actors.agents.base import ScriptError  # the scripted engine's own reading
+    from actors.agents.script import Script
 
     try:
         Script.parse(parsed)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.engines import CommandEngine, EngineTask
+from actors.agents import CommandEngine, EngineTask
 from actors.handlers import to_outcome
 from workflows.job import FailureClass
 from workflows.steps import Defer, Failure, Success

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from psycopg_pool import ConnectionPool
 
-from actors.engines import EngineTask, EngineVerdict, FakeEngine
+from actors.agents import EngineTask, EngineVerdict, FakeEngine
 from actors.handlers import NO_COMMAND, HandlerContext, build_handlers
 from tests.factories import leased_job
 from workflows.job import KIND_ALIASES, REGISTERED_KINDS, FailureClass
@@ -382,7 +382,7 @@ def test_a_relative_workspace_root_makes_worktrees_where_it_says(
 def test_each_attempt_runs_at_its_phase_ladder_rung(
     tmp_path: Path, kind: str, attempts: int, effort: str
 ) -> None:
-    from actors.engines import FakeEngine
+    from actors.agents import FakeEngine
 
     fake = FakeEngine()
     context = HandlerContext(pool=None, workspace=tmp_path, engines={"fake": fake})

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from psycopg_pool import ConnectionPool
 
-from actors.engines import EngineTask, EngineVerdict, FakeEngine, ScriptedEngine
+from actors.agents import EngineTask, EngineVerdict, FakeEngine, ScriptedEngine
 from actors.handlers import HandlerContext, build_handlers
 from actors.handoff import settle
 from store.engine_health import EngineHealthStore

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from actors.engines import ROUTES, EngineTask, EngineVerdict, FakeEngine, ScriptedEngine
-from actors.engines.script import DEPLOY_FAILURES
-from actors.engines.scripted import ANSWERS
+from actors.agents import ROUTES, EngineTask, EngineVerdict, FakeEngine, ScriptedEngine
+from actors.agents.script import DEPLOY_FAILURES
+from actors.agents.scripted import ANSWERS
 from actors.worktrees import Workspace
 from workflows.job import KIND_PHASES
 
@@ -229,7 +229,7 @@ def test_deploy_route_maps_the_failure(failure: str | None, route: str) -> None:
 def test_malformed_scripts_and_inputs_raise_script_errors(
     kind: str, script: Any, extra: dict[str, Any], message: str
 ) -> None:
-    from actors.engines import ScriptError
+    from actors.agents import ScriptError
 
     with pytest.raises(ScriptError, match=message.replace("[", r"\[").replace("]", r"\]")):
         run(kind, script, **extra)
@@ -278,8 +278,8 @@ def test_fake_engine_records_tasks_and_answers_from_its_table() -> None:
 def test_timing_makes_a_kind_take_its_time_and_bad_timing_is_refused() -> None:
     import time as clock
 
-    from actors.engines import EngineTask, ScriptedEngine
-    from actors.engines.base import ScriptError
+    from actors.agents import EngineTask, ScriptedEngine
+    from actors.agents.base import ScriptError
 
     script = {"timing": {"step_seconds": {"design.research": 0.2}}}
     task = EngineTask(
@@ -315,7 +315,7 @@ ROSTER: dict[str, Any] = {
 
 
 def test_a_roster_defaults_to_one_scripted_engine() -> None:
-    from actors.engines.script import RosterEngine, Script
+    from actors.agents.script import RosterEngine, Script
 
     assert Script.parse({}).roster == (RosterEngine("scripted", 1),)
     parsed = Script.parse(ROSTER)
@@ -373,8 +373,8 @@ def test_an_engine_out_of_credits_says_so_with_no_reset_time() -> None:
     ],
 )
 def test_malformed_rosters_and_capacity_are_script_errors(script: Any, message: str) -> None:
-    from actors.engines import ScriptError
-    from actors.engines.script import Script
+    from actors.agents import ScriptError
+    from actors.agents.script import Script
 
     with pytest.raises(ScriptError, match=message.replace("[", r"\[").replace("]", r"\]")):
         Script.parse(script)
@@ -416,7 +416,7 @@ def test_a_scripted_brief_passes_the_gate_after_its_failing_ones() -> None:
 
 
 def test_a_seeded_engine_reads_the_ledger_file_its_seed_names(tmp_path: Path) -> None:
-    from actors.engines import ScriptError
+    from actors.agents import ScriptError
 
     ledger = tmp_path / ".vibey" / "handoff" / "ledger.jsonl"
     ledger.parent.mkdir(parents=True)
@@ -436,7 +436,7 @@ def test_a_seeded_engine_reads_the_ledger_file_its_seed_names(tmp_path: Path) ->
 
 
 def test_the_handoff_demo_script_runs_as_described() -> None:
-    from actors.engines.script import RosterEngine, Script
+    from actors.agents.script import RosterEngine, Script
     from workflows.noloss import Spec, verify
 
     relay = _script("handoff.toml")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from actors.engines.base import EngineTask, EngineVerdict
+from actors.agents.base import EngineTask, EngineVerdict
 
 Responder = Callable[[EngineTask], EngineVerdict]
 

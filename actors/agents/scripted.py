@@ -24,8 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from actors.engines.base import EngineTask, EngineVerdict, ScriptError
-from actors.engines.script import DEFAULT_ENGINE, DEPLOY_FAILURES, Script
+from actors.agents.base import EngineTask, EngineVerdict, ScriptError
+from actors.agents.script import DEFAULT_ENGINE, DEPLOY_FAILURES, Script
 from actors.worktrees import commit_all, current_branch
 from workflows.capacity import CreditsExhausted, encode_state
 from workflows.ledger import (

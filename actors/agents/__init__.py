@@ -1,6 +1,6 @@
-"""Engines: who does a step's work (see :mod:`actors.engines.base` for the seam)."""
+"""Coding agents: who does a step's work (see :mod:`actors.agents.base` for the seam)."""
 
-from actors.engines.base import (
+from actors.agents.base import (
     STATUSES,
     Engine,
     EngineError,
@@ -9,9 +9,9 @@ from actors.engines.base import (
     ScriptError,
     Status,
 )
-from actors.engines.command import CommandEngine
-from actors.engines.fake import FakeEngine
-from actors.engines.scripted import ROUTES, ScriptedEngine
+from actors.agents.command import CommandEngine
+from actors.agents.fake import FakeEngine
+from actors.agents.scripted import ROUTES, ScriptedEngine
 
 __all__ = [
     "ROUTES",

@@ -38,7 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from actors.engines.base import STATUSES, EngineTask, EngineVerdict
+from actors.agents.base import STATUSES, EngineTask, EngineVerdict
 from actors.worktrees import checked_name
 
 TAIL_BYTES = 4000

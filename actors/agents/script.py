@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.engines.base import ScriptError
+from actors.agents.base import ScriptError
 
 DEPLOY_FAILURES: frozenset[str] = frozenset(
     {"infra", "config", "design", "product", "code", "review"}
