@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +49,7 @@ from actors.agents import (
     EngineVerdict,
     ScriptedEngine,
 )
+from actors.agents.lease import Held, Holder, WorktreeBusy, WorktreeLease
 from actors.handoff import Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
@@ -94,6 +95,12 @@ WORK_FAILURE_KINDS: frozenset[str] = frozenset({"build.verify", "deploy.execute"
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
+FENCE = "SELECT 1 FROM job WHERE id = %s::uuid AND state = 'leased' AND lease_token::text = %s"
+BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
+LEASE_GRACE_S = 2.0
+INTEGRATED_PHASES = frozenset(
+    {Phase.REVIEW, Phase.DEPLOY_DESIGN, Phase.DEPLOY_EXECUTE, Phase.DEPLOY_REVIEW}
+)
 INTEGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %s::text), %s::int)"
 
 
@@ -168,6 +175,15 @@ class Steps:
             )
         self._engines.update(context.engines)
         self.handoffs = Handoffs(context.pool)  # build.implement: rotation and handoff
+        self.leases = WorktreeLease(grace=LEASE_GRACE_S, fence=self._fence)
+
+    def _fence(self, holder: Holder) -> bool:
+        """Whether PostgreSQL still grants ``holder``'s job to the claim that started it."""
+        if self.context.pool is None:
+            return True
+        with self.context.pool.connection() as conn:
+            row = conn.execute(FENCE, (holder.job_id, holder.owner)).fetchone()
+        return row is not None
 
     def run(self, job: Job) -> Outcome:
         kind = canonical_kind(job.kind)
@@ -189,19 +205,50 @@ class Steps:
                 step_input,
                 worktree,
                 effort=effort.name,
+                workdir=worktree or self._workdir(job.project_id, kind),
+                job_id=str(job.id),
             )
-            ran = self.handoffs.run(job, task, engine) if kind == IMPLEMENT else engine.run(task)
+            with self._leased(job, task) as task:
+                ran = self._attempt(job, task, engine)
             if not isinstance(ran, EngineVerdict):  # parked at a handoff gate, or deferred
                 return ran
             verdict = ran
             if worktree is not None and verdict.status == "ok":
                 verdict = _finish_implement(worktree, task, verdict)
+        except WorktreeBusy as exc:
+            return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
         outcome = to_outcome(kind, verdict)
         if isinstance(outcome, Failure) and kind in LADDER_KINDS:
             return _park_if_exhausted(job, kind, outcome, granted)
         return outcome
+
+    def _attempt(self, job: Job, task: EngineTask, engine: Engine) -> EngineVerdict | Outcome:
+        if canonical_kind(job.kind) == IMPLEMENT:
+            return self.handoffs.run(job, task, engine)
+        return engine.run(task)
+
+    @contextmanager
+    def _leased(self, job: Job, task: EngineTask) -> Iterator[EngineTask]:
+        """The task, holding its workdir's lease for the block (see :mod:`actors.agents.lease`):
+        no two attempts ever work in one directory."""
+        assert task.workdir is not None
+        with self._held(job, task.workdir) as held:
+            yield replace(task, lease=held)
+
+    def _held(self, job: Job, directory: Path) -> AbstractContextManager[Held]:
+        owner = str(job.lease_token) if job.lease_token is not None else f"local:{job.id}"
+        return self.leases.hold(directory, str(job.id), job.attempts, owner)
+
+    def _workdir(self, project: str, kind: str) -> Path:
+        """Where a kind's engine works: build.verify, REVIEW and DEPLOY in the integrated tree
+        (the code, not a scratch folder), the others in the project's scratch directory."""
+        if kind == VERIFY or phase_of(kind) in INTEGRATED_PHASES:
+            return self.workspace.integrated(project)
+        scratch = self.workspace.project_dir(project) / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        return scratch
 
     def _over_spend_cap(self, job: Job) -> Park | None:
         """A bounded job whose recorded spend (the ledger's BudgetSpent for it) reached a cap
@@ -233,8 +280,11 @@ class Steps:
     def integrate(self, job: Job) -> Outcome:
         try:
             items = _items(step_input_of(job))
-            with self.integration_lock(job.project_id, job.cycle):
+            tree = self.workspace.integrated(job.project_id)
+            with self.integration_lock(job.project_id, job.cycle), self._held(job, tree):
                 commit = self.workspace.integrate(job.project_id, job.cycle, items)
+        except WorktreeBusy as exc:
+            return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:
             return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])
         except (StepInputError, WorkspaceError) as exc:

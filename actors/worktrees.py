@@ -157,16 +157,22 @@ class Workspace:
             _ensure_worktree(repo, path, branch)
         return path
 
+    def integrated(self, project: str) -> Path:
+        """The integration worktree (branch ``vibey/integration``, from main when new): the
+        integrated code, where verify, review and deploy work."""
+        path = self.project_dir(project) / "worktrees" / "integration"
+        repo = self.repo(project)
+        with self._locked(project):
+            _ensure_worktree(repo, path, INTEGRATION_BRANCH)
+        return path
+
     def integrate(self, project: str, cycle: int, items: Sequence[str]) -> str:
         """Merges each item's branch of ``cycle`` into the integration branch (no-ops for
         those already merged); the integration branch's commit after.
 
         Not serialised here: the caller holds the project and cycle's integration lock."""
         branches = [item_branch(cycle, item) for item in items]
-        path = self.project_dir(project) / "worktrees" / "integration"
-        repo = self.repo(project)
-        with self._locked(project):
-            _ensure_worktree(repo, path, INTEGRATION_BRANCH)
+        path = self.integrated(project)
         _clean(path)
         for item, branch in zip(items, branches, strict=True):
             _merge(path, item, branch, cycle)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from actors.agents.lease import Held
+
 Status = Literal["ok", "failed", "capacity"]
 STATUSES: frozenset[str] = frozenset({"ok", "failed", "capacity"})
 
@@ -33,7 +35,9 @@ class ScriptError(EngineError):
 @dataclass(frozen=True, slots=True)
 class EngineTask:
     """One step's work. ``kind`` is canonical; ``input`` is the job payload's ``input``;
-    ``worktree`` is set for build.implement only."""
+    ``worktree`` is set for build.implement only (the item's worktree); ``workdir`` is the
+    directory the engine works in (the item's worktree, the integrated tree for verify,
+    review and deploy, else the project's scratch directory), whose lease the attempt holds."""
 
     kind: str
     project_id: str
@@ -43,6 +47,9 @@ class EngineTask:
     input: Mapping[str, Any]
     worktree: Path | None = None
     effort: str | None = None  # the effort ladder's level for this attempt (BUILD's kinds)
+    workdir: Path | None = None  # where the engine runs: the worktree, the integrated tree…
+    lease: Held | None = None  # the workdir's lease, held for this attempt (see .lease)
+    job_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
 """The command engine: any coding agent or script, run as a command, one step at a time.
 
 For each task it writes ``plan.json`` (``{kind, project_id, cycle, subject, attempt,
-input}``) to a fresh run directory and starts the command in its own process group, with
-the task's worktree (or a per-project scratch directory) as the working directory and these
-variables added to the environment it inherits:
+input}``) to a fresh run directory and starts the command under the supervising wrapper
+(:mod:`actors.agents.process`: it dies with the worker, and takes its process group with
+it), with the task's workdir (else its worktree, else a per-project scratch directory) as the
+working directory and these variables added to the environment it inherits:
 
     VIBEY_PLAN      the plan file to read
     VIBEY_VERDICT   where to write the verdict:
@@ -19,36 +20,26 @@ detail saying which, and the tails of its stdout and stderr as evidence. Process
 leaves behind in its group are killed when it exits.
 
 The engine reads no environment itself: ``env`` (the child's whole environment) is passed in,
-and when it is not, the child inherits the worker's; either way ``env(1)`` adds the three
-variables (it execs the command, so the pid is the command's).
+and when it is not, the child inherits the worker's; either way the wrapper adds the
+variables. The worktree lease the task holds (``task.lease``) is inherited by the engine
+process and records its process group.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from actors.agents.base import STATUSES, EngineTask, EngineVerdict
+from actors.agents.process import Exit, run_supervised
 from actors.worktrees import checked_name
 
 TAIL_BYTES = 4000
-
-
-@dataclass(frozen=True, slots=True)
-class _Exit:
-    pid: int
-    returncode: int
-    timed_out: bool
 
 
 class CommandEngine:
@@ -81,6 +72,8 @@ class CommandEngine:
             return _judge(done, verdict, run_dir)
 
     def _cwd(self, task: EngineTask, run_dir: Path) -> Path:
+        if task.workdir is not None:
+            return task.workdir
         if task.worktree is not None:
             return task.worktree
         if self._scratch_root is None:
@@ -89,30 +82,28 @@ class CommandEngine:
         scratch.mkdir(parents=True, exist_ok=True)
         return scratch
 
-    def _spawn(
-        self, task: EngineTask, cwd: Path, run_dir: Path, plan: Path, verdict: Path
-    ) -> _Exit:
-        variables = [f"VIBEY_PLAN={plan}", f"VIBEY_VERDICT={verdict}", f"VIBEY_KIND={task.kind}"]
+    def _spawn(self, task: EngineTask, cwd: Path, run_dir: Path, plan: Path, verdict: Path) -> Exit:
+        variables = {
+            "VIBEY_PLAN": str(plan),
+            "VIBEY_VERDICT": str(verdict),
+            "VIBEY_KIND": task.kind,
+        }
         if task.effort:
-            variables.append(f"VIBEY_EFFORT={task.effort}")
+            variables["VIBEY_EFFORT"] = task.effort
+        held = task.lease
         with (run_dir / "stdout").open("wb") as out, (run_dir / "stderr").open("wb") as err:
-            process = subprocess.Popen(
-                ["env", *variables, *self.argv],
+            return run_supervised(
+                self.argv,
                 cwd=cwd,
                 env=self._env,
-                stdin=subprocess.DEVNULL,
+                extra=variables,
                 stdout=out,
                 stderr=err,
-                start_new_session=True,
+                timeout=self.timeout.total_seconds(),
+                grace=self._grace.total_seconds(),
+                lock_fd=None if held is None else held.fd,
+                on_start=None if held is None else held.started,
             )
-            try:
-                return _Exit(process.pid, process.wait(self.timeout.total_seconds()), False)
-            except subprocess.TimeoutExpired:
-                _stop(process, self._grace)
-                return _Exit(process.pid, process.returncode, True)
-            finally:
-                _kill_group(process.pid)
-                process.wait()
 
 
 def _plan(task: EngineTask) -> dict[str, Any]:
@@ -126,26 +117,6 @@ def _plan(task: EngineTask) -> dict[str, Any]:
     }
 
 
-def _stop(process: subprocess.Popen[bytes], grace: timedelta) -> None:
-    """SIGTERM to the group, SIGKILL after ``grace``; reaps the leader."""
-    _signal_group(process.pid, signal.SIGTERM)
-    try:
-        process.wait(grace.total_seconds())
-    except subprocess.TimeoutExpired:
-        _signal_group(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _kill_group(pgid: int) -> None:
-    _signal_group(pgid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    # ProcessLookupError: the group is empty; PermissionError: its id is someone else's now.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
 def _fault(detail: str, evidence: dict[str, Any] | None = None) -> EngineVerdict:
     return EngineVerdict("failed", evidence=evidence or {}, detail=detail, engine_fault=True)
 
@@ -156,7 +127,7 @@ def _tail(path: Path) -> str:
         return handle.read().decode("utf-8", errors="replace")
 
 
-def _judge(done: _Exit, verdict: Path, run_dir: Path) -> EngineVerdict:
+def _judge(done: Exit, verdict: Path, run_dir: Path) -> EngineVerdict:
     evidence = {
         "pid": done.pid,
         "exit_code": done.returncode,
@@ -165,8 +136,9 @@ def _judge(done: _Exit, verdict: Path, run_dir: Path) -> EngineVerdict:
     }
     if done.timed_out:
         return _fault("the engine command timed out; its process group was killed", evidence)
-    if done.returncode < 0:
-        return _fault(f"the engine command was killed by signal {-done.returncode}", evidence)
+    if done.returncode < 0 or done.returncode > 128:
+        signum = -done.returncode if done.returncode < 0 else done.returncode - 128
+        return _fault(f"the engine command was killed by signal {signum}", evidence)
     if done.returncode != 0:
         return _fault(f"the engine command exited with status {done.returncode}", evidence)
     if not verdict.exists():
