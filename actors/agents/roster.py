@@ -1,0 +1,186 @@
+"""The engine roster: one :class:`AgentSpec` per ``[engines.<id>]`` table of vibey.toml.
+
+::
+
+    [engines.claude]
+    adapter = "claude-code"          # claude-code, codex, gemini, aider, command, scripted
+    binary = "claude"                # a path, or a name looked up on the engine's PATH
+    args = ["--model", "sonnet"]     # added to every invocation
+    weight = 3                       # its share of rotation (0: never picked)
+    local = false                    # a local engine runs only while it is switched on
+    capabilities = ["edit", "test"]  # what a boundary may require of it
+    phases = ["BUILD", "REVIEW"]     # the phases it may work in (empty: all)
+    timeout_seconds = 3600           # one invocation's wall clock (the group is killed past it)
+    env = { ANTHROPIC_API_KEY = "…" }  # the only variables it gets besides a minimal base
+
+    [engines.claude.effort]          # vibey's five levels onto native flags; a level left
+    TRIVIAL = ["--max-turns", "5"]   # out takes the nearest lower one that is given
+    HIGH = ["--model", "opus", "--max-turns", "60"]
+
+The orchestrator's own environment is never passed to an engine: it gets ``BASE_ENV`` (PATH,
+HOME, LANG, TERM, taken from the worker when set) and ``env``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider", "command", "scripted")
+EFFORT_LEVELS: tuple[str, ...] = ("TRIVIAL", "LOW", "STANDARD", "HIGH", "MAX")
+PHASES: tuple[str, ...] = (
+    "DESIGN",
+    "VISUAL_DESIGN",
+    "BUILD",
+    "REVIEW",
+    "DEPLOY_DESIGN",
+    "DEPLOY_EXECUTE",
+    "DEPLOY_REVIEW",
+)
+DEFAULT_BINARIES = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "aider": "aider"}
+BASE_ENV: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR")
+KEYS: tuple[str, ...] = (
+    "adapter",
+    "binary",
+    "args",
+    "weight",
+    "local",
+    "capabilities",
+    "phases",
+    "effort",
+    "env",
+    "timeout_seconds",
+)
+
+
+class RosterError(ValueError):
+    """An ``[engines.<id>]`` table that cannot be used; the message names the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    id: str
+    adapter: str
+    binary: str = ""
+    args: tuple[str, ...] = ()
+    weight: int = 1
+    local: bool = False
+    capabilities: frozenset[str] = frozenset()
+    phases: frozenset[str] = frozenset()
+    effort: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_seconds: float = 7200.0
+
+    def effort_args(self, level: str | None) -> tuple[str, ...]:
+        """The native flags for ``level``, saturating: the nearest level at or below it that
+        the table gives (none given below: the nearest above; none at all: nothing)."""
+        if not self.effort or level not in EFFORT_LEVELS:
+            return ()
+        rank = EFFORT_LEVELS.index(level)
+        below = [lv for lv in EFFORT_LEVELS[: rank + 1] if lv in self.effort]
+        above = [lv for lv in EFFORT_LEVELS[rank:] if lv in self.effort]
+        return self.effort[below[-1] if below else above[0]]
+
+    def allows(self, phase: str) -> bool:
+        return not self.phases or phase in self.phases
+
+    def environment(self, worker_env: Mapping[str, str]) -> dict[str, str]:
+        """What the engine process gets: the minimal base, then ``env``."""
+        base = {name: worker_env[name] for name in BASE_ENV if name in worker_env}
+        return {**base, **self.env}
+
+
+def parse_roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
+    """The ``[engines]`` tables as specs, in id order; :class:`RosterError` on the first
+    problem found."""
+    if not isinstance(tables, Mapping):
+        raise RosterError(f"{where}: engines must be tables, as in [engines.claude]")
+    return tuple(_spec(str(id_), body, f"{where} [engines.{id_}]") for id_, body in sorted(tables.items()))
+
+
+def _spec(id_: str, body: Any, where: str) -> AgentSpec:
+    if not isinstance(body, Mapping):
+        raise RosterError(f"{where}: must be a table with at least adapter = \"…\"")
+    unknown = sorted(set(body) - set(KEYS))
+    if unknown:
+        raise RosterError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(KEYS)}")
+    adapter = body.get("adapter")
+    if adapter not in ADAPTERS:
+        raise RosterError(f"{where}: adapter must be one of {', '.join(ADAPTERS)}, got {adapter!r}")
+    binary = _text(body.get("binary", DEFAULT_BINARIES.get(adapter, "")), "binary", where)
+    if adapter == "command" and not binary:
+        raise RosterError(f"{where}: the command adapter needs binary = \"path/to/agent\"")
+    return AgentSpec(
+        id=id_,
+        adapter=adapter,
+        binary=binary,
+        args=_words(body.get("args", []), "args", where),
+        weight=_weight(body.get("weight", 1), where),
+        local=_flag(body.get("local", False), where),
+        capabilities=frozenset(_words(body.get("capabilities", []), "capabilities", where)),
+        phases=_phases(body.get("phases", []), where),
+        effort=_effort(body.get("effort", {}), where),
+        env=_env(body.get("env", {}), where),
+        timeout_seconds=_timeout(body.get("timeout_seconds", 7200.0), where),
+    )
+
+
+def _text(value: Any, key: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise RosterError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _words(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RosterError(f"{where}: {key} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _weight(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RosterError(f"{where}: weight must be a whole number at least 0, got {value!r}")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise RosterError(f"{where}: local must be true or false, got {value!r}")
+    return value
+
+
+def _phases(value: Any, where: str) -> frozenset[str]:
+    phases = _words(value, "phases", where)
+    for phase in phases:
+        if phase not in PHASES:
+            raise RosterError(f"{where}: unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+    return frozenset(phases)
+
+
+def _effort(value: Any, where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, Mapping):
+        raise RosterError(f"{where}: effort must be a table of level = [flags]")
+    levels: dict[str, tuple[str, ...]] = {}
+    for level, flags in value.items():
+        if level not in EFFORT_LEVELS:
+            raise RosterError(
+                f"{where}: unknown effort level {level!r}; levels: {', '.join(EFFORT_LEVELS)}"
+            )
+        levels[level] = _words(flags, f"effort.{level}", where)
+    return levels
+
+
+def _env(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+        raise RosterError(f"{where}: env must be a table of NAME = \"value\" strings")
+    return {str(k): v for k, v in value.items()}
+
+
+def _timeout(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RosterError(f"{where}: timeout_seconds must be a number, got {value!r}")
+    if not (math.isfinite(value) and 0 < value <= 365 * 24 * 3600):
+        raise RosterError(f"{where}: timeout_seconds must be more than 0 and at most a year")
+    return float(value)
