@@ -592,6 +592,7 @@ def job_from_row(row: DictRow) -> Job:
         dispatch_seq=row["dispatch_seq"],
         workflow_id=row.get("workflow_id"),
         step=row.get("step"),
+        lease_expired=row.get("lease_expired", False),
     )
 
 

@@ -148,6 +148,7 @@ class Job:
     dispatch_seq: int = 0
     workflow_id: UUID | None = None
     step: str | None = None
+    lease_expired: bool = False  # its previous attempt's lease expired (its worker died)
 
     @property
     def lease(self) -> Lease:

@@ -35,7 +35,6 @@ from workflows.engine import (
     TransitionPhase,
 )
 from workflows.job import FailureClass
-from workflows.protocol.kinds import STEP_KINDS
 from workflows.protocol import (
     DEFINITIONS,
     PROTOCOL,
@@ -44,6 +43,7 @@ from workflows.protocol import (
     StateCodecError,
     decode_state,
 )
+from workflows.protocol.kinds import STEP_KINDS
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
