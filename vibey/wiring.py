@@ -24,6 +24,7 @@ from store.pool import open_pool
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
+from workflows.job import UnknownJobKindError
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
 # A command publishes what it committed with a relay of its own, for at most these long; what
@@ -75,7 +76,7 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     )
     _check_names(config)
     _check_handlers(config.handlers)
-    load_registry(settings)
+    _check_leases(settings, load_registry(settings))
     return config
 
 
@@ -110,6 +111,17 @@ def _check_handlers(path: str) -> None:
         raise SettingsError(
             f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
             "fix --handlers, VIBEY_WORKER_HANDLERS (or handlers under [worker])"
+        ) from exc
+
+
+def _check_leases(settings: Settings, registry: Registry) -> None:
+    """Every kind ``[queue.lease_seconds]`` names is one a registered definition declares."""
+    try:
+        settings.queue.lease.resolved(registry.kinds.canonical)
+    except UnknownJobKindError as exc:
+        raise SettingsError(
+            f"[queue.lease_seconds] names unknown job kind {exc.kind!r}: use default or one of "
+            f"{', '.join(sorted(registry.kinds.names()))}"
         ) from exc
 
 
@@ -154,9 +166,10 @@ class WorkflowClient:
         publishing = dispatching and settings.bus.amqp_url is not None
         self._relay_id = f"vibey-cli:{socket.gethostname()}:{os.getpid()}" if publishing else None
         self._outbox: list[int] = []
+        self._kinds = registry.kinds
         self.jobs = PostgresJobRepository(
             pool=pool,
-            leases=settings.queue.lease,
+            leases=settings.queue.lease.resolved(registry.kinds.canonical),
             dispatch=dispatching,
             relay_id=self._relay_id,
             after_commit=self._outbox.extend,
@@ -184,6 +197,7 @@ class WorkflowClient:
                 names=QueueNames(self.settings.bus.prefix),
                 tiers=rabbitmq.wait_tiers,
                 dedicated=rabbitmq.dedicated_projects,
+                kinds=self._kinds,
             ),
         )
         try:
