@@ -64,11 +64,12 @@ from workflows.gates import GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
+from workflows.phases import Phase
 from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
-IMPLEMENT, INTEGRATE = "build.implement", "build.integrate"
+IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
 SPENT = (
     "SELECT coalesce(sum((payload->>'dollars')::numeric), 0), "
     "coalesce(sum((payload->>'turns')::numeric), 0) FROM ledger_event "
@@ -88,7 +89,7 @@ NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
 FENCE = "SELECT 1 FROM job WHERE id = %s::uuid AND state = 'leased' AND lease_token::text = %s"
 BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
 LEASE_GRACE_S = 2.0
-INTEGRATED_PHASES = frozenset(
+INTEGRATED_PHASES: frozenset[str] = frozenset(
     {Phase.REVIEW, Phase.DEPLOY_DESIGN, Phase.DEPLOY_EXECUTE, Phase.DEPLOY_REVIEW}
 )
 INTEGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %s::text), %s::int)"
@@ -195,7 +196,7 @@ class Steps:
                 step_input,
                 worktree,
                 effort=effort.name,
-                workdir=worktree or self._workdir(job.project_id, kind),
+                workdir=worktree or self._workdir(job.project_id, step_kind),
                 job_id=str(job.id),
             )
             with self._leased(job, task) as task:
@@ -215,7 +216,7 @@ class Steps:
         return outcome
 
     def _attempt(self, job: Job, task: EngineTask, engine: Engine) -> EngineVerdict | Outcome:
-        if canonical_kind(job.kind) == IMPLEMENT:
+        if task.kind == IMPLEMENT:
             return self.handoffs.run(job, task, engine)
         return engine.run(task)
 
@@ -231,10 +232,10 @@ class Steps:
         owner = str(job.lease_token) if job.lease_token is not None else f"local:{job.id}"
         return self.leases.hold(directory, str(job.id), job.attempts, owner)
 
-    def _workdir(self, project: str, kind: str) -> Path:
+    def _workdir(self, project: str, kind: StepKind) -> Path:
         """Where a kind's engine works: build.verify, REVIEW and DEPLOY in the integrated tree
         (the code, not a scratch folder), the others in the project's scratch directory."""
-        if kind == VERIFY or phase_of(kind) in INTEGRATED_PHASES:
+        if kind.name == VERIFY or kind.phase in INTEGRATED_PHASES:
             return self.workspace.integrated(project)
         scratch = self.workspace.project_dir(project) / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@
     weight = 3                       # its share of rotation (0: never picked)
     local = false                    # a local engine runs only while it is switched on
     capabilities = ["edit", "test"]  # what a boundary may require of it
-    phases = ["BUILD", "REVIEW"]     # the phases it may work in (empty: all)
+    phases = ["build", "review"]     # the phases it may work in (empty: all)
     timeout_seconds = 3600           # one invocation's wall clock (the group is killed past it)
     env = { ANTHROPIC_API_KEY = "…" }  # the only variables it gets besides a minimal base
 
@@ -31,13 +31,13 @@ from typing import Any
 ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider", "command", "scripted")
 EFFORT_LEVELS: tuple[str, ...] = ("TRIVIAL", "LOW", "STANDARD", "HIGH", "MAX")
 PHASES: tuple[str, ...] = (
-    "DESIGN",
-    "VISUAL_DESIGN",
-    "BUILD",
-    "REVIEW",
-    "DEPLOY_DESIGN",
-    "DEPLOY_EXECUTE",
-    "DEPLOY_REVIEW",
+    "design",
+    "visual_design",
+    "build",
+    "review",
+    "deploy_design",
+    "deploy_execute",
+    "deploy_review",
 )
 DEFAULT_BINARIES = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "aider": "aider"}
 BASE_ENV: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR")
@@ -97,12 +97,13 @@ def parse_roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
     problem found."""
     if not isinstance(tables, Mapping):
         raise RosterError(f"{where}: engines must be tables, as in [engines.claude]")
-    return tuple(_spec(str(id_), body, f"{where} [engines.{id_}]") for id_, body in sorted(tables.items()))
+    specs = (_spec(str(i), body, f"{where} [engines.{i}]") for i, body in sorted(tables.items()))
+    return tuple(specs)
 
 
 def _spec(id_: str, body: Any, where: str) -> AgentSpec:
     if not isinstance(body, Mapping):
-        raise RosterError(f"{where}: must be a table with at least adapter = \"…\"")
+        raise RosterError(f'{where}: must be a table with at least adapter = "…"')
     unknown = sorted(set(body) - set(KEYS))
     if unknown:
         raise RosterError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(KEYS)}")
@@ -111,7 +112,7 @@ def _spec(id_: str, body: Any, where: str) -> AgentSpec:
         raise RosterError(f"{where}: adapter must be one of {', '.join(ADAPTERS)}, got {adapter!r}")
     binary = _text(body.get("binary", DEFAULT_BINARIES.get(adapter, "")), "binary", where)
     if adapter == "command" and not binary:
-        raise RosterError(f"{where}: the command adapter needs binary = \"path/to/agent\"")
+        raise RosterError(f'{where}: the command adapter needs binary = "path/to/agent"')
     return AgentSpec(
         id=id_,
         adapter=adapter,
@@ -152,7 +153,7 @@ def _flag(value: Any, where: str) -> bool:
 
 
 def _phases(value: Any, where: str) -> frozenset[str]:
-    phases = _words(value, "phases", where)
+    phases = tuple(p.lower() for p in _words(value, "phases", where))
     for phase in phases:
         if phase not in PHASES:
             raise RosterError(f"{where}: unknown phase {phase!r}; phases: {', '.join(PHASES)}")
@@ -174,7 +175,7 @@ def _effort(value: Any, where: str) -> dict[str, tuple[str, ...]]:
 
 def _env(value: Any, where: str) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-        raise RosterError(f"{where}: env must be a table of NAME = \"value\" strings")
+        raise RosterError(f'{where}: env must be a table of NAME = "value" strings')
     return {str(k): v for k, v in value.items()}
 
 

@@ -118,7 +118,9 @@ def main(args: list[str]) -> None:
     split = args.index("--")
     parent, grace, fds_arg = int(args[0]), float(args[1]), args[2]
     variables, argv = args[3:split], args[split + 1 :]
-    os.environ.update(v.split("=", 1) for v in variables)
+    for variable in variables:
+        name, _, value = variable.partition("=")
+        os.environ[name] = value
     fds = tuple(int(fd) for fd in fds_arg.split(",") if fd)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _on_signal)
