@@ -1,0 +1,305 @@
+"""Coding-agent CLIs behind the engine seam: what every adapter shares.
+
+An adapter (:mod:`actors.agents.claude_code`, ``codex``, ``gemini``, ``aider``) says two
+things: how a plan becomes its CLI's command line (:meth:`CliAdapter.invocation`) and how its
+CLI's output reads (:meth:`CliAdapter.read`, into a :class:`Reading`). This module does the
+rest, the same for all of them:
+
+1. writes the plan (:mod:`actors.agents.plans`) to ``<workdir>/.vibey/plans/<job>.md`` and
+   ``.json``: the kind, the effort, the accepted spec and design answers, the work item, the
+   result it must report and where (``<workdir>/.vibey/verdicts/<job>.json``, or a JSON
+   object as its final message);
+2. runs the CLI in the step's workdir under the supervising wrapper (it dies with the worker),
+   with the engine's own environment only (``AgentSpec.environment``), its stdout kept as the
+   transcript under ``transcripts`` (by reference: a path and its SHA-256), within its
+   ``timeout_seconds`` (past it the whole process group is killed);
+3. judges the run, structured output first, known strings second, exit codes last:
+
+   ==============================================  ========================================
+   what the CLI said                               verdict
+   ==============================================  ========================================
+   a limit with a reset time                       capacity: WindowExhausted(resets_at)
+   credits, billing or quota spent (no reset)      capacity: CreditsExhausted
+   an authentication failure                       capacity: AuthenticationFailed
+   a hang past the timeout, a crash, a malformed   failed, engine fault
+   stream, an error it reported, exit ≠ 0
+   a result that is not a JSON object              failed, engine fault (evidence kept)
+   build.implement that changed nothing            failed, engine fault ("exit 0, nothing
+                                                   changed" is not a success)
+   ``{"status": "failed", "detail"}`` reported     failed (the kind's failure class)
+   otherwise                                       ok, the reported result
+   ==============================================  ========================================
+
+Every verdict's evidence carries the ledger entries of the run: TurnRequested, TurnCompleted,
+ToolInvoked and FileEdited (as the CLI reported them, and the files the worktree shows
+changed), BudgetSpent (tokens always, dollars where the CLI reports them), CapacityRejected,
+and TranscriptRecorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actors.agents.base import EngineTask, EngineVerdict
+from actors.agents.plans import Plan, write_plan
+from actors.agents.process import Exit, run_supervised
+from actors.agents.roster import AgentSpec
+from workflows.capacity import Exhausted, encode_state
+
+TAIL_CHARS = 4000
+Context = Callable[[EngineTask], Mapping[str, Any]]
+
+
+@dataclass
+class Reading:
+    """What a CLI's output says (filled by an adapter's ``read``)."""
+
+    text: str = ""  # the final message
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    dollars: float | None = None
+    tools: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    capacity: Exhausted | None = None
+    error: str | None = None  # a failure the CLI reported
+    malformed: str | None = None  # output that is not the CLI's format
+    session: str | None = None
+
+
+class CliAdapter:
+    """The shared run (see the module docstring); subclasses give ``invocation`` and
+    ``read``."""
+
+    adapter = ""
+    judged_by_worktree = False  # aider: its exit code can say success when nothing changed
+
+    def __init__(
+        self,
+        spec: AgentSpec,
+        *,
+        worker_env: Mapping[str, str],
+        transcripts: Path,
+        context: Context | None = None,
+        grace: float = 2.0,
+    ) -> None:
+        self.spec = spec
+        self._env = spec.environment(worker_env)
+        self._transcripts = transcripts
+        self._context = context
+        self._grace = grace
+
+    # -- what an adapter says ---------------------------------------------------------------
+
+    def invocation(self, task: EngineTask, plan: Plan, prompt: str) -> list[str]:
+        raise NotImplementedError
+
+    def read(self, stdout: str, stderr: str, returncode: int) -> Reading:
+        raise NotImplementedError
+
+    def version_argv(self) -> list[str]:
+        return ["--version"]
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def binary(self) -> str | None:
+        """The binary's path, looked up on the engine's own PATH; None when not installed."""
+        return shutil.which(self.spec.binary, path=self._env.get("PATH"))
+
+    def run(self, task: EngineTask) -> EngineVerdict:
+        binary = self.binary()
+        if binary is None:
+            return fault(f"engine {self.spec.id}: {self.spec.binary!r} is not installed")
+        workdir = task.workdir or task.worktree
+        if workdir is None:
+            return fault(f"engine {self.spec.id}: {task.kind} has no directory to work in")
+        context = self._context(task) if self._context is not None else {}
+        plan = write_plan(workdir, task, context, self.spec.id)
+        before = _tree_state(workdir)
+        argv = [binary, *self.invocation(task, plan, plan.prompt)]
+        done, transcript, stderr = self._spawn(task, argv, workdir)
+        stdout = transcript.read_text(encoding="utf-8", errors="replace")
+        reading = self.read(stdout, stderr, done.returncode)
+        changed = _changed(workdir, before)
+        return self.judge(task, plan, done, reading, changed, transcript)
+
+    def _spawn(
+        self, task: EngineTask, argv: Sequence[str], workdir: Path
+    ) -> tuple[Exit, Path, str]:
+        self._transcripts.mkdir(parents=True, exist_ok=True)
+        name = f"{task.job_id or task.subject or task.kind}-{task.attempt}-{self.spec.id}"
+        transcript = self._transcripts / f"{name}.log"
+        errors = self._transcripts / f"{name}.stderr"
+        held = task.lease
+        with transcript.open("wb") as out, errors.open("wb") as err:
+            done = run_supervised(
+                argv,
+                cwd=workdir,
+                env=self._env,
+                stdout=out,
+                stderr=err,
+                timeout=self.spec.timeout_seconds,
+                grace=self._grace,
+                lock_fd=None if held is None else held.fd,
+                on_start=None if held is None else held.started,
+            )
+        return done, transcript, errors.read_text(encoding="utf-8", errors="replace")
+
+    # -- the judgement ----------------------------------------------------------------------
+
+    def judge(
+        self,
+        task: EngineTask,
+        plan: Plan,
+        done: Exit,
+        reading: Reading,
+        changed: list[str],
+        transcript: Path,
+    ) -> EngineVerdict:
+        ledger = self._ledger(task, reading, changed, transcript, done)
+        evidence: dict[str, Any] = {
+            "ledger": ledger,
+            "engine_id": self.spec.id,
+            "exit_code": done.returncode,
+            "transcript": str(transcript),
+            "stdout_tail": reading.text[-TAIL_CHARS:],
+        }
+        if reading.capacity is not None:
+            state = encode_state(reading.capacity)
+            ledger.append(
+                {"kind": "CapacityRejected", "payload": {**state, "engine": self.spec.id}}
+            )
+            detail = f"engine {self.spec.id}: {reading.capacity.kind.value}"
+            return EngineVerdict("capacity", {"capacity": state}, evidence, detail)
+        why = _fault_of(done, reading, self.spec.timeout_seconds)
+        if why is not None:
+            return fault(f"engine {self.spec.id}: {why}", evidence)
+        result = reported_result(plan.verdict_file, reading.text)
+        if isinstance(result, str):
+            return fault(f"engine {self.spec.id}: {result}", evidence)
+        if task.kind == "build.implement" and not changed:
+            return fault(f"engine {self.spec.id} exited 0 but changed nothing", evidence)
+        if result.get("status") == "failed":
+            return EngineVerdict("failed", evidence=evidence, detail=str(result.get("detail", "")))
+        return EngineVerdict("ok", result=result, evidence=evidence, detail=reading.text[-300:])
+
+    def _ledger(
+        self, task: EngineTask, reading: Reading, changed: list[str], transcript: Path, done: Exit
+    ) -> list[dict[str, Any]]:
+        engine = self.spec.id
+        turn = {
+            "engine": engine,
+            "kind": task.kind,
+            "subject": task.subject,
+            "attempt": task.attempt,
+        }
+        entries: list[dict[str, Any]] = [{"kind": "TurnRequested", "payload": turn}]
+        entries += [
+            {"kind": "ToolInvoked", "payload": {"engine": engine, "tool": t}} for t in reading.tools
+        ]
+        files = sorted({*reading.files, *changed})
+        entries += [{"kind": "FileEdited", "payload": {"engine": engine, "path": f}} for f in files]
+        status = "timeout" if done.timed_out else f"exit {done.returncode}"
+        entries.append({"kind": "TurnCompleted", "payload": {**turn, "status": status}})
+        spent: dict[str, Any] = {
+            "engine": engine,
+            "turns": max(1, reading.turns),
+            "input_tokens": reading.input_tokens,
+            "output_tokens": reading.output_tokens,
+        }
+        if reading.dollars is not None:
+            spent["dollars"] = reading.dollars
+        entries.append({"kind": "BudgetSpent", "payload": spent})
+        digest = hashlib.sha256(transcript.read_bytes()).hexdigest()
+        recorded = {"engine": engine, "path": str(transcript), "sha256": digest}
+        entries.append({"kind": "TranscriptRecorded", "payload": recorded})
+        return entries
+
+
+def json_lines(stdout: str) -> list[dict[str, Any]] | str:
+    """The JSON objects of an NDJSON stream (lines that are other JSON values are skipped),
+    or why it is not one: the first line that is not JSON."""
+    events: list[dict[str, Any]] = []
+    for number, line in enumerate(stdout.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return f"line {number} is not JSON: {line[:120]!r}"
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def fault(detail: str, evidence: Mapping[str, Any] | None = None) -> EngineVerdict:
+    return EngineVerdict("failed", evidence=dict(evidence or {}), detail=detail, engine_fault=True)
+
+
+def _fault_of(done: Exit, reading: Reading, timeout: float) -> str | None:
+    if done.timed_out:
+        return f"hung past its {timeout:g} s timeout; its process group was killed"
+    if done.returncode < 0 or done.returncode > 128:
+        signum = -done.returncode if done.returncode < 0 else done.returncode - 128
+        return f"killed by signal {signum}"
+    if reading.malformed is not None:
+        return f"malformed output: {reading.malformed}"
+    if reading.error is not None:
+        return f"reported an error: {reading.error[:500]}"
+    if done.returncode != 0:
+        return f"exited with status {done.returncode}"
+    return None
+
+
+_JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+
+
+def reported_result(verdict_file: Path, text: str) -> dict[str, Any] | str:
+    """The result the engine reported: its verdict file, else the last JSON object of its
+    final message (a fenced block, or the whole message); else why there is none. The object
+    is the kind's result; ``{"status": "failed", "detail": …}`` reports a failure."""
+    candidates: list[str] = []
+    if verdict_file.is_file():
+        candidates.append(verdict_file.read_text(encoding="utf-8", errors="replace"))
+    candidates += list(reversed(_JSON_BLOCK.findall(text)))
+    candidates.append(text.strip())
+    for candidate in candidates:
+        try:
+            parsed = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict):
+            return parsed
+    return (
+        f"reported no result: no verdict file at {verdict_file} and no JSON object in its "
+        "final message"
+    )
+
+
+def _tree_state(workdir: Path) -> str | None:
+    """HEAD of ``workdir`` when it is a git work tree; None when it is not."""
+    return _git(workdir, "rev-parse", "HEAD")
+
+
+def _changed(workdir: Path, before: str | None) -> list[str]:
+    """Files changed in ``workdir`` since ``before`` (committed or not), .vibey/ excluded."""
+    if before is None:
+        return []
+    committed = _git(workdir, "diff", "--name-only", before, "HEAD") or ""
+    status = _git(workdir, "status", "--porcelain", "--untracked-files=all") or ""
+    pending = [line[3:] for line in status.splitlines() if len(line) > 3]
+    files = {*committed.splitlines(), *pending}
+    return sorted(f for f in files if f and not f.startswith(".vibey/"))
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
