@@ -51,7 +51,7 @@ def write_plan(workdir: Path, task: EngineTask, context: Mapping[str, Any], engi
         "subject": task.subject,
         "attempt": task.attempt,
         "effort": task.effort,
-        "input": {k: v for k, v in task.input.items() if k != "engine"},
+        "input": dict(task.input),
         **dict(context),
         "report": {"verdict_file": str(verdict_file), "or": "a JSON object as the final message"},
     }

@@ -106,7 +106,8 @@ def _stop(engine: subprocess.Popen[bytes], grace: float) -> None:
 
 def _exit_as(returncode: int) -> None:
     if returncode < 0:
-        signal.signal(-returncode, signal.SIG_DFL)
+        if -returncode not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
         time.sleep(1)
     sys.exit(returncode if returncode >= 0 else 128 - returncode)

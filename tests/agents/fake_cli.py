@@ -1,0 +1,314 @@
+"""Fake coding-agent CLIs: ``claude``, ``codex``, ``gemini`` and ``aider`` as their adapters
+call them, printing each CLI's real output format (docs/engines.md; the formats are in the
+notes the adapters cite).
+
+A test writes an executable per CLI (:func:`install`) that runs :func:`main` with the CLI's
+name. Each takes that CLI's real headless flags and refuses others (exit 2, as an argument
+parser would), reads the plan the prompt names, and plays ``FAKE_SCENARIO`` (from the engine's
+own ``env``):
+
+``success``  does the step's work as the scripted engine would (build.implement edits and
+             commits ``src/<item>.txt`` in its worktree) and reports the result
+``window``   hits a rate-limit window with a reset time (``FAKE_RESET``, an epoch)
+``credits``  runs out of credits (no reset time)
+``auth``     fails authentication
+``crash``    dies mid-stream (SIGKILL)
+``hang``     prints its first event and hangs
+``garbage``  prints what is not its format, exits 0
+``noop``     says it succeeded, changed nothing, exits 0
+
+``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
+(counted in ``FAKE_STATE``, a directory), credits after. Every run appends its scenario to
+``$FAKE_STATE/runs.log`` when ``FAKE_STATE`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
+
+
+def install(directory: Path) -> dict[str, Path]:
+    """Writes the four fake executables into ``directory``; their paths by CLI name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for cli in ("claude", "codex", "gemini", "aider"):
+        path = directory / cli
+        path.write_text(
+            f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+            f"from tests.agents.fake_cli import main\nmain({cli!r})\n"
+        )
+        path.chmod(0o755)
+        paths[cli] = path
+    return paths
+
+
+def parser(cli: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=cli, add_help=False)
+    if cli == "claude":
+        p.add_argument("-p", "--print", dest="prompt", required=True)
+        p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
+        p.add_argument("--verbose", action="store_true")
+        p.add_argument("--permission-mode", choices=["acceptEdits", "bypassPermissions"])
+        p.add_argument("--max-turns", type=int)
+        p.add_argument("--model")
+    elif cli == "codex":
+        p.add_argument("command", choices=["exec"])
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--sandbox", choices=["read-only", "workspace-write", "danger-full-access"])
+        p.add_argument("--skip-git-repo-check", action="store_true")
+        p.add_argument("--output-schema")
+        p.add_argument("-o", "--output-last-message", dest="last")
+        p.add_argument("-m", "--model")
+        p.add_argument("prompt")
+    elif cli == "gemini":
+        p.add_argument("-p", "--prompt", dest="prompt", required=True)
+        p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
+        p.add_argument("--yolo", action="store_true")
+        p.add_argument("-m", "--model")
+    else:
+        p.add_argument("--message", dest="prompt", required=True)
+        p.add_argument("--yes-always", action="store_true")
+        p.add_argument("--no-stream", action="store_true")
+        p.add_argument("--no-auto-commits", action="store_true")
+        p.add_argument("--no-check-update", action="store_true")
+        p.add_argument("--model")
+    p.add_argument("--version", action="store_true")
+    return p
+
+
+def main(cli: str) -> None:
+    if sys.argv[1:] == ["--version"]:
+        print(f"{cli} 9.9.9 (fake)")
+        return
+    args = parser(cli).parse_args()
+    if cli == "claude" and args.output_format == "stream-json" and not args.verbose:
+        sys.exit("Error: When using --print, --output-format=stream-json requires --verbose")
+    scenario = _scenario(cli)
+    play = {"claude": claude, "codex": codex, "gemini": gemini, "aider": aider}[cli]
+    play(scenario, args)
+
+
+def _scenario(cli: str) -> str:
+    scenario = os.environ.get("FAKE_SCENARIO", "success")
+    state = os.environ.get("FAKE_STATE")
+    if state:
+        Path(state).mkdir(parents=True, exist_ok=True)
+    if scenario.startswith("credits-after:"):
+        limit = int(scenario.partition(":")[2])
+        counter = Path(state or ".") / f"{cli}-{os.environ.get('FAKE_ID', cli)}.count"
+        runs = int(counter.read_text()) if counter.exists() else 0
+        counter.write_text(str(runs + 1))
+        scenario = "success" if runs < limit else "credits"
+    if state:
+        with (Path(state) / "runs.log").open("a") as log:
+            log.write(f"{os.environ.get('FAKE_ID', cli)} {scenario} {os.getcwd()}\n")
+    return scenario
+
+
+# -- the step's work -------------------------------------------------------------------------
+
+
+def plan_of(prompt: str) -> dict[str, Any]:
+    match = re.search(r"(\S+/\.vibey/plans/\S+\.json)", prompt)
+    if match is None:
+        sys.exit("fake: the prompt names no plan file")
+    data: dict[str, Any] = json.loads(Path(match.group(1).rstrip(").,")).read_text())
+    return data
+
+
+def work(plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The scripted engine's answer for the plan's step (and the files it wrote)."""
+    from actors.agents import EngineTask, ScriptedEngine
+
+    kind = plan["kind"]
+    before = set(_files())
+    task = EngineTask(
+        kind,
+        plan["project"],
+        plan["cycle"],
+        plan["subject"],
+        plan["attempt"],
+        plan["input"],
+        Path.cwd() if kind == "build.implement" else None,
+        effort=plan.get("effort"),
+    )
+    verdict = ScriptedEngine().run(task)
+    if verdict.status == "failed":
+        return {"status": "failed", "detail": verdict.detail}, []
+    return dict(verdict.result), sorted(set(_files()) - before) or _touched(kind, plan)
+
+
+def _files() -> list[str]:
+    return [str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob("*") if ".git" not in p.parts]
+
+
+def _touched(kind: str, plan: dict[str, Any]) -> list[str]:
+    item = plan["input"].get("item")
+    return [f"src/{item['id']}.txt"] if kind == "build.implement" and item else []
+
+
+def fenced(result: dict[str, Any]) -> str:
+    return f"Done.\n```json\n{json.dumps(result)}\n```"
+
+
+def emit(event: dict[str, Any]) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def _common(scenario: str, first: dict[str, Any]) -> bool:
+    """The scenarios every CLI plays alike; True when it played one."""
+    if scenario == "garbage":
+        print("<<< this is not the format >>>\n\x00\x01 garbage", flush=True)
+        return True
+    if scenario in ("hang", "crash"):
+        emit(first)
+        if scenario == "hang":
+            time.sleep(600)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return False
+
+
+# -- claude ----------------------------------------------------------------------------------
+
+
+def claude(scenario: str, args: argparse.Namespace) -> None:
+    init = {"type": "system", "subtype": "init", "session_id": "s-1", "tools": ["Write"]}
+    if _common(scenario, init):
+        return
+    emit(init)
+    reset = int(os.environ.get("FAKE_RESET", RESET))
+    fail = {
+        "window": ("rate_limit", f"Claude AI usage limit reached|{reset}"),
+        "credits": ("billing_error", "Credit balance is too low"),
+        "auth": ("authentication_failed", "Invalid API key · Please run /login"),
+    }
+    if scenario in fail:
+        error, text = fail[scenario]
+        if scenario == "window":
+            info = {"status": "rejected", "resetsAt": reset, "rateLimitType": "five_hour"}
+            emit({"type": "rate_limit_event", "rate_limit_info": info})
+        message = {"content": [{"type": "text", "text": text}]}
+        emit({"type": "assistant", "message": message, "error": error})
+        emit(_claude_result(text, is_error=True))
+        sys.exit(1)
+    result, files = (
+        work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
+    )
+    for path in files:
+        tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": {"file_path": path}}
+        emit({"type": "assistant", "message": {"content": [tool]}})
+    emit(_claude_result(fenced(result), is_error=False))
+
+
+def _claude_result(text: str, *, is_error: bool) -> dict[str, Any]:
+    return {
+        "type": "result",
+        "subtype": "error_during_execution" if is_error else "success",
+        "is_error": is_error,
+        "num_turns": 3,
+        "result": text,
+        "session_id": "s-1",
+        "total_cost_usd": 0.042,
+        "usage": {"input_tokens": 1200, "output_tokens": 340, "cache_read_input_tokens": 0},
+    }
+
+
+# -- codex -----------------------------------------------------------------------------------
+
+
+def codex(scenario: str, args: argparse.Namespace) -> None:
+    started = {"type": "thread.started", "thread_id": "th-1"}
+    if _common(scenario, started):
+        return
+    emit(started)
+    emit({"type": "turn.started"})
+    fail = {
+        "window": "You've hit your usage limit. Upgrade or try again at 2030-03-17T17:46:40Z.",
+        "credits": "Quota exceeded. Check your plan and billing details.",
+        "auth": "unexpected status 401 Unauthorized: Missing bearer authentication",
+    }
+    if scenario in fail:
+        emit({"type": "error", "message": fail[scenario]})
+        emit({"type": "turn.failed", "error": {"message": fail[scenario]}})
+        sys.exit(1)
+    result, files = (
+        work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
+    )
+    if files:
+        changes = [{"path": f, "kind": "add"} for f in files]
+        emit({"type": "item.completed", "item": {"type": "file_change", "changes": changes}})
+    command = {"type": "command_execution", "command": "ls", "exit_code": 0, "status": "completed"}
+    emit({"type": "item.completed", "item": command})
+    message = json.dumps(result)
+    emit({"type": "item.completed", "item": {"type": "agent_message", "text": message}})
+    usage = {"input_tokens": 900, "cached_input_tokens": 0, "output_tokens": 210}
+    emit({"type": "turn.completed", "usage": usage})
+    if args.last:
+        Path(args.last).write_text(message)
+
+
+# -- gemini ----------------------------------------------------------------------------------
+
+
+def gemini(scenario: str, args: argparse.Namespace) -> None:
+    init = {"type": "init", "session_id": "g-1", "model": "gemini-2.5-pro"}
+    if _common(scenario, init):
+        return
+    emit(init)
+    fail = {
+        "window": "TerminalQuotaError: 429 RESOURCE_EXHAUSTED: rate limit. RetryInfo retryDelay: 3600s",
+        "credits": "TerminalQuotaError: 429 RESOURCE_EXHAUSTED: You have exhausted your daily quota",
+        "auth": "Error: 401 UNAUTHENTICATED. Please log in again.",
+    }
+    if scenario in fail:
+        print(fail[scenario], file=sys.stderr)
+        sys.exit(1)
+    result, files = (
+        work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
+    )
+    for path in files:
+        emit({"type": "tool_use", "tool_name": "write_file", "parameters": {"file_path": path}})
+        emit({"type": "tool_result", "status": "success"})
+    emit({"type": "message", "role": "assistant", "content": fenced(result)})
+    stats = {"input_tokens": 800, "output_tokens": 150, "total_tokens": 950, "tool_calls": 1}
+    emit({"type": "result", "status": "success", "stats": stats})
+
+
+# -- aider -----------------------------------------------------------------------------------
+
+
+def aider(scenario: str, args: argparse.Namespace) -> None:
+    print("Aider v9.9.9 (fake)\nMain model: fake with diff edit format", flush=True)
+    if scenario in ("hang", "crash"):
+        if scenario == "hang":
+            time.sleep(600)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if scenario == "garbage":
+        print("\x00\x01 nothing to see", flush=True)
+        return
+    fail = {
+        "window": "litellm.RateLimitError: rate limit exceeded. Please try again in 60s",
+        "credits": "litellm.BadRequestError: Your credit balance is too low to access the API",
+        "auth": "litellm.AuthenticationError: invalid x-api-key",
+    }
+    if scenario in fail:
+        print(fail[scenario], flush=True)
+        sys.exit(1)
+    result, files = (
+        work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
+    )
+    for path in files:
+        print(f"Applied edit to {path}")
+    print("Tokens: 2.3k sent, 1.1k received. Cost: $0.01 message, $0.02 session.")
+    print(fenced(result))
