@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+QUOTA = "TerminalQuotaError: 429 RESOURCE_EXHAUSTED:"
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
 
 
@@ -267,8 +268,8 @@ def gemini(scenario: str, args: argparse.Namespace) -> None:
         return
     emit(init)
     fail = {
-        "window": "TerminalQuotaError: 429 RESOURCE_EXHAUSTED: rate limit. RetryInfo retryDelay: 3600s",
-        "credits": "TerminalQuotaError: 429 RESOURCE_EXHAUSTED: You have exhausted your daily quota",
+        "window": f"{QUOTA} rate limit. RetryInfo retryDelay: 3600s",
+        "credits": f"{QUOTA} You have exhausted your daily quota",
         "auth": "Error: 401 UNAUTHENTICATED. Please log in again.",
     }
     if scenario in fail:
