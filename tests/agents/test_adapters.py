@@ -50,7 +50,7 @@ def run(
         binary=str(fakes[ADAPTERS[adapter]]),
         env={"FAKE_SCENARIO": scenario},
         timeout_seconds=TIMEOUT,
-        effort={"LOW": ["--model", "small"]},
+        effort={"LOW": ("--model", "small")},
     )
     engine = engine_for(spec, worker_env=dict(os.environ), state_dir=tmp_path / "state")
     workspace = Workspace(tmp_path / "work")

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_until(predicate, seconds: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], bool], seconds: float = 15.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
