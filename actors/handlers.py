@@ -31,7 +31,7 @@ merge conflict is ``Failure(work)``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -49,8 +49,10 @@ from actors.agents import (
     EngineVerdict,
     ScriptedEngine,
 )
+from actors.agents.adapters import engine_for
 from actors.agents.lease import Held, Holder, WorktreeBusy, WorktreeLease
-from actors.handoff import Handoffs
+from actors.agents.roster import AgentSpec
+from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
     MergeConflictError,
@@ -86,6 +88,11 @@ GRANTED = (
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
+NO_ROSTER = "the workflow runs on the roster but no engine is configured: add [engines.<id>]"
+PLAN_CONTEXT = (
+    "SELECT w.state->>'spec', w.state->'answers' FROM job j JOIN workflow w "
+    "ON w.id = j.workflow_id WHERE j.id = %s::uuid"
+)
 FENCE = "SELECT 1 FROM job WHERE id = %s::uuid AND state = 'leased' AND lease_token::text = %s"
 BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
 LEASE_GRACE_S = 2.0
@@ -93,6 +100,9 @@ INTEGRATED_PHASES: frozenset[str] = frozenset(
     {Phase.REVIEW, Phase.DEPLOY_DESIGN, Phase.DEPLOY_EXECUTE, Phase.DEPLOY_REVIEW}
 )
 INTEGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %s::text), %s::int)"
+
+
+Engines = Engine | Callable[[str], Engine]  # one engine, or a roster's engine by id
 
 
 class StepInputError(Exception):
@@ -111,6 +121,8 @@ class HandlerContext:
     engines: Mapping[str, Engine] = field(default_factory=dict)
     max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
     max_turns: int | None = None
+    roster: tuple[AgentSpec, ...] = ()  # the configured engines ([engines.<id>])
+    agent_env: Mapping[str, str] = field(default_factory=dict)  # the base they get
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
@@ -164,7 +176,17 @@ class Steps:
                 context.command, context.command_timeout, scratch_root=context.workspace
             )
         self._engines.update(context.engines)
-        self.handoffs = Handoffs(context.pool)  # build.implement: rotation and handoff
+        self._roster: dict[str, Engine] = {
+            spec.id: engine_for(
+                spec,
+                worker_env=context.agent_env,
+                state_dir=self.workspace.root / ".state",
+                context=self._plan_context,
+            )
+            for spec in context.roster
+        }
+        # rotation and handoff: build.implement on any engine, every kind on the roster
+        self.handoffs = Handoffs(context.pool, specs=context.roster)
         self.leases = WorktreeLease(grace=LEASE_GRACE_S, fence=self._fence)
 
     def _fence(self, holder: Holder) -> bool:
@@ -215,10 +237,31 @@ class Steps:
             return _park_if_exhausted(job, step_kind, outcome, granted)
         return outcome
 
-    def _attempt(self, job: Job, task: EngineTask, engine: Engine) -> EngineVerdict | Outcome:
-        if task.kind == IMPLEMENT:
-            return self.handoffs.run(job, task, engine)
+    def _attempt(self, job: Job, task: EngineTask, engine: Engines) -> EngineVerdict | Outcome:
+        kind = STEP_KINDS.get_kind(task.kind)
+        if task.kind == IMPLEMENT or not isinstance(engine, Engine):
+            return self.handoffs.run(job, task, engine, phase=Phase(kind.phase or Phase.BUILD))
         return engine.run(task)
+
+    def _roster_engine(self, engine_id: str) -> Engine:
+        engine = self._roster.get(engine_id)
+        if engine is None:
+            raise StepInputError(
+                f"engine {engine_id!r} is not configured: add [engines.{engine_id}]"
+            )
+        return engine
+
+    def _plan_context(self, task: EngineTask) -> Mapping[str, Any]:
+        """What a configured engine's plan adds to the step input: the accepted spec and the
+        design answers (the workflow's state), and the result its kind must report."""
+        context: dict[str, Any] = {"result_schema": dict(STEP_KINDS.get_kind(task.kind).result)}
+        if self.context.pool is None or not task.job_id:
+            return context
+        with self.context.pool.connection() as conn:
+            row = conn.execute(PLAN_CONTEXT, (task.job_id,)).fetchone()
+        if row is not None:
+            context.update(spec=row[0] or "", answers=row[1] or {})
+        return context
 
     @contextmanager
     def _leased(self, job: Job, task: EngineTask) -> Iterator[EngineTask]:
@@ -296,8 +339,12 @@ class Steps:
             conn.execute(INTEGRATE_LOCK, (project, cycle))
             yield
 
-    def _engine(self, step_input: Mapping[str, Any]) -> Engine:
+    def _engine(self, step_input: Mapping[str, Any]) -> Engines:
         name = step_input["engine"]["name"]
+        if name == ROSTER:
+            if not self._roster:
+                raise StepInputError(NO_ROSTER)
+            return self._roster_engine
         engine = self._engines.get(name)
         if engine is not None:
             return engine

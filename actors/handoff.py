@@ -71,6 +71,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from actors.agents import Engine, EngineError, EngineTask, EngineVerdict
+from actors.agents.roster import AgentSpec, installed
 from actors.agents.script import Script
 from store.db import transaction
 from store.engine_health import EngineHealthStore
@@ -100,6 +101,7 @@ from workflows.steps import Defer, Outcome, Park
 
 HANDOFF_GATE = HANDOFF.name
 CAPACITY_DELAY = timedelta(seconds=60)
+ROSTER = "roster"  # the step input's engine name for the configured roster
 REJECTED = "CapacityRejected"
 ANSWERED = (
     "SELECT answer, answered_by, context FROM gate WHERE job_id = %s AND kind = %s "
@@ -130,14 +132,19 @@ class BriefWriter(Protocol):
 class Member:
     id: str
     weight: int = 1
+    spec: AgentSpec | None = None  # a configured engine (None: vibey's own, or `command`)
 
 
-def roster_of(step_input: Mapping[str, Any]) -> tuple[Member, ...]:
-    """The engines a step may rotate among: the script's roster for the scripted engine,
-    else the one engine the input names."""
+def roster_of(step_input: Mapping[str, Any], specs: Sequence[AgentSpec] = ()) -> tuple[Member, ...]:
+    """The engines a step may rotate among: the script's roster for the scripted engine, the
+    configured roster (narrowed to the workflow's ``engine.engines`` when given) for
+    ``roster``, else the one engine the input names."""
     engine = step_input["engine"]
     if engine["name"] == "scripted":
         return tuple(Member(e.id, e.weight) for e in Script.parse(engine.get("script")).roster)
+    if engine["name"] == ROSTER:
+        wanted = engine.get("engines") or [spec.id for spec in specs]
+        return tuple(Member(s.id, s.weight, s) for s in specs if s.id in wanted)
     return (Member(str(engine["name"])),)
 
 
@@ -164,9 +171,10 @@ class _Run:
 
     job: Job
     task: EngineTask
-    engine: Engine
+    engines: Callable[[str], Engine]
     roster: tuple[Member, ...]
     clock: Callable[[], datetime]
+    phase: Phase = Phase.BUILD
     carried: list[Entry] = field(default_factory=list)
     handoffs: list[dict[str, Any]] = field(default_factory=list)
     rejected: set[str] = field(default_factory=set)
@@ -188,22 +196,34 @@ class Handoffs:
         self,
         pool: ConnectionPool[Any] | None,
         *,
+        specs: Sequence[AgentSpec] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         policy: RotationPolicy | None = None,
     ) -> None:
         self._pool = pool
+        self._specs = tuple(specs)
         self._clock = clock
         self._policy = policy or RotationPolicy()
         self._health = EngineHealthStore(pool=pool) if pool is not None else None
         self._ledger = Ledger(pool) if pool is not None else None
         self._jobs = PostgresJobRepository(pool=pool) if pool is not None else None
 
-    def run(self, job: Job, task: EngineTask, engine: Engine) -> EngineVerdict | Outcome:
+    def run(
+        self,
+        job: Job,
+        task: EngineTask,
+        engine: Engine | Callable[[str], Engine],
+        *,
+        phase: Phase = Phase.BUILD,
+    ) -> EngineVerdict | Outcome:
         """The attempt's verdict (the handler maps it to the outcome as for any engine), or
-        the outcome itself when the job parks behind a handoff gate or waits for capacity."""
-        if task.worktree is None:
-            raise EngineError(f"{task.kind} runs in a worktree; job {job.id} has none")
-        run = _Run(job, task, engine, roster_of(task.input), self._clock)
+        the outcome itself when the job parks behind a handoff gate or waits for capacity.
+        ``engine``: one engine for every roster member, or the engine of each member's id."""
+        if task.workdir is None and task.worktree is None:
+            raise EngineError(f"{task.kind} runs in a directory; job {job.id} has none")
+        engines = (lambda _id: engine) if isinstance(engine, Engine) else engine
+        roster = roster_of(task.input, self._specs)
+        run = _Run(job, task, engines, roster, self._clock, phase)
         self._ready(run)
         answered = self._answered(job)
         if answered is not None and answered.answer == "cancel":
@@ -211,7 +231,7 @@ class Handoffs:
         if answered is not None:
             outgoing = str(answered.context["outgoing"])
             return self._hand_off(run, outgoing, resumed=answered.context)
-        chosen = self._select(run, Boundary(Trigger.NEW_WORK_ITEM, Phase.BUILD))
+        chosen = self._select(run, Boundary(Trigger.NEW_WORK_ITEM, run.phase))
         if chosen is None:
             ids = ", ".join(m.id for m in run.roster)
             return Defer(CAPACITY_DELAY, f"no engine of {ids} is eligible now", capacity=True)
@@ -251,7 +271,8 @@ class Handoffs:
         engine's circuit."""
         if self._jobs is not None and run.job.lease_owner is not None:
             self._jobs.assign(run.job.lease, engine_id=engine_id)  # fenced: a lost lease, no-op
-        verdict = run.engine.run(replace(task, input={**task.input, "engine_id": engine_id}))
+        engine = run.engines(engine_id)
+        verdict = engine.run(replace(task, input={**task.input, "engine_id": engine_id}))
         settled, verdict = settle(engine_id, verdict)
         if self._health is not None:
             now = run.now  # when it ended: an engine may work for hours
@@ -282,14 +303,13 @@ class Handoffs:
     ) -> Seeded | Park | None:
         """Briefs through the gate (:mod:`workflows.handoff`): seeded, parked, or ``None``
         when no engine can take over."""
-        assert run.task.worktree is not None  # checked in run()
-        forced = Boundary(Trigger.CAPACITY_REJECTION, Phase.BUILD, rejected_by=outgoing)
+        forced = Boundary(Trigger.CAPACITY_REJECTION, run.phase, rejected_by=outgoing)
         incoming = self._select(run, forced, preview=True)
         if incoming is None:
             return None
         ledger_range = self._range(run.job.project_id)
         spec = Spec(work_items=(run.item,))
-        worktree = str(run.task.worktree)
+        worktree = str(run.task.worktree or run.task.workdir)
         handoff, action = flow.start(outgoing=outgoing, incoming=incoming, worktree=worktree)
         written, log = 0, []
         if resumed is not None:  # a person answered `retry`: a new round of briefs
@@ -355,7 +375,7 @@ class Handoffs:
         picks the incoming engine, and the task is seeded with the brief."""
         path = Path(action.ledger_file)
         write_range(path, ledger_range)
-        forced = Boundary(Trigger.CAPACITY_REJECTION, Phase.BUILD, rejected_by=handoff.outgoing)
+        forced = Boundary(Trigger.CAPACITY_REJECTION, run.phase, rejected_by=handoff.outgoing)
         incoming = self._select(run, forced)
         if incoming is None:
             return None
@@ -393,10 +413,11 @@ class Handoffs:
         ledger_range: Sequence[LedgerEvent],
         spec: Spec,
     ) -> HandoffBrief | None:
-        if not isinstance(run.engine, BriefWriter):
+        author = run.engines(action.author)
+        if not isinstance(author, BriefWriter):
             return None
         task = replace(run.task, input={**run.task.input, "engine_id": action.author})
-        return run.engine.write_brief(
+        return author.write_brief(
             task, ledger_range, spec, mode=action.mode, number=number, fix=action.fix
         )
 
@@ -409,7 +430,7 @@ class Handoffs:
             f"the handoff of {run.item} from {outgoing} was cancelled by {answered.by}: "
             f"it waits for {outgoing}'s capacity"
         )
-        boundary = Boundary(Trigger.OPERATOR_REQUEST, Phase.BUILD)
+        boundary = Boundary(Trigger.OPERATOR_REQUEST, run.phase)
         chosen = self._select(run, boundary, allowed=frozenset({outgoing}))
         if chosen is None:
             return Defer(CAPACITY_DELAY, why, capacity=True)
@@ -423,15 +444,29 @@ class Handoffs:
     # -- engine_health, the ledger, the gate ------------------------------------------------
 
     def _ready(self, run: _Run) -> None:
-        """The roster in engine_health, each with a doctor pass at ``now`` (one transaction,
-        rows in engine-id order)."""
+        """The roster in engine_health (one transaction, rows in engine-id order). vibey's
+        own engines (scripted, `command`) count as installed with a doctor pass at ``now``; a
+        configured engine is registered as it is (installed when its binary is found) and is
+        eligible only with a recorded conformance pass within the TTL (`vibey doctor
+        --conformance --engine <id> --record`)."""
         if self._pool is None or self._health is None:
             return
         now = run.now
         with transaction(self._pool) as conn:
             for member in sorted(run.roster, key=lambda m: m.id):
-                self._health.register_txn(conn, member.id, installed=True, weight=member.weight)
-                self._health.record_doctor_txn(conn, member.id, passed=True, at=now)
+                spec = member.spec
+                if spec is None:
+                    self._health.register_txn(conn, member.id, installed=True, weight=member.weight)
+                    self._health.record_doctor_txn(conn, member.id, passed=True, at=now)
+                    continue
+                self._health.register_txn(
+                    conn,
+                    member.id,
+                    installed=installed(spec),
+                    local=spec.local,
+                    weight=spec.weight,
+                    capabilities=spec.capabilities,
+                )
 
     def _select(
         self,
@@ -444,9 +479,10 @@ class Handoffs:
         """The engine rotation picks at ``boundary`` among the roster (less the engines that
         refused in this attempt), or among ``allowed``. ``preview``: who it would pick, with
         nothing saved."""
-        ids = allowed if allowed is not None else frozenset(m.id for m in run.roster)
+        members = [m for m in run.roster if m.spec is None or m.spec.allows(run.phase.value)]
+        ids = allowed if allowed is not None else frozenset(m.id for m in members)
         ids = ids - (run.rejected if allowed is None else frozenset())
-        policy = replace(self._policy, allow_lists={Phase.BUILD: ids})
+        policy = replace(self._policy, allow_lists={run.phase: ids})
         now = run.now
         if self._health is None:
             candidates = [Candidate(m.id, m.weight, authenticated_at=now) for m in run.roster]

@@ -27,6 +27,7 @@ from typing import Any
 
 import dramatiq
 
+from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.reconcile import Reconciler
@@ -67,6 +68,8 @@ class WorkerConfig:
     workspace: str = ".vibey/work"  # engines' git repositories and worktrees
     engine_command: tuple[str, ...] = ()  # the `command` engine's argv
     engine_timeout: timedelta = timedelta(hours=2)
+    engines: tuple[AgentSpec, ...] = ()  # the roster ([engines.<id>] tables)
+    agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
     max_turns: int | None = None
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
@@ -192,6 +195,8 @@ class Runtime:
             workspace=Path(self.config.workspace),
             command=self.config.engine_command,
             command_timeout=self.config.engine_timeout,
+            roster=self.config.engines,
+            agent_env=self.config.agent_env,
             max_dollars=self.config.max_dollars,
             max_turns=self.config.max_turns,
         )

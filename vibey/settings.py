@@ -54,6 +54,11 @@ The file, every key optional (unknown sections and keys are errors)::
     # max_dollars = 20             # a bounded BUILD job's spend cap; VIBEY_ENGINE_MAX_DOLLARS
     # max_turns = 200              # turn cap of one; VIBEY_ENGINE_MAX_TURNS (unset: no cap)
 
+    [engines.claude]                 # the roster: one table per engine (docs/engines.md)
+    adapter = "claude-code"          # claude-code, codex, gemini, aider, command, scripted
+    weight = 3                       # binary, args, local, capabilities, phases, effort, env,
+                                     # timeout_seconds: see actors/agents/roster.py
+
 Lists come from the environment comma-separated (``1,5,30``); an empty item is an error.
 Durations are numbers of seconds: finite, more than 0 (``first_claim_wait_seconds`` may be 0)
 and at most a year. Project ids, lanes and wait tiers must each appear once. A project id is
@@ -85,6 +90,7 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from actors.agents.roster import BASE_ENV, AgentSpec, RosterError, parse_roster
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy, valid_kind_name
 
@@ -159,6 +165,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "max_dollars": "VIBEY_ENGINE_MAX_DOLLARS",
         "max_turns": "VIBEY_ENGINE_MAX_TURNS",
     },
+    "engines": {},  # [engines.<id>] tables, one per engine: actors.agents.roster reads them
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
@@ -467,7 +474,19 @@ class Settings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     workflow: WorkflowSettings = field(default_factory=WorkflowSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    engines: tuple[AgentSpec, ...] = ()  # the roster: [engines.<id>] tables, in id order
+    agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     config_file: Path | None = None
+
+    def roster(self, only: Iterable[str] = ()) -> tuple[AgentSpec, ...]:
+        """The configured engines, narrowed to ``only`` when given (each must be one)."""
+        wanted = tuple(only)
+        ids = {spec.id for spec in self.engines}
+        unknown = [engine for engine in wanted if engine not in ids]
+        if unknown:
+            known = ", ".join(sorted(ids)) or "none: add [engines.<id>] tables to vibey.toml"
+            raise SettingsError(f"unknown engine {unknown[0]!r}; configured engines: {known}")
+        return tuple(spec for spec in self.engines if not wanted or spec.id in wanted)
 
     def require_database_url(self) -> str:
         if self.database.url is None:
@@ -499,8 +518,17 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         worker=_worker(src["worker"]),
         workflow=_workflow(src["workflow"]),
         engine=_engine(src["engine"]),
+        engines=_roster(table.get("engines", {}), where),
+        agent_env={name: env[name] for name in BASE_ENV if name in env},
         config_file=path,
     )
+
+
+def _roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
+    try:
+        return parse_roster(tables, where)
+    except RosterError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _table(table: Mapping[str, Any], dotted: str) -> Mapping[str, Any]:
@@ -540,7 +568,8 @@ def _check_keys(table: Mapping[str, Any], where: str) -> None:
             raise SettingsError(
                 f"{where}: unknown section [{section}]; known sections: {', '.join(_KEYS)}"
             )
-        _check_section(section, body, where)
+        if section != "engines":  # its tables are the roster's to check
+            _check_section(section, body, where)
 
 
 def _check_section(section: str, body: Any, where: str) -> None:

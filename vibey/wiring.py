@@ -71,6 +71,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         workspace=settings.engine.workspace,
         engine_command=settings.engine.command,
         engine_timeout=timedelta(seconds=settings.engine.timeout_seconds),
+        engines=settings.engines,
+        agent_env=dict(settings.agent_env),
         max_dollars=settings.engine.max_dollars,
         max_turns=settings.engine.max_turns,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from actors.agents.lease import Held
 
@@ -67,5 +67,6 @@ class EngineVerdict:
     engine_fault: bool = False
 
 
+@runtime_checkable
 class Engine(Protocol):
     def run(self, task: EngineTask) -> EngineVerdict: ...

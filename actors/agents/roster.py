@@ -24,6 +24,7 @@ HOME, LANG, TERM, taken from the worker when set) and ``env``.
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,14 @@ class AgentSpec:
         """What the engine process gets: the minimal base, then ``env``."""
         base = {name: worker_env[name] for name in BASE_ENV if name in worker_env}
         return {**base, **self.env}
+
+
+def installed(spec: AgentSpec) -> bool:
+    """Whether ``spec``'s binary is found (on the engine's own PATH); vibey's own scripted
+    engine always is."""
+    if spec.adapter == "scripted":
+        return True
+    return shutil.which(spec.binary, path=spec.env.get("PATH")) is not None
 
 
 def parse_roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
