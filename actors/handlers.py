@@ -186,7 +186,7 @@ class Steps:
             for spec in context.roster
         }
         # rotation and handoff: build.implement on any engine, every kind on the roster
-        self.handoffs = Handoffs(context.pool, specs=context.roster)
+        self.handoffs = Handoffs(context.pool, specs=context.roster, agent_env=context.agent_env)
         self.leases = WorktreeLease(grace=LEASE_GRACE_S, fence=self._fence)
 
     def _fence(self, holder: Holder) -> bool:

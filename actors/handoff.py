@@ -197,11 +197,13 @@ class Handoffs:
         pool: ConnectionPool[Any] | None,
         *,
         specs: Sequence[AgentSpec] = (),
+        agent_env: Mapping[str, str] = {},
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         policy: RotationPolicy | None = None,
     ) -> None:
         self._pool = pool
         self._specs = tuple(specs)
+        self._agent_env = dict(agent_env)
         self._clock = clock
         self._policy = policy or RotationPolicy()
         self._health = EngineHealthStore(pool=pool) if pool is not None else None
@@ -462,7 +464,7 @@ class Handoffs:
                 self._health.register_txn(
                     conn,
                     member.id,
-                    installed=installed(spec),
+                    installed=installed(spec, self._agent_env),
                     local=spec.local,
                     weight=spec.weight,
                     capabilities=spec.capabilities,

@@ -36,6 +36,7 @@ from actors.capabilities import BrokerCapabilities
 from store import migrate as migrations
 from store.errors import DatabaseUnavailable, StoreError
 from store.pool import redact
+from vibey.cli_engine import engine_app
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
 from vibey.cli_workflow import workflow_app
@@ -76,6 +77,7 @@ app = App(
 app.command(workflow_app)
 app.command(gate_app)
 app.command(ledger_app)
+app.command(engine_app)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )
@@ -188,7 +190,11 @@ class DoctorReport:
 
 @app.command
 def doctor(
-    *, json_output: Annotated[bool, Parameter(name="--json", negative=())] = False
+    *,
+    json_output: Annotated[bool, Parameter(name="--json", negative=())] = False,
+    conformance: Annotated[bool, Parameter(negative=())] = False,
+    engine: str | None = None,
+    record: Annotated[bool, Parameter(negative=())] = False,
 ) -> ExitCode:
     """Show the settings in effect and check PostgreSQL, the migrations and RabbitMQ.
 
@@ -201,7 +207,21 @@ def doctor(
     ----------
     json_output
         Print one JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
+    conformance
+        Instead: run the configured engines' conformance checks (installed, version, a tiny
+        headless task in a temp repository); exits 0 when every one passes.
+    engine
+        With --conformance: only this engine (an [engines.<id>] id).
+    record
+        With --conformance: record each result in engine_health; only a recorded pass within
+        its TTL makes an engine eligible for rotation.
     """
+    if conformance or engine or record:
+        if not conformance:
+            raise CommandError("--engine and --record go with --conformance", ExitCode.USAGE)
+        from vibey.cli_engine import run_conformance
+
+        return run_conformance(engine, record=record, json_output=json_output)
     report, caps = _diagnose(load_settings())
     if json_output:
         print(json.dumps(asdict(report), indent=2))

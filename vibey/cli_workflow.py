@@ -18,7 +18,7 @@ from store.workflow_reads import Workflow
 from store.workflows import WorkflowStore
 from vibey import render
 from vibey.render import CommandError, ExitCode
-from vibey.settings import Settings, check_project_ids, load_settings
+from vibey.settings import Settings, SettingsError, check_project_ids, load_settings
 from workflows.engine import Status, WorkflowError
 
 workflow_app = App(
@@ -66,8 +66,26 @@ def read_script(path: Path) -> dict[str, Any]:
     return parsed
 
 
-def workflow_input(project: str, settings: Settings, script: Path | None) -> dict[str, Any]:
-    """``Started.input`` (docs/protocol.md): the project and the engine that runs its steps."""
+def workflow_input(
+    project: str, settings: Settings, script: Path | None, engines: str | None = None
+) -> dict[str, Any]:
+    """``Started.input`` (docs/protocol.md): the project and the engine that runs its steps.
+
+    With a configured roster (``[engines.<id>]``) and no ``--script``, the steps run on the
+    roster (``{"name": "roster", "engines": [ids]}``, narrowed by ``--engines``); with both,
+    the scripted engine's script goes along for engines that play it (the fake CLIs)."""
+    if engines is not None or (settings.engines and script is None):
+        wanted = [e.strip() for e in (engines or "").split(",") if e.strip()]
+        try:
+            roster = settings.roster(wanted)
+        except SettingsError as exc:
+            raise CommandError(f"{exc}: fix --engines", ExitCode.USAGE) from exc
+        if not roster:
+            raise CommandError("--engines names no configured engine", ExitCode.USAGE)
+        engine: dict[str, Any] = {"name": "roster", "engines": [spec.id for spec in roster]}
+        if script is not None:
+            engine["script"] = read_script(script)
+        return {"project": project, "engine": engine}
     if script is not None:
         return {"project": project, "engine": {"name": "scripted", "script": read_script(script)}}
     if settings.engine.name == "command":
@@ -90,15 +108,17 @@ def start(
     project: str,
     *,
     script: Path | None = None,
+    engines: str | None = None,
     definition: str | None = None,
     json_output: Json = False,
 ) -> ExitCode:
     """Start PROJECT's workflow; when one is live already, print it and change nothing.
 
-    Exits 0 either way. The workflow input is ``{"project", "engine"}``: ``--script`` runs
-    the scripted engine on FILE; without it, ``[engine] name`` chooses (scripted with an
-    empty script by default, or command). The first step is committed with the start and
-    dispatched right after it.
+    Exits 0 either way. The workflow input is ``{"project", "engine"}``: with engines
+    configured (``[engines.<id>]``) the steps rotate among them (``--engines`` narrows the
+    roster); else ``--script`` runs the scripted engine on FILE; else ``[engine] name``
+    chooses (scripted with an empty script by default, or command). The first step is
+    committed with the start and dispatched right after it.
 
     JSON: ``{"workflow": {...}, "created": bool}``.
 
@@ -108,6 +128,8 @@ def start(
         The project id (no '.', '*', '#' or whitespace).
     script
         The scripted engine's script: TOML, or JSON when it ends in .json (docs/protocol.md).
+    engines
+        Comma-separated ids of configured engines: this workflow rotates among them only.
     definition
         The workflow definition to start (default: [workflow] default_definition).
     json_output
@@ -115,7 +137,7 @@ def start(
     """
     settings = load_settings()
     project = _project(project)
-    given = workflow_input(project, settings, script)
+    given = workflow_input(project, settings, script, engines)
     name = definition or settings.workflow.default_definition
     from vibey.wiring import workflow_client
 

@@ -53,6 +53,8 @@ from actors.agents.plans import Plan, write_plan
 from actors.agents.process import Exit, run_supervised
 from actors.agents.roster import AgentSpec
 from workflows.capacity import Exhausted, encode_state
+from workflows.ledger import LedgerEvent
+from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
 
 TAIL_CHARS = 4000
 Context = Callable[[EngineTask], Mapping[str, Any]]
@@ -107,6 +109,23 @@ class CliAdapter:
 
     def version_argv(self) -> list[str]:
         return ["--version"]
+
+    def write_brief(
+        self,
+        task: EngineTask,
+        ledger_range: Sequence[LedgerEvent],
+        spec: Spec,
+        *,
+        mode: BriefMode,
+        number: int,
+        fix: tuple[RuleFailure, ...] = (),
+    ) -> HandoffBrief:
+        """The handoff brief, synthesised from the ledger range (an engine out of credits
+        cannot be asked for one): everything the no-loss gate asks of the range and the
+        spec, each item with what the ledger says of it."""
+        from actors.agents.scripted import complete_brief
+
+        return complete_brief(ledger_range, spec, mode)
 
     # -- the run ----------------------------------------------------------------------------
 

@@ -93,12 +93,13 @@ class AgentSpec:
         return {**base, **self.env}
 
 
-def installed(spec: AgentSpec) -> bool:
-    """Whether ``spec``'s binary is found (on the engine's own PATH); vibey's own scripted
-    engine always is."""
+def installed(spec: AgentSpec, worker_env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``spec``'s binary is found on the PATH the engine gets (``worker_env``'s, or
+    its own ``env``'s; neither: the process's); vibey's own scripted engine always is."""
     if spec.adapter == "scripted":
         return True
-    return shutil.which(spec.binary, path=spec.env.get("PATH")) is not None
+    path = spec.environment(worker_env or {}).get("PATH")
+    return shutil.which(spec.binary, path=path) is not None
 
 
 def parse_roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:

@@ -151,7 +151,12 @@ def work(plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _files() -> list[str]:
-    return [str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob("*") if ".git" not in p.parts]
+    here = Path.cwd()
+    return [
+        str(p.relative_to(here))
+        for p in here.rglob("*")
+        if ".git" not in p.parts and ".vibey" not in p.parts and p.is_file()
+    ]
 
 
 def _touched(kind: str, plan: dict[str, Any]) -> list[str]:

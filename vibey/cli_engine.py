@@ -1,0 +1,148 @@
+"""``vibey engine ...``: the configured roster and its health; and the conformance check
+``vibey doctor --conformance --engine X [--record]`` runs (:func:`run_conformance`).
+
+``engine list`` shows each ``[engines.<id>]`` engine with its adapter, weight, whether its
+binary is found, its last recorded doctor pass, and its circuit and capacity state (with the
+reset time of a rate-limit window) from ``engine_health``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from cyclopts import App, Parameter
+
+from vibey import render
+from vibey.render import CommandError, ExitCode
+from vibey.settings import Settings, SettingsError, load_settings
+
+engine_app = App(name="engine", help="The configured engines: roster, health, rotation.")
+
+Json = Annotated[bool, Parameter(name="--json", negative=())]
+
+
+@engine_app.command(name="list")
+def list_(*, json_output: Json = False) -> ExitCode:
+    """The roster: adapter, weight, installed, last doctor pass, circuit and capacity.
+
+    JSON: ``{"engines": [{"id", "adapter", "binary", "weight", "local", "phases",
+    "installed", "last_doctor_at", "authenticated_at", "circuit", "capacity", "resets_at"},
+    ...]}``.
+
+    Parameters
+    ----------
+    json_output
+        Print one JSON object.
+    """
+    settings = load_settings()
+    rows = roster_rows(settings)
+    if json_output:
+        render.dump({"engines": rows})
+        return ExitCode.OK
+    if not rows:
+        print("no engines configured: add [engines.<id>] tables to vibey.toml (docs/engines.md)")
+        return ExitCode.OK
+    for row in rows:
+        doctor = row["authenticated_at"] or "never passed"
+        reset = f" until {row['resets_at']}" if row["resets_at"] else ""
+        print(
+            f"{row['id']:<16} {row['adapter']:<12} weight {row['weight']:<3} "
+            f"{'installed' if row['installed'] else 'NOT INSTALLED':<13} doctor {doctor}  "
+            f"circuit {row['circuit']}  {row['capacity']}{reset}"
+        )
+    return ExitCode.OK
+
+
+def roster_rows(settings: Settings) -> list[dict[str, Any]]:
+    from actors.agents.roster import installed
+
+    healths = _healths(settings)
+    rows = []
+    for spec in settings.engines:
+        health = healths.get(spec.id)
+        capacity = health.circuit.capacity if health is not None else None
+        rows.append(
+            {
+                "id": spec.id,
+                "adapter": spec.adapter,
+                "binary": spec.binary,
+                "weight": spec.weight,
+                "local": spec.local,
+                "phases": sorted(spec.phases),
+                "installed": installed(spec, settings.agent_env),
+                "last_doctor_at": render.when(health.last_doctor_at) if health else None,
+                "authenticated_at": render.when(health.authenticated_at) if health else None,
+                "circuit": health.circuit.status.value if health else "unknown",
+                "capacity": capacity.kind.value if capacity is not None else "unknown",
+                "resets_at": render.when(getattr(capacity, "resets_at", None)),
+            }
+        )
+    return rows
+
+
+def _healths(settings: Settings) -> dict[str, Any]:
+    if settings.database.url is None:
+        return {}
+    from store.engine_health import EngineHealthStore
+    from store.pool import open_pool
+
+    pool = open_pool(settings.database.url, min_size=1, max_size=1, name="vibey-cli")
+    try:
+        return {h.engine_id: h for h in EngineHealthStore(pool=pool).all()}
+    finally:
+        pool.close()
+
+
+def run_conformance(engine: str | None, *, record: bool, json_output: bool) -> ExitCode:
+    """``vibey doctor --conformance``: the adapter's checks against the binary of ``engine``
+    (every configured engine when None); with ``record``, each result is written to
+    engine_health (only a recorded pass within its TTL makes an engine eligible)."""
+    settings = load_settings()
+    try:
+        specs = settings.roster([engine] if engine else [])
+    except SettingsError as exc:
+        raise CommandError(f"{exc}: fix --engine", ExitCode.USAGE) from exc
+    if not specs:
+        raise CommandError("no engines configured: add [engines.<id>] tables to vibey.toml")
+    from actors.agents.conformance import check
+    from actors.agents.conformance import record as save
+
+    results = [check(spec, worker_env=settings.agent_env) for spec in specs]
+    if record:
+        from store.pool import open_pool
+
+        pool = open_pool(settings.require_database_url(), min_size=1, max_size=1, name="vibey-cli")
+        try:
+            for spec, result in zip(specs, results, strict=True):
+                save(pool, spec, result, datetime.now(UTC), settings.agent_env)
+        finally:
+            pool.close()
+    _print_conformance(results, record=record, json_output=json_output)
+    return ExitCode.OK if all(r.passed for r in results) else ExitCode.FAILURE
+
+
+def _print_conformance(results: list[Any], *, record: bool, json_output: bool) -> None:
+    if json_output:
+        render.dump(
+            {
+                "recorded": record,
+                "engines": [
+                    {
+                        "id": r.engine_id,
+                        "passed": r.passed,
+                        "checks": [
+                            {"name": c.name, "passed": c.passed, "detail": c.detail}
+                            for c in r.checks
+                        ],
+                    }
+                    for r in results
+                ],
+            }
+        )
+        return
+    for result in results:
+        verdict = "passed" if result.passed else "FAILED"
+        print(f"{result.engine_id}: conformance {verdict}{' (recorded)' if record else ''}")
+        for c in result.checks:
+            print(f"  {'ok ' if c.passed else 'NO '} {c.name}: {c.detail}")
