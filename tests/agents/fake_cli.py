@@ -18,7 +18,8 @@ own ``env``):
 ``noop``     says it succeeded, changed nothing, exits 0
 
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
-(counted in ``FAKE_STATE``, a directory), credits after. Every run appends its scenario to
+(counted in ``FAKE_STATE``, a directory), credits after; or ``credits-on:KIND``: credits spent
+for steps of KIND, success for the others. Every run appends its scenario to
 ``$FAKE_STATE/runs.log`` when ``FAKE_STATE`` is set.
 """
 
@@ -95,13 +96,16 @@ def main(cli: str) -> None:
     args = parser(cli).parse_args()
     if cli == "claude" and args.output_format == "stream-json" and not args.verbose:
         sys.exit("Error: When using --print, --output-format=stream-json requires --verbose")
-    scenario = _scenario(cli)
+    scenario = _scenario(cli, getattr(args, "prompt", ""))
     play = {"claude": claude, "codex": codex, "gemini": gemini, "aider": aider}[cli]
     play(scenario, args)
 
 
-def _scenario(cli: str) -> str:
+def _scenario(cli: str, prompt: str) -> str:
     scenario = os.environ.get("FAKE_SCENARIO", "success")
+    if scenario.startswith("credits-on:"):  # credits spent for one kind only
+        kind = re.search(r"\.vibey/plans/", prompt) and plan_of(prompt)["kind"]
+        scenario = "credits" if kind == scenario.partition(":")[2] else "success"
     state = os.environ.get("FAKE_STATE")
     if state:
         Path(state).mkdir(parents=True, exist_ok=True)
