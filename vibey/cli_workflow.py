@@ -71,10 +71,10 @@ def workflow_input(
 ) -> dict[str, Any]:
     """``Started.input`` (docs/protocol.md): the project and the engine that runs its steps.
 
-    With a configured roster (``[engines.<id>]``) and no ``--script``, the steps run on the
-    roster (``{"name": "roster", "engines": [ids]}``, narrowed by ``--engines``); with both,
-    the scripted engine's script goes along for engines that play it (the fake CLIs)."""
-    if engines is not None or (settings.engines and script is None):
+    With a configured roster (``[engines.<id>]``) the steps run on the roster (``{"name":
+    "roster", "engines": [ids]}``, narrowed by ``--engines``); a ``--script`` goes along for
+    engines that play it (the scripted adapter, the fake CLIs)."""
+    if engines is not None or settings.engines:
         wanted = [e.strip() for e in (engines or "").split(",") if e.strip()]
         try:
             roster = settings.roster(wanted)
@@ -116,7 +116,8 @@ def start(
 
     Exits 0 either way. The workflow input is ``{"project", "engine"}``: with engines
     configured (``[engines.<id>]``) the steps rotate among them (``--engines`` narrows the
-    roster); else ``--script`` runs the scripted engine on FILE; else ``[engine] name``
+    roster; ``--script`` goes along); else ``--script`` runs the scripted engine on FILE; else
+    ``[engine] name``
     chooses (scripted with an empty script by default, or command). The first step is
     committed with the start and dispatched right after it.
 

@@ -11,6 +11,7 @@ on the real stack: `vibey doctor --conformance --record`, `vibey worker`, `vibey
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +82,9 @@ def setup(e2e: Stack, tmp_path: Path, claude_scenario: str = "success") -> Path:
     config.write_text(roster_toml(fakes, state, claude_scenario))
     (tmp_path / "script.toml").write_text(SCRIPT)
     e2e.config = config
-    checked = e2e.json("doctor", "--conformance", "--record")
+    done = e2e.vibey("doctor", "--conformance", "--record", "--json", check=False)
+    assert done.returncode == (0 if claude_scenario == "success" else 1), done.stderr
+    checked = json.loads(done.stdout)
     assert [(e["id"], e["passed"]) for e in checked["engines"]] == [
         ("claude", claude_scenario == "success"),
         ("codex", True),
