@@ -53,7 +53,7 @@ from workflows.queue import AnswerStatus, Gate
 
 RELAY_CONNECT_SECONDS = 2.0
 FLUSH_SECONDS = 5.0
-STOP_SECONDS = 2.0
+STOP_SECONDS = 5.0
 PENDING_LIMIT = 100_000  # ids kept to give back unsent rows at flush (older ones: reclaimed)
 
 
