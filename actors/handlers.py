@@ -135,8 +135,10 @@ def build_handlers(context: HandlerContext) -> Handlers:
     return MappingProxyType(handlers)
 
 
-def to_outcome(kind: StepKind, verdict: EngineVerdict) -> Outcome:
-    """The step's outcome for an engine's verdict (the table in the module docstring)."""
+def to_outcome(name: str, verdict: EngineVerdict) -> Outcome:
+    """The step's outcome for an engine's verdict (the table in the module docstring); a
+    failure is classed as the kind declares."""
+    kind = STEP_KINDS.get_kind(name)
     if verdict.status == "ok":
         try:  # writers are strict: what the engine says it did must be ledger events we know
             engine_events(verdict.evidence)
@@ -232,7 +234,7 @@ class Steps:
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
-        outcome = to_outcome(step_kind, verdict)
+        outcome = to_outcome(kind, verdict)
         if isinstance(outcome, Failure) and bounded:
             return _park_if_exhausted(job, step_kind, outcome, granted)
         return outcome

@@ -67,13 +67,22 @@ def read_script(path: Path) -> dict[str, Any]:
 
 
 def workflow_input(
-    project: str, settings: Settings, script: Path | None, engines: str | None = None
+    project: str,
+    settings: Settings,
+    script: Path | None,
+    given: str | None = None,
+    engines: str | None = None,
 ) -> dict[str, Any]:
-    """``Started.input`` (docs/protocol.md): the project and the engine that runs its steps.
+    """``Started.input``: ``--input``'s JSON object with the project, for any definition; else
+    (docs/protocol.md) the project and the engine that runs the protocol's steps.
 
     With a configured roster (``[engines.<id>]``) the steps run on the roster (``{"name":
     "roster", "engines": [ids]}``, narrowed by ``--engines``); a ``--script`` goes along for
     engines that play it (the scripted adapter, the fake CLIs)."""
+    if given is not None:
+        if script is not None:
+            raise CommandError("--input and --script are exclusive: give one", ExitCode.USAGE)
+        return {"project": project, **_json_object(given)}
     if engines is not None or settings.engines:
         wanted = [e.strip() for e in (engines or "").split(",") if e.strip()]
         try:
@@ -93,6 +102,23 @@ def workflow_input(
     return {"project": project, "engine": {"name": "scripted", "script": {}}}
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """``--input``: a JSON object, inline or ``@FILE``."""
+    source = text
+    if text.startswith("@"):
+        try:
+            source = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--input {text}: {exc.strerror}", ExitCode.USAGE) from exc
+    try:
+        parsed = json.loads(source)
+    except ValueError as exc:
+        raise CommandError(f"--input is not JSON ({exc}): give an object", ExitCode.USAGE) from exc
+    if not isinstance(parsed, dict):
+        raise CommandError('--input must be a JSON object, as in {"amount": 120}', ExitCode.USAGE)
+    return parsed
+
+
 def _live(store: WorkflowStore, project: str) -> Workflow:
     workflow = store.for_project(project)
     if workflow.status.finished:
@@ -110,16 +136,17 @@ def start(
     script: Path | None = None,
     engines: str | None = None,
     definition: str | None = None,
+    input: str | None = None,
     json_output: Json = False,
 ) -> ExitCode:
     """Start PROJECT's workflow; when one is live already, print it and change nothing.
 
-    Exits 0 either way. The workflow input is ``{"project", "engine"}``: with engines
-    configured (``[engines.<id>]``) the steps rotate among them (``--engines`` narrows the
-    roster; ``--script`` goes along); else ``--script`` runs the scripted engine on FILE; else
-    ``[engine] name``
-    chooses (scripted with an empty script by default, or command). The first step is
-    committed with the start and dispatched right after it.
+    Exits 0 either way. For the protocol the workflow input is ``{"project", "engine"}``:
+    with engines configured (``[engines.<id>]``) the steps rotate among them (``--engines``
+    narrows the roster; ``--script`` goes along); else ``--script`` runs the scripted engine
+    on FILE; else ``[engine] name`` chooses (scripted with an empty script by default, or
+    command). Any other definition takes ``--input`` (a JSON object, or @FILE) plus the
+    project. The first step is committed with the start and dispatched right after it.
 
     JSON: ``{"workflow": {...}, "created": bool}``.
 
@@ -133,12 +160,14 @@ def start(
         Comma-separated ids of configured engines: this workflow rotates among them only.
     definition
         The workflow definition to start (default: [workflow] default_definition).
+    input
+        The workflow's input: a JSON object, or @FILE holding one ("project" is added).
     json_output
         Print one JSON object.
     """
     settings = load_settings()
     project = _project(project)
-    given = workflow_input(project, settings, script, engines)
+    given = workflow_input(project, settings, script, input, engines)
     name = definition or settings.workflow.default_definition
     from vibey.wiring import workflow_client
 
