@@ -52,6 +52,7 @@ from actors.agents import (
 from actors.agents.adapters import engine_for
 from actors.agents.lease import Held, Holder, WorktreeBusy, WorktreeLease
 from actors.agents.roster import AgentSpec
+from actors.agents.tests_run import TestsRun, find_test_command, run_tests
 from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
@@ -224,7 +225,13 @@ class Steps:
                 job_id=str(job.id),
             )
             with self._leased(job, task) as task:
-                ran = self._attempt(job, task, engine)
+                tested = self._tests(task) if kind == VERIFY else None
+                if tested is not None and not tested.passed:
+                    ran: EngineVerdict | Outcome = _tests_failed(tested)
+                else:
+                    ran = self._attempt(job, task, engine)
+            if tested is not None and isinstance(ran, EngineVerdict):
+                ran = replace(ran, evidence={**ran.evidence, "tests": tested.evidence()})
             if not isinstance(ran, EngineVerdict):  # parked at a handoff gate, or deferred
                 return ran
             verdict = ran
@@ -232,6 +239,8 @@ class Steps:
                 verdict = _finish_implement(worktree, task, verdict)
         except WorktreeBusy as exc:
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
+        except MergeConflictError as exc:  # build.verify merging the cycle's items
+            verdict = EngineVerdict("failed", detail=str(exc))
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
         outcome = to_outcome(kind, verdict)
@@ -245,6 +254,21 @@ class Steps:
             return self.handoffs.run(job, task, engine, phase=Phase(kind.phase or Phase.BUILD))
         return engine.run(task)
 
+    def _tests(self, task: EngineTask) -> TestsRun | None:
+        """build.verify verifies the integrated code: the cycle's items are merged into the
+        integrated tree (integrate, later, finds them merged), and the project's own test
+        command runs there first."""
+        assert task.workdir is not None
+        items = task.input.get("items")
+        if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
+            with self.integration_lock(task.project_id, task.cycle):
+                self.workspace.integrate(task.project_id, task.cycle, items)
+        command = find_test_command(self.workspace.project_dir(task.project_id), task.workdir)
+        if command is None:
+            return None
+        env = dict(self.context.agent_env) or None
+        return run_tests(command, task.workdir, env=env, lease=task.lease)
+
     def _roster_engine(self, engine_id: str) -> Engine:
         engine = self._roster.get(engine_id)
         if engine is None:
@@ -257,6 +281,10 @@ class Steps:
         """What a configured engine's plan adds to the step input: the accepted spec and the
         design answers (the workflow's state), and the result its kind must report."""
         context: dict[str, Any] = {"result_schema": dict(STEP_KINDS.get_kind(task.kind).result)}
+        if task.kind == VERIFY and task.workdir is not None:
+            project_dir = self.workspace.project_dir(task.project_id)
+            command = find_test_command(project_dir, task.workdir)
+            context["test_command"] = " ".join(command) if command else None
         if self.context.pool is None or not task.job_id:
             return context
         with self.context.pool.connection() as conn:
@@ -360,6 +388,11 @@ class Steps:
         if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
             raise StepInputError(f"build.implement needs input.item with an id, got {item!r}")
         return self.workspace.worktree(job.project_id, job.cycle, item["id"])
+
+
+def _tests_failed(tested: TestsRun) -> EngineVerdict:
+    detail = f"the project's tests failed ({' '.join(tested.command)}): {tested.output_tail[-800:]}"
+    return EngineVerdict("failed", evidence={"tests": tested.evidence()}, detail=detail)
 
 
 def _effort(job: Job, kind: StepKind, granted: int) -> Effort:

@@ -157,6 +157,17 @@ class Workspace:
             _ensure_worktree(repo, path, branch)
         return path
 
+    def import_repo(self, project: str, source: str, branch: str | None = None) -> Path:
+        """The project's repository cloned from ``source`` (a path or a URL), ``branch`` (or
+        its default branch) becoming ``main``; a repository already there is kept as it is."""
+        path = self.project_dir(project) / "repo"
+        if (path / ".git").is_dir():
+            return path
+        with self._locked(project):
+            if not (path / ".git").is_dir():
+                _clone_repo(path, source, branch)
+        return path
+
     def integrated(self, project: str) -> Path:
         """The integration worktree (branch ``vibey/integration``, from main when new): the
         integrated code, where verify, review and deploy work."""
@@ -205,6 +216,29 @@ def _init_repo(path: Path) -> None:
         ):
             git(staging, "config", key, value)
         git(staging, "commit", "--quiet", "--allow-empty", "--no-verify", "-m", "vibey: start")
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def _clone_repo(path: Path, source: str, branch: str | None) -> None:
+    """Clones beside ``path`` and renames into place (see :func:`_init_repo`)."""
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        args = ["clone", "--quiet", *(["--branch", branch] if branch else []), source, str(staging)]
+        git(staging.parent, *args)
+        git(staging, "checkout", "--quiet", "-B", MAIN_BRANCH)
+        for key, value in (
+            ("user.name", GIT_IDENTITY),
+            ("user.email", f"{GIT_IDENTITY}@localhost"),
+            ("commit.gpgsign", "false"),
+            ("gc.auto", "0"),
+        ):
+            git(staging, "config", key, value)
         if path.exists():
             shutil.rmtree(path)
         staging.rename(path)

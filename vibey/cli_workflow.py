@@ -119,6 +119,36 @@ def _json_object(text: str) -> dict[str, Any]:
     return parsed
 
 
+def prepare_project(
+    settings: Settings,
+    project: str,
+    repo: str | None,
+    branch: str | None,
+    test_command: str | None,
+) -> None:
+    """Imports ``repo`` into the project's workspace and writes its facts (``project.json``:
+    the repository, the branch, the test command) for the workers."""
+    import shlex
+
+    from actors.worktrees import Workspace, WorkspaceError
+
+    if branch is not None and repo is None:
+        raise CommandError("--branch goes with --repo", ExitCode.USAGE)
+    workspace = Workspace(Path(settings.engine.workspace))
+    try:
+        if repo is not None:
+            source = str(Path(repo).resolve()) if Path(repo).exists() else repo
+            workspace.import_repo(project, source, branch)
+        facts_file = workspace.project_dir(project) / "project.json"
+        facts = json.loads(facts_file.read_text()) if facts_file.is_file() else {}
+        facts.update({k: v for k, v in (("repo", repo), ("branch", branch)) if v is not None})
+        if test_command is not None:
+            facts["test_command"] = shlex.split(test_command)
+        facts_file.write_text(json.dumps(facts, indent=2), encoding="utf-8")
+    except (WorkspaceError, ValueError, OSError) as exc:
+        raise CommandError(f"cannot import {repo}: {exc}", ExitCode.USAGE) from exc
+
+
 def _live(store: WorkflowStore, project: str) -> Workflow:
     workflow = store.for_project(project)
     if workflow.status.finished:
@@ -135,6 +165,9 @@ def start(
     *,
     script: Path | None = None,
     engines: str | None = None,
+    repo: str | None = None,
+    branch: str | None = None,
+    test_command: str | None = None,
     definition: str | None = None,
     input: str | None = None,
     json_output: Json = False,
@@ -158,6 +191,13 @@ def start(
         The scripted engine's script: TOML, or JSON when it ends in .json (docs/protocol.md).
     engines
         Comma-separated ids of configured engines: this workflow rotates among them only.
+    repo
+        Import this repository (a path or a URL) as the project's (default: a new empty one).
+    branch
+        With --repo: the branch to import (it becomes main; default: the default branch).
+    test_command
+        The project's test command (shell words) build.verify runs in the integrated tree
+        (default: detected from the layout: just, make, npm, cargo, go, pytest).
     definition
         The workflow definition to start (default: [workflow] default_definition).
     input
@@ -168,6 +208,8 @@ def start(
     settings = load_settings()
     project = _project(project)
     given = workflow_input(project, settings, script, input, engines)
+    if repo is not None or test_command is not None:
+        prepare_project(settings, project, repo, branch, test_command)
     name = definition or settings.workflow.default_definition
     from vibey.wiring import workflow_client
 

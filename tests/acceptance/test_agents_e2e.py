@@ -12,6 +12,8 @@ on the real stack: `vibey doctor --conformance --record`, `vibey worker`, `vibey
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +40,9 @@ work_items = [
 """
 
 
-def roster_toml(fakes: dict[str, Path], state: Path, claude_scenario: str = "success") -> str:
+def roster_toml(
+    fakes: dict[str, Path], state: Path, claude_scenario: str = "success", edit: str = ""
+) -> str:
     engines = (("claude", "claude-code", 3), ("codex", "codex", 2), ("gemini", "gemini", 1))
     tables = []
     for cli, adapter, weight in engines:
@@ -46,7 +50,8 @@ def roster_toml(fakes: dict[str, Path], state: Path, claude_scenario: str = "suc
         tables.append(
             f'[engines.{cli}]\nadapter = "{adapter}"\nbinary = "{fakes[cli]}"\n'
             f"weight = {weight}\ntimeout_seconds = 120\n"
-            f'env = {{ FAKE_SCENARIO = "{scenario}", FAKE_STATE = "{state}", FAKE_ID = "{cli}" }}\n'
+            f'env = {{ FAKE_SCENARIO = "{scenario}", FAKE_STATE = "{state}", FAKE_ID = "{cli}", '
+            f'FAKE_EDIT = "{edit}" }}\n'
         )
     return "\n".join(tables)
 
@@ -75,11 +80,11 @@ def implement_picks(pg_url: str) -> Counter[str]:
     return Counter(row[0] for row in rows)
 
 
-def setup(e2e: Stack, tmp_path: Path, claude_scenario: str = "success") -> Path:
+def setup(e2e: Stack, tmp_path: Path, claude_scenario: str = "success", edit: str = "") -> Path:
     fakes = install(tmp_path / "bin")
     state = tmp_path / "fake-state"
     config = tmp_path / "vibey.toml"
-    config.write_text(roster_toml(fakes, state, claude_scenario))
+    config.write_text(roster_toml(fakes, state, claude_scenario, edit))
     (tmp_path / "script.toml").write_text(SCRIPT)
     e2e.config = config
     done = e2e.vibey("doctor", "--conformance", "--record", "--json", check=False)
@@ -151,3 +156,59 @@ def test_an_engine_out_of_credits_mid_build_hands_off_with_a_verified_brief(
     assert accepted and all(a["from"] == "claude" and a["to"] != "claude" for a in accepted)
     assert all(a["mode"] == "brief" for a in accepted)
     assert implement_picks(pg_url)["claude"] == 0  # no item settled on the engine out of credits
+
+
+FIXTURE_TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+def fixture_repo(path: Path) -> Path:
+    """A repository with a failing test: ``add`` subtracts."""
+    path.mkdir()
+    (path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (path / "tests").mkdir()
+    (path / "tests" / "test_calc.py").write_text(FIXTURE_TEST)
+    for args in (
+        ["init", "-q", "-b", "trunk"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "add", "."],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a failing test"],
+    ):
+        subprocess.run(["git", *args], cwd=path, check=True)
+    return path
+
+
+def test_an_imported_repository_is_fixed_and_verify_runs_its_tests(
+    e2e: Stack, pg_url: str, tmp_path: Path
+) -> None:
+    repo = fixture_repo(tmp_path / "calc")
+    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+    before = subprocess.run(tests, cwd=repo, capture_output=True, text=True)
+    assert before.returncode == 1, before.stdout  # the imported repository's test fails
+    setup(e2e, tmp_path, edit="calc.py|a - b|a + b")
+    (tmp_path / "script.toml").write_text(
+        '[build]\nwork_items = [{ id = "fix", title = "make add add" }]\n'
+    )
+    e2e.start_worker()
+    e2e.vibey(
+        "workflow",
+        "start",
+        "calc",
+        "--repo",
+        str(repo),
+        "--branch",
+        "trunk",
+        "--test-command",
+        " ".join(tests),
+        "--script",
+        str(tmp_path / "script.toml"),
+    )
+    final = e2e.drive(["calc"], deadline_s=300)["calc"]["workflow"]
+    assert final["status"] == "completed", final
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        [(result,)] = conn.execute(
+            "SELECT result FROM job WHERE kind = 'build.verify' AND state = 'succeeded'"
+        ).fetchall()
+    run = result["evidence"]["tests"]
+    assert run["passed"] and run["command"] == tests and "1 passed" in run["output_tail"]
+    integrated = e2e.workspace / "calc" / "worktrees" / "integration"
+    assert "a + b" in (integrated / "calc.py").read_text()
+    ledger(e2e, "calc")

@@ -17,6 +17,7 @@ own ``env``):
 ``garbage``  prints what is not its format, exits 0
 ``noop``     says it succeeded, changed nothing, exits 0
 
+``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
 (counted in ``FAKE_STATE``, a directory), credits after; or ``credits-on:KIND``: credits spent
 for steps of KIND, success for the others. Every run appends its scenario to
@@ -138,6 +139,12 @@ def work(plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
     kind = plan["kind"]
     before = set(_files())
+    edit = os.environ.get("FAKE_EDIT")  # "path|old|new": the fix a real agent would make
+    if kind == "build.implement" and edit:
+        path, old, new = edit.split("|")
+        target = Path.cwd() / path
+        if target.is_file() and old in target.read_text():
+            target.write_text(target.read_text().replace(old, new))
     task = EngineTask(
         kind,
         plan["project"],
