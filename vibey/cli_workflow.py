@@ -352,7 +352,9 @@ def cancel(
     reason: str = "",
     json_output: Json = False,
 ) -> ExitCode:
-    """Cancel PROJECT's live workflow: its unfinished steps stop, its open gates close.
+    """Cancel PROJECT's live workflow: its unfinished steps stop, its open gates close, and
+    the engine processes working in its workspace on this machine are stopped (SIGTERM to
+    each one's process group, then SIGKILL after a grace).
 
     Exits 1 when the project has no live workflow. JSON: ``{"workflow": {...}}``.
 
@@ -374,6 +376,10 @@ def cancel(
         workflow = _live(client.store, _project(project))
         cancelled = client.store.cancel(workflow.id, by=by or whoami(), reason=reason)
         describe = client.store.describe(cancelled)
+    from actors.agents.lease import stop_all
+    from actors.worktrees import Workspace
+
+    stop_all(Workspace(Path(settings.engine.workspace)).project_dir(cancelled.project_id))
     if json_output:
         render.dump({"workflow": render.workflow_json(cancelled, describe)})
     else:

@@ -178,3 +178,16 @@ def _wait_lock(fd: int, seconds: float) -> bool:
             return True
         time.sleep(POLL_S)
     return _try_lock(fd)
+
+
+def stop_all(root: Path, grace: float = 2.0) -> list[Holder]:
+    """Stops every attempt that holds a lease on a directory under ``root`` (a project's
+    workspace): what ``vibey workflow cancel`` does to the workflow's engine processes."""
+    stopped = []
+    for lock in sorted(root.glob(f"**/.vibey/{LOCK_FILE}")):
+        directory = lock.parent.parent
+        holder = read_holder(directory)
+        if holder is not None and is_held(directory):
+            stop_holder(holder, grace)
+            stopped.append(holder)
+    return stopped

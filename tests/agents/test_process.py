@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.agents.lease import WorktreeBusy, WorktreeLease, is_held, read_holder
+from actors.agents.lease import WorktreeBusy, WorktreeLease, is_held, read_holder, stop_all
 from actors.agents.process import run_supervised
 
 AGENT = textwrap.dedent(
@@ -171,3 +171,13 @@ def test_a_vibey_dir_is_ignored_by_git(tmp_path: Path) -> None:
             ["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True
         )
     assert status.stdout == ""
+
+
+def test_stop_all_stops_every_engine_in_a_project(tmp_path: Path) -> None:
+    """What `vibey workflow cancel` does on the machine: the project's engines stop."""
+    worker, (agent, child, _escapee) = start_worker(tmp_path)
+    assert alive(agent)
+    stopped = stop_all(tmp_path, grace=1.0)
+    assert [h.job_id for h in stopped] == ["job-1"]
+    assert wait_until(lambda: not alive(agent) and not alive(child))
+    worker.wait(timeout=30)
