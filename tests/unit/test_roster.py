@@ -32,7 +32,7 @@ def test_a_table_per_engine_in_id_order() -> None:
     assert (alpha.binary, alpha.args, alpha.phases) == (
         "claude",
         ("--model", "x"),
-        {"build", "review"},
+        frozenset({"build", "review"}),
     )
     assert alpha.allows("build") and not alpha.allows("design")
     assert specs[1].allows("design")  # no list: every phase
