@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -57,6 +57,7 @@ from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
     MergeConflictError,
+    UnknownBranchError,
     Workspace,
     WorkspaceError,
     commit_all,
@@ -261,8 +262,8 @@ class Steps:
         assert task.workdir is not None
         items = task.input.get("items")
         if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
-            with self.integration_lock(task.project_id, task.cycle):
-                self.workspace.integrate(task.project_id, task.cycle, items)
+            with self.integration_lock(task.project_id, task.cycle), suppress(UnknownBranchError):
+                self.workspace.integrate(task.project_id, task.cycle, items)  # integrate says
         command = find_test_command(self.workspace.project_dir(task.project_id), task.workdir)
         if command is None:
             return None
