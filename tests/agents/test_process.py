@@ -146,7 +146,12 @@ def test_a_stale_attempt_never_stops_the_current_one(tmp_path: Path) -> None:
 def test_a_stop_request_ends_the_group_within_the_grace(tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     stop = threading.Event()
-    threading.Timer(0.5, stop.set).start()
+
+    def stop_once_started() -> None:  # the agent wrote its pids: it runs
+        wait_until(lambda: (tmp_path / "pids").exists(), 30)
+        stop.set()
+
+    threading.Thread(target=stop_once_started, daemon=True).start()
     started = time.monotonic()
     with (tmp_path / "out").open("wb") as out:
         done = run_supervised(
@@ -159,7 +164,7 @@ def test_a_stop_request_ends_the_group_within_the_grace(tmp_path: Path) -> None:
             grace=1.0,
             stop=stop,
         )
-    assert done.stopped and time.monotonic() - started < 10
+    assert done.stopped and time.monotonic() - started < 40
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     assert wait_until(lambda: not any(map(alive, pids)), 5)
 
