@@ -16,19 +16,19 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from actors.broker import VibeyBroker
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.topology import QueueNames
-from store.db import Conn
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
+from store.unit_of_work import UnitOfWork
 from store.workflows import WorkflowStore
 from workflows.dispatch import DispatchEnvelope, WaitTiers
 from workflows.job import TIMER_KIND, FailureClass
@@ -166,27 +166,16 @@ class StepRunner:
             return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
-        """One transaction: the fenced settle and, for a workflow's step that finished, the
+        """One unit of work: the fenced settle and, for a workflow's step that finished, the
         workflow's event with everything it decides (``WorkflowStore.settle_txn``)."""
         settle, label = _settle_write(self._store, job, outcome)
         if self._workflows is not None and job.workflow_id is not None:
-            result = outcome.result if isinstance(outcome, Success) else {}
-            evidence = outcome.evidence if isinstance(outcome, Failure) else result.get("evidence")
-            failure = (
-                (outcome.failure_class, outcome.detail) if isinstance(outcome, Failure) else None
-            )
-            settled = self._store.dispatching_transaction(
-                self._workflows.settle_txn,
-                job,
-                settle,
-                result={k: v for k, v in result.items() if k != "evidence"},
-                failure=failure,
-                evidence=evidence if isinstance(evidence, Mapping) else None,
-            )
+            with self._store.units.begin() as unit:
+                settled = self._workflows.settle_txn(unit, job, settle, **_event_facts(outcome))
         else:
             # nack, defer and park are one statement each: no BEGIN/COMMIT around them.
-            one = not isinstance(outcome, Success)
-            settled = self._store.dispatching_transaction(_plain, settle, one_statement=one)
+            with self._store.units.begin(one_statement=not isinstance(outcome, Success)) as unit:
+                settled = settle(unit)
         if not settled.applied:
             log.warning("job %s: settle refused, the lease was lost (%s)", job.id, label)
             return StepResult.STALE
@@ -230,39 +219,48 @@ class StepRunner:
             thread.join()
 
 
-SettleWrite = Callable[[Conn, list[int] | None], Settled]
+SettleWrite = Callable[[UnitOfWork], Settled]
+
+
+def _event_facts(outcome: Outcome) -> dict[str, Any]:
+    """What the workflow's event needs from an outcome: result, failure and evidence."""
+    match outcome:
+        case Success():
+            return {
+                "result": outcome.decided,
+                "failure": None,
+                "evidence": outcome.ledger_evidence or None,
+            }
+        case Failure(failure_class=cls, detail=detail, evidence=evidence):
+            return {"result": {}, "failure": (cls, detail), "evidence": evidence or None}
+        case _:
+            return {"result": {}, "failure": None, "evidence": None}
 
 
 def _settle_write(
     store: PostgresJobRepository, job: Job, outcome: Outcome
 ) -> tuple[SettleWrite, StepResult]:
-    """The fenced write an outcome asks for, as a function of the caller's transaction."""
+    """The fenced write an outcome asks for, as a function of the caller's unit of work."""
     lease = job.lease
     match outcome:
         case Success(result=result):
             return (
-                lambda conn, outbox: store.ack_txn(conn, lease, result=result, outbox=outbox),
+                lambda unit: store.ack_txn(unit, lease, result=result),
                 StepResult.SUCCEEDED,
             )
         case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
             return (
-                lambda conn, outbox: store.nack_txn(
-                    conn, lease, error=detail, failure_class=cls, retry_in=retry_in, outbox=outbox
+                lambda unit: store.nack_txn(
+                    unit, lease, error=detail, failure_class=cls, retry_in=retry_in
                 ),
                 StepResult.FAILED,
             )
         case Defer(delay=delay, reason=reason, capacity=capacity):
             return (
-                lambda conn, outbox: store.defer_txn(
-                    conn, lease, delay=delay, reason=reason, capacity=capacity, outbox=outbox
+                lambda unit: store.defer_txn(
+                    unit, lease, delay=delay, reason=reason, capacity=capacity
                 ),
                 StepResult.DEFERRED,
             )
         case Park(gate=gate):
-            return (lambda conn, outbox: store.park_txn(conn, lease, gate), StepResult.PARKED)
-
-
-def _plain(
-    conn: Conn, settle: Callable[[Conn, list[int] | None], Settled], *, outbox: list[int]
-) -> Settled:
-    return settle(conn, outbox)
+            return (lambda unit: store.park_txn(unit.conn, lease, gate), StepResult.PARKED)

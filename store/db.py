@@ -26,6 +26,14 @@ def transaction(pool: Pool) -> Iterator[Conn]:
 
 
 @contextmanager
+def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
+    """A transaction in pipeline mode: BEGIN, every statement whose result is not read, and
+    COMMIT travel with the next read (see ``store/unit_of_work.py``)."""
+    with translated(), pool.connection() as conn, conn.pipeline(), conn.transaction():
+        yield conn
+
+
+@contextmanager
 def statement(pool: Pool) -> Iterator[Conn]:
     """A connection for one statement: on an autocommit connection the statement is its own
     transaction (one round trip); any other connection wraps it in BEGIN/COMMIT."""
@@ -42,6 +50,11 @@ def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | No
         cur.execute(query.encode(), params)
         # The result's status, not cur.description (which builds a Column per column).
         result = cur.pgresult
+        if result is None and conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:  # pipelined
+            row = cur.fetchone()
+            result = cur.pgresult
+            ok = result is not None and result.status == pq.ExecStatus.TUPLES_OK
+            return row if ok else None
         if result is None or result.status != pq.ExecStatus.TUPLES_OK:
             return None
         return cur.fetchone()

@@ -21,6 +21,7 @@ from store.db import Pool
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.pool import open_pool
+from store.unit_of_work import OutboxRow
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
@@ -153,7 +154,7 @@ class WorkflowClient:
         dispatching = settings.queue.backend == "rabbitmq"
         publishing = dispatching and settings.bus.amqp_url is not None
         self._relay_id = f"vibey-cli:{socket.gethostname()}:{os.getpid()}" if publishing else None
-        self._outbox: list[int] = []
+        self._outbox: list[OutboxRow] = []
         self.jobs = PostgresJobRepository(
             pool=pool,
             leases=settings.queue.lease,
@@ -194,7 +195,8 @@ class WorkflowClient:
             pass
         finally:
             relay.stop(timeout=CLI_RELAY_STOP_SECONDS)
-            records.release(ids)  # only rows still unsent: back to the reconcilers at once
+            # only rows still unsent: back to the reconcilers at once
+            records.release([row.id for row in ids])
         return Dispatch(len(ids), relay.published, tried=True)
 
 
