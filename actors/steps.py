@@ -6,23 +6,22 @@ budget bounds), so Dramatiq always acknowledges the delivery after the settle co
 pointer whose claim missed is dropped or re-delayed through a wait tier by
 ``workflows.dispatch.decide_miss``.
 
-While a handler runs, a heartbeat thread extends the lease every third of its timeout, so a
-two-hour step holds its lease however long it takes, and loses it (and any settle) as soon as
-its process stops beating.
+While a handler runs, the process's heartbeat thread (``actors.heartbeat``) extends the lease
+every third of its timeout, so a two-hour step holds its lease however long it takes, and
+loses it (and any settle) as soon as its process stops beating.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
 from actors.broker import VibeyBroker
+from actors.heartbeat import Heartbeats
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.topology import QueueNames
@@ -93,6 +92,11 @@ class StepRunner:
         self._gate = SoloGate()
         self._on_result = on_result
         self._workflows = workflows
+        self._heartbeats = Heartbeats(beat=store.heartbeat)
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (once no step runs)."""
+        self._heartbeats.close()
 
     def run(
         self,
@@ -126,7 +130,7 @@ class StepRunner:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         if not solo and _died_with_its_process(job):
             return self._record(self._run_alone_next(job))
-        with self._heartbeat(job):
+        with self._heartbeats.holding(job):
             outcome = self._handle(job)
         self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
         result = self._settle(job, outcome)
@@ -198,25 +202,6 @@ class StepRunner:
             exchange=hop.exchange, routing_key=routing_key, body=hop.body, message_id=hop.message_id
         )
         return StepResult.REDELAYED
-
-    @contextmanager
-    def _heartbeat(self, job: Job) -> Iterator[None]:
-        stop = threading.Event()
-        interval = max(job.lease_timeout / 3, timedelta(milliseconds=50)).total_seconds()
-
-        def beat() -> None:
-            while not stop.wait(interval):
-                if not self._store.heartbeat(job.lease).applied:
-                    log.warning("job %s: heartbeat refused, the lease was lost", job.id)
-                    return
-
-        thread = threading.Thread(target=beat, name=f"heartbeat-{job.id}", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
 
 
 SettleWrite = Callable[[UnitOfWork], Settled]
