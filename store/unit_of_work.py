@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from store.db import Conn, Pool, statement, transaction
+from store.db import Conn, Pool, pipelined_transaction, statement
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
 OUTBOX_RETURNING = "id, key, job_id, project_id, dispatch_seq, kind, not_before, solo"
@@ -108,7 +108,7 @@ class Units:
     def begin(self, *, one_statement: bool = False) -> Iterator[UnitOfWork]:
         """A unit in a transaction (pipelined), or, for a write that is one statement, on an
         autocommit connection where the statement is its own transaction (one round trip)."""
-        scope = statement(self._pool) if one_statement else transaction(self._pool)
+        scope = statement(self._pool) if one_statement else pipelined_transaction(self._pool)
         with scope as conn:
             unit = UnitOfWork(conn)
             yield unit
