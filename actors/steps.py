@@ -28,11 +28,11 @@ from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.unit_of_work import UnitOfWork
-from store.workflows import WorkflowStore
+from store.workflows import Workflow, WorkflowStore
 from workflows.dispatch import DispatchEnvelope, WaitTiers
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.queue import Job, Settled
-from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Success
+from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Short, Success
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,49 @@ class StepRunner:
         routing_key: str,
         delivery: int = 0,
         solo: bool = False,
+        redelivered: bool = False,
     ) -> StepResult:
+        """``delivery``: the broker's delivery count before this one; ``redelivered``: the
+        broker delivered this message before (a consumer died holding it)."""
         with self._gate.alone() if solo else self._gate.shared():
+            if not (solo or redelivered or delivery) and self._short(kind):
+                return self._run_short(UUID(job_id), project_id, seq, kind, routing_key)
             return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+
+    def _short(self, kind: str) -> bool:
+        return kind == TIMER_KIND or isinstance(self._handlers.get(kind), Short)
+
+    def _run_short(
+        self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
+    ) -> StepResult:
+        """A short step's first delivery: the fenced claim, the handler and the settle in one
+        unit of work, one commit. The claim is never committed on its own, so no heartbeat
+        is needed (the row lock holds the job), and a crash before the commit leaves the job
+        as it was at this generation: the broker redelivers the pointer, and a redelivery runs
+        on the two-commit path, whose committed claim counts the attempt (poison stays
+        bounded). A workflow's step locks its workflow first (the store's lock order)."""
+        self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
+        with self._store.units.begin() as unit:
+            locked = (
+                None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
+            )
+            job = self._records.claim_pointer_txn(
+                unit.conn, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+            )
+            workflow = None if locked is None else locked()
+            if job is None:
+                missed = True
+            elif _died_with_its_process(job):
+                missed, result = False, self._alone_next_txn(unit, job)
+            else:
+                missed, outcome = False, self._handle(job)
+                self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
+                result = self._settle_txn(unit, job, outcome, workflow)
+        if missed or job is None:
+            return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
+        self._record(result)
+        self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
+        return result
 
     def _run(
         self,
@@ -140,7 +180,12 @@ class StepRunner:
 
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
-        settled = self._store.defer(
+        with self._store.units.begin(one_statement=True) as unit:
+            return self._alone_next_txn(unit, job)
+
+    def _alone_next_txn(self, unit: UnitOfWork, job: Job) -> StepResult:
+        settled = self._store.defer_txn(
+            unit,
             job.lease,
             delay=timedelta(0),
             reason=f"{job.last_error}; running it again alone",
@@ -171,15 +216,23 @@ class StepRunner:
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
         """One unit of work: the fenced settle and, for a workflow's step that finished, the
-        workflow's event with everything it decides (``WorkflowStore.settle_txn``)."""
+        workflow's event with everything it decides (``WorkflowStore.settle_txn``). A plain
+        job's nack, defer and park are one statement each: no BEGIN/COMMIT around them."""
+        one = (self._workflows is None or job.workflow_id is None) and not isinstance(
+            outcome, Success
+        )
+        with self._store.units.begin(one_statement=one) as unit:
+            return self._settle_txn(unit, job, outcome, None)
+
+    def _settle_txn(
+        self, unit: UnitOfWork, job: Job, outcome: Outcome, workflow: Workflow | None
+    ) -> StepResult:
         settle, label = _settle_write(self._store, job, outcome)
         if self._workflows is not None and job.workflow_id is not None:
-            with self._store.units.begin() as unit:
-                settled = self._workflows.settle_txn(unit, job, settle, **_event_facts(outcome))
+            facts = _event_facts(outcome)
+            settled = self._workflows.settle_txn(unit, job, settle, locked=workflow, **facts)
         else:
-            # nack, defer and park are one statement each: no BEGIN/COMMIT around them.
-            with self._store.units.begin(one_statement=not isinstance(outcome, Success)) as unit:
-                settled = settle(unit)
+            settled = settle(unit)
         if not settled.applied:
             log.warning("job %s: settle refused, the lease was lost (%s)", job.id, label)
             return StepResult.STALE

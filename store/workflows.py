@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
@@ -493,6 +494,20 @@ class WorkflowStore(WorkflowReads):
                 return
 
     # -- rows ------------------------------------------------------------------------------
+
+    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]:
+        """Lock the workflow of job ``job_id`` (none for a plain job), sent now and read when
+        the returned function is called: in pipeline mode the lock travels with the caller's
+        next statement (the step's claim) in one round trip."""
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(Q["lock_workflow_of_job"].encode(), {"job_id": job_id})
+
+        def read() -> Workflow | None:
+            with cur:
+                row = cur.fetchone()
+            return None if row is None else workflow_from_row(row)
+
+        return read
 
     def _lock(self, conn: Conn, workflow_id: UUID) -> Workflow:
         row = fetch_one(conn, Q["lock_workflow"], {"id": workflow_id})

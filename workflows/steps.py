@@ -60,3 +60,15 @@ class Park:
 Outcome = Success | Failure | Defer | Park
 Handler = Callable[[Job], Outcome]
 Handlers = Mapping[str, Handler]
+
+
+@dataclass(frozen=True, slots=True)
+class Short:
+    """A handler that finishes in milliseconds and whose only effect is its outcome (no
+    engine, no side effect outside the database): the runtime claims, runs and settles its
+    step's first delivery in one transaction, one commit. Wrap it: ``{"kind": Short(fn)}``."""
+
+    handler: Handler
+
+    def __call__(self, job: Job) -> Outcome:
+        return self.handler(job)

@@ -18,6 +18,12 @@ RETURNING *
 -- name: lock_workflow
 SELECT * FROM workflow WHERE id = %(id)s FOR UPDATE
 
+-- name: lock_workflow_of_job
+-- A short step's unit of work locks its workflow before it claims the job (the lock order).
+SELECT w.* FROM workflow w
+WHERE w.id = (SELECT j.workflow_id FROM job j WHERE j.id = %(job_id)s)
+FOR UPDATE OF w
+
 -- name: get_workflow
 SELECT * FROM workflow WHERE id = %(id)s
 
