@@ -3,6 +3,7 @@ transaction scopes, and dict-row fetches of named SQL."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -28,9 +29,30 @@ def transaction(pool: Pool) -> Iterator[Conn]:
 @contextmanager
 def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
     """A transaction in pipeline mode: BEGIN, every statement whose result is not read, and
-    COMMIT travel with the next read (see ``store/unit_of_work.py``)."""
-    with translated(), pool.connection() as conn, conn.pipeline(), conn.transaction():
-        yield conn
+    COMMIT travel with the next read (see ``store/unit_of_work.py``). Plain BEGIN/COMMIT
+    commands, not psycopg's ``transaction()``, which syncs a pipeline four times."""
+    with translated(), pool.connection() as conn, conn.pipeline() as pipeline:
+        conn.execute(b"BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            settle_pipeline(conn)
+            conn.execute(b"ROLLBACK")
+            raise
+        conn.execute(b"COMMIT")
+        pipeline.sync()  # the commit's own error, if any, is raised here
+
+
+def settle_pipeline(conn: Conn) -> None:
+    """On an error path in pipeline mode: read every result still in flight (a failed
+    statement's error is dropped: the caller is already handling an exception) and end an
+    aborted pipeline, so that a ROLLBACK sent next is executed."""
+    if conn.pgconn.pipeline_status == pq.PipelineStatus.OFF:
+        return
+    for _ in range(2):  # the first sync may stop at the failed statement's error
+        with contextlib.suppress(psycopg.Error), conn.pipeline() as pipeline:
+            pipeline.sync()
+            return
 
 
 @contextmanager

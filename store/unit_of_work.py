@@ -19,6 +19,7 @@ A multi-statement unit runs in psycopg's pipeline mode: statements whose results
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from store.db import Conn, Pool, pipelined_transaction, statement
+from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
 OUTBOX_RETURNING = "id, key, job_id, project_id, dispatch_seq, kind, not_before, solo"
@@ -59,6 +60,7 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
     )
 
 
+_SAVEPOINTS = itertools.count(1)
 Publish = Callable[[Sequence[OutboxRow]], None]
 
 
@@ -94,6 +96,23 @@ class UnitOfWork:
     @property
     def pointers(self) -> tuple[OutboxRow, ...]:
         return tuple(self._pointers)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A savepoint: an exception in the block undoes the block's statements (and their
+        outbox rows) and propagates. Plain ``SAVEPOINT``/``RELEASE`` commands, which travel in
+        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times."""
+        name = f"unit_{next(_SAVEPOINTS)}"
+        kept = len(self._pointers)
+        self.conn.execute(f"SAVEPOINT {name}".encode())
+        try:
+            yield
+        except BaseException:
+            settle_pipeline(self.conn)
+            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}".encode())
+            del self._pointers[kept:]
+            raise
+        self.conn.execute(f"RELEASE SAVEPOINT {name}".encode())
 
 
 class Units:

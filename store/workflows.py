@@ -282,7 +282,7 @@ class WorkflowStore(WorkflowReads):
             self._append(conn, workflow.id, seq, event, None, now)
             return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
         try:
-            with conn.transaction():  # a savepoint: a failed decision leaves nothing behind
+            with unit.savepoint():  # a failed decision leaves nothing behind
                 return self._decide(
                     unit, workflow, seq, event, now, pending=False, cause=(cause, job_id)
                 )
@@ -480,7 +480,7 @@ class WorkflowStore(WorkflowReads):
         for entry in self._history(conn, workflow.id, after=workflow.applied_seq):
             event = decode_event(entry["event"])
             try:
-                with conn.transaction():
+                with unit.savepoint():
                     current = self._decide(
                         unit, current, entry["seq"], event, self._clock(), pending=True
                     )
