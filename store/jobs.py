@@ -259,8 +259,11 @@ class PostgresJobRepository:
         self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
     ) -> Settled:
         params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
-        settled = _settled(fetch_one(unit.conn, Q["ack"], params))
-        if settled.applied and self._dispatch:
+        row = fetch_one(unit.conn, Q["ack"], params)
+        settled = _settled(row)
+        # ``woken``: the job has dependents (one written by a transaction still open is the
+        # lost-dispatch sweep's, as it always was).
+        if row is not None and row["woken"] and self._dispatch:
             unit.conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
             self._dispatch_released(unit, parent=lease.job_id)
         return settled

@@ -231,7 +231,10 @@ class WorkflowStore(WorkflowReads):
         self, unit: UnitOfWork, gate_id: UUID, answer: str, *, by: str
     ) -> GateAnswerOutcome:
         conn = unit.conn
-        found = self._jobs.get_gate_txn(conn, gate_id)
+        # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
+        locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
+        found = self._jobs.lock_gate_txn(conn, gate_id)
+        workflow = locked()
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
         if found.name is None or found.workflow_id is None:  # a parked job's gate
@@ -242,10 +245,11 @@ class WorkflowStore(WorkflowReads):
             # applies it.
             outcome = self._jobs.answer_gate_txn(unit, gate_id, answer=answer, answered_by=by)
             return GateAnswerOutcome(outcome.status, outcome.gate)
-        workflow = self._lock(conn, found.workflow_id)
-        gate = self._jobs.lock_gate_txn(conn, gate_id)
-        if gate is None or not gate.open:
-            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate or found)
+        gate = found
+        if workflow is None:  # pragma: no cover - a workflow gate's workflow is never deleted
+            raise WorkflowNotFound(f"no workflow {found.workflow_id}")
+        if not gate.open:
+            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         problem = self._invalid(gate, answer)
         if problem:
             return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, gate, problem)
@@ -499,8 +503,13 @@ class WorkflowStore(WorkflowReads):
         """Lock the workflow of job ``job_id`` (none for a plain job), sent now and read when
         the returned function is called: in pipeline mode the lock travels with the caller's
         next statement (the step's claim) in one round trip."""
+        return self._lock_of(unit, Q["lock_workflow_of_job"], {"job_id": job_id})
+
+    def _lock_of(
+        self, unit: UnitOfWork, query: str, params: Mapping[str, Any]
+    ) -> Callable[[], Workflow | None]:
         cur = unit.conn.cursor(row_factory=dict_row)
-        cur.execute(Q["lock_workflow_of_job"].encode(), {"job_id": job_id})
+        cur.execute(query.encode(), params)
 
         def read() -> Workflow | None:
             with cur:
