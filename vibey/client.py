@@ -45,6 +45,7 @@ from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.pool import open_pool
+from store.unit_of_work import OutboxRow
 from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, load_settings
@@ -174,11 +175,11 @@ class Client:
         self._relay, self._records = relay, records
         return relay_id
 
-    def _committed(self, ids: Sequence[int]) -> None:
+    def _committed(self, rows: Sequence[OutboxRow]) -> None:
         with self._lock:
-            self._pending.extend(ids)
+            self._pending.extend(row.id for row in rows)
         if self._relay is not None:
-            self._relay.submit(ids)
+            self._relay.submit(rows)
 
     # -- workflows ---------------------------------------------------------------------------
 
