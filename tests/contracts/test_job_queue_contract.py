@@ -132,7 +132,7 @@ def test_claim_by_kind(backend: Backend) -> None:
     repo = backend.repo()
     repo.enqueue(req("d", kind="design.spec"))
     build = repo.enqueue(req("b", kind="build.decompose")).job
-    (held,) = claim_n(repo, P, owner="w", kinds=["build.plan"])
+    (held,) = claim_n(repo, P, owner="w", kinds=["build.decompose"])
     assert held.id == build.id
 
 
