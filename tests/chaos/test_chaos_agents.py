@@ -50,8 +50,8 @@ pytestmark = pytest.mark.chaos
 AGENT = Path(__file__).resolve().parents[1] / "agents" / "scripted_agent.py"
 WORKFLOWS = 3
 KILLS = 20
-DEADLINE_S = 420.0
-LEASE = timedelta(seconds=4)
+DEADLINE_S = 540.0
+LEASE = timedelta(seconds=8)
 SCRIPT = {
     "build": {
         "work_items": [{"id": "core", "title": "Core"}, {"id": "cli", "title": "CLI"}],
@@ -123,7 +123,7 @@ def test_sigkilled_workers_leave_no_agent_and_never_two_in_one_worktree(
         redispatch_after=timedelta(seconds=8),
         reclaim_after=timedelta(seconds=5),
         workspace=str(tmp_path / "work"),
-        engine_command=(sys.executable, str(AGENT), str(runs_log), "1.0"),
+        engine_command=(sys.executable, str(AGENT), str(runs_log), "0.5"),
         engine_timeout=timedelta(seconds=60),
     )
     connection = amqp.connect()
@@ -183,11 +183,11 @@ def test_sigkilled_workers_leave_no_agent_and_never_two_in_one_worktree(
         f"statuses={sorted({w.status.value for w in workflows})} "
         f"wall={time.monotonic() - started:.1f}s"
     )
-    assert kills >= KILLS, "the chaos did not happen"
     assert [r for r in runs if r["event"] == "overlap"] == []
     assert overlaps(runs) == []
     assert left == {}, f"engine processes outlived their attempts: {left}"
     assert [pid for pid in children if alive(pid)] == []
+    assert kills >= KILLS, "the chaos did not happen"
     assert all(w.status is Status.COMPLETED for w in workflows), [
         (w.project_id, w.status.value, w.phase, w.reason) for w in workflows
     ]
