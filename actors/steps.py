@@ -4,7 +4,9 @@
 never raises: a handler's exception becomes a ``vibey``-class failure (a nack the attempt
 budget bounds), so Dramatiq always acknowledges the delivery after the settle committed. A
 pointer whose claim missed is dropped or re-delayed through a wait tier by
-``workflows.dispatch.decide_miss``.
+``workflows.dispatch.decide_miss``. When PostgreSQL does not answer (past the store's retries)
+the pointer goes back through a wait tier instead, and a commit cut off mid-flight is resolved
+by reading the row (``actors.outage``).
 
 While a handler runs, a heartbeat thread extends the lease every third of its timeout, so a
 two-hour step holds its lease however long it takes, and loses it (and any settle) as soon as
@@ -22,12 +24,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from uuid import UUID
 
+from actors import outage
 from actors.broker import VibeyBroker
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.topology import QueueNames
 from store.db import Conn
 from store.dispatch import DispatchRecords
+from store.errors import CommitUnknown, DatabaseUnavailable
 from store.jobs import PostgresJobRepository
 from store.workflows import WorkflowStore
 from workflows.dispatch import DispatchEnvelope, WaitTiers
@@ -46,6 +50,7 @@ class StepResult(enum.StrEnum):
     STALE = "stale"  # the settle found its lease lost
     DROPPED = "dropped"
     REDELAYED = "redelayed"
+    WAITED = "waited"  # PostgreSQL did not answer: the pointer went back through a wait tier
 
 
 class CrashPoint(enum.StrEnum):
@@ -106,7 +111,23 @@ class StepRunner:
         solo: bool = False,
     ) -> StepResult:
         with self._gate.alone() if solo else self._gate.shared():
-            return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+            try:
+                return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+            except DatabaseUnavailable as exc:
+                log.warning(
+                    "job %s: PostgreSQL did not answer (%s); the pointer waits", job_id, exc
+                )
+                outage.wait_out(
+                    self._broker,
+                    self._names,
+                    self._tiers,
+                    job_id=UUID(job_id),
+                    project_id=project_id,
+                    seq=seq,
+                    kind=kind,
+                    routing_key=routing_key,
+                )
+                return self._record(StepResult.WAITED)
 
     def _run(
         self,
@@ -119,9 +140,15 @@ class StepRunner:
         solo: bool,
     ) -> StepResult:
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, delivery)
-        job = self._records.claim_pointer(
-            job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
-        )
+        try:
+            job = self._records.claim_pointer(
+                job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+            )
+        except CommitUnknown:
+            now = datetime.now(UTC)
+            job = outage.adopt_claim(
+                self._store, job_id=job_id, seq=seq, owner=self._owner, now=now
+            )
         if job is None:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         if not solo and _died_with_its_process(job):
@@ -136,13 +163,18 @@ class StepRunner:
 
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
-        settled = self._store.defer(
-            job.lease,
-            delay=timedelta(0),
-            reason=f"{job.last_error}; running it again alone",
-            solo=True,
-        )
-        return StepResult.DEFERRED if settled.applied else StepResult.STALE
+
+        def defer() -> str:
+            settled = self._store.defer(
+                job.lease,
+                delay=timedelta(0),
+                reason=f"{job.last_error}; running it again alone",
+                solo=True,
+            )
+            return StepResult.DEFERRED if settled.applied else StepResult.STALE
+
+        result = outage.settle_resolved(self._store, job, StepResult.DEFERRED, defer)
+        return StepResult(result or StepResult.STALE)
 
     def _record(self, result: StepResult) -> StepResult:
         if self._on_result is not None:
@@ -161,11 +193,22 @@ class StepRunner:
             return Failure(FailureClass.VIBEY, f"no handler is registered for kind {job.kind!r}")
         try:
             return handler(job)
+        except DatabaseUnavailable as exc:  # not the step's fault: no attempt spent on it
+            log.warning("handler for %s on job %s: %s; deferred", job.kind, job.id, exc)
+            return Defer(delay=self._tiers.smallest, reason=f"PostgreSQL did not answer: {exc}")
         except Exception as exc:
             log.exception("handler for %s failed on job %s", job.kind, job.id)
             return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
+        """The settle, with a commit cut off mid-flight resolved by reading the row."""
+        _, label = _settle_write(self._store, job, outcome)
+        result = outage.settle_resolved(
+            self._store, job, label, lambda: self._settle_once(job, outcome)
+        )
+        return StepResult(result or StepResult.STALE)
+
+    def _settle_once(self, job: Job, outcome: Outcome) -> StepResult:
         """One transaction: the fenced settle and, for a workflow's step that finished, the
         workflow's event with everything it decides (``WorkflowStore.settle_txn``)."""
         settle, label = _settle_write(self._store, job, outcome)
@@ -217,7 +260,12 @@ class StepRunner:
 
         def beat() -> None:
             while not stop.wait(interval):
-                if not self._store.heartbeat(job.lease).applied:
+                try:
+                    applied = self._store.heartbeat(job.lease).applied
+                except DatabaseUnavailable as exc:  # the next beat tries again
+                    log.warning("job %s: heartbeat did not reach PostgreSQL (%s)", job.id, exc)
+                    continue
+                if not applied:
                     log.warning("job %s: heartbeat refused, the lease was lost", job.id)
                     return
 

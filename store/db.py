@@ -20,21 +20,30 @@ Pool = ConnectionPool[Conn]
 
 @contextmanager
 def transaction(pool: Pool) -> Iterator[Conn]:
-    """A connection inside a transaction that commits on success and rolls back on error."""
-    with translated(), pool.connection() as conn, conn.transaction():
-        yield conn
+    """A connection inside a transaction that commits on success and rolls back on error.
+
+    A lost connection raises ``ConnectionLost`` up to the COMMIT (the server rolled the
+    transaction back) and ``CommitUnknown`` during it (``store.errors``)."""
+    with translated() as phase, pool.connection() as conn:
+        phase.quiet()
+        with conn.transaction():
+            yield conn
+            phase.committing()
 
 
 @contextmanager
 def statement(pool: Pool) -> Iterator[Conn]:
     """A connection for one statement: on an autocommit connection the statement is its own
-    transaction (one round trip); any other connection wraps it in BEGIN/COMMIT."""
-    with translated(), pool.connection() as conn:
+    transaction (one round trip); any other connection wraps it in BEGIN/COMMIT. A lost
+    connection during an autocommit statement raises ``CommitUnknown``: it may have committed."""
+    with translated() as phase, pool.connection() as conn:
         if conn.autocommit:
             yield conn
         else:
+            phase.quiet()
             with conn.transaction():
                 yield conn
+                phase.committing()
 
 
 def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:

@@ -8,6 +8,7 @@ a write that lost its lease returns :data:`workflows.queue.NOT_APPLIED`.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -20,6 +21,9 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
+from store.errors import CommitUnknown, DatabaseUnavailable
+from store.resolve import claimed_unsent
+from store.retry import retried, retrying
 from store.sql import load
 from workflows.job import (
     DEFAULT_BACKOFF,
@@ -50,6 +54,7 @@ from workflows.queue import (
 )
 
 Q = load("jobs.sql")
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -93,7 +98,9 @@ class PostgresJobRepository:
         """Run ``fn(conn, *args, outbox=[...], **kwargs)`` in one transaction (or, when ``fn``
         issues one statement, as that statement); the outbox rows it wrote go to the relay
         after the commit. For writers outside this repository (the workflow store, the step
-        actor) that compose ``*_txn`` methods."""
+        actor) that compose ``*_txn`` methods. A connection lost before the commit is retried
+        (``store.retry``); one lost during it raises ``CommitUnknown`` for the caller to read
+        what is true."""
         return self._run_dispatching(fn, *args, one_statement=one_statement, **kwargs)
 
     def _run_dispatching(
@@ -106,12 +113,34 @@ class PostgresJobRepository:
         """Run a write that may produce outbox rows; hand them to ``after_commit`` after the
         commit (never before: the relay must not publish what might still roll back)."""
         outbox: list[int] = []
-        context = self._statement() if one_statement else self.transaction()
-        with context as conn:
-            result = fn(conn, *args, outbox=outbox, **kwargs)
+
+        def attempt() -> R:
+            outbox.clear()
+            context = self._statement() if one_statement else self.transaction()
+            with context as conn:
+                return fn(conn, *args, outbox=outbox, **kwargs)
+
+        try:
+            result = retrying(attempt, what=getattr(fn, "__name__", "a write"), idempotent=False)
+        except CommitUnknown:
+            self._hand_over_unsent()  # whatever did commit: its pointers reach the relay now
+            raise
         if outbox and self._after_commit is not None:
             self._after_commit(tuple(outbox))
         return result
+
+    def _hand_over_unsent(self) -> None:
+        """After a commit cut off mid-flight, the outbox rows this relay holds unsent (those
+        it may have written) go to the relay rather than waiting for a reconciler's reclaim."""
+        if self._relay_id is None or self._after_commit is None:
+            return
+        try:
+            ids = claimed_unsent(self._pool, self._relay_id)
+        except DatabaseUnavailable:
+            log.warning("could not read the unsent outbox rows; a reconciler resends them")
+            return
+        if ids:
+            self._after_commit(tuple(ids))
 
     def transaction(self) -> AbstractContextManager[Conn]:
         """A connection inside a transaction that commits on success and rolls back on error."""
@@ -121,15 +150,22 @@ class PostgresJobRepository:
         return statement(self._pool)
 
     def _run(self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
-        with self.transaction() as conn:
-            return fn(conn, *args, **kwargs)
+        def attempt() -> R:
+            with self.transaction() as conn:
+                return fn(conn, *args, **kwargs)
+
+        return retrying(attempt, what=fn.__name__, idempotent=False)
 
     def _run_one(
         self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """``fn`` issues exactly one statement, which is atomic on its own."""
-        with self._statement() as conn:
-            return fn(conn, *args, **kwargs)
+
+        def attempt() -> R:
+            with self._statement() as conn:
+                return fn(conn, *args, **kwargs)
+
+        return retrying(attempt, what=fn.__name__, idempotent=False)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -276,8 +312,10 @@ class PostgresJobRepository:
         jobs.sort(key=lambda j: (-j.priority, j.run_after, j.id))
         return jobs
 
+    @retried("extend a lease", idempotent=True)
     def heartbeat(self, lease: Lease) -> Settled:
-        return self._run_one(self.heartbeat_txn, lease)
+        with self._statement() as conn:
+            return self.heartbeat_txn(conn, lease)
 
     def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
         row = fetch_one(conn, Q["heartbeat"], _fence(lease))
@@ -474,6 +512,7 @@ class PostgresJobRepository:
                     outbox.extend(released["outbox_ids"])
         return AnswerOutcome(AnswerStatus.ANSWERED, gate_from_row(answered))
 
+    @retried("reap expired leases", idempotent=True)  # fenced on the expiry
     def reap(self) -> ReapResult:
         requeued = parked = 0
         while True:
@@ -493,6 +532,7 @@ class PostgresJobRepository:
 
     # -- reads -----------------------------------------------------------------------------
 
+    @retried("read a job", idempotent=True)
     def get(self, job_id: UUID) -> Job | None:
         with self._statement() as conn:
             row = fetch_one(conn, Q["get_job"], {"job_id": job_id})
@@ -506,11 +546,13 @@ class PostgresJobRepository:
         row = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
         return None if row is None else gate_from_row(row)
 
+    @retried("read a gate", idempotent=True)
     def get_gate(self, gate_id: UUID) -> Gate | None:
         with self._statement() as conn:
             row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
         return None if row is None else gate_from_row(row)
 
+    @retried("read the open gates", idempotent=True)
     def open_gates(self, project_id: str | None = None) -> list[Gate]:
         with self._statement() as conn:
             return [
@@ -518,6 +560,7 @@ class PostgresJobRepository:
                 for r in fetch_all(conn, Q["open_gates"], {"project_id": project_id})
             ]
 
+    @retried("count unsettled jobs", idempotent=True)
     def count_unsettled(
         self,
         project_id: str,
@@ -532,6 +575,7 @@ class PostgresJobRepository:
             row = fetch_one(conn, Q["count_unsettled"], params)
         return int(row["count"]) if row else 0
 
+    @retried("read the queue depth", idempotent=True)
     def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
         depth = dict.fromkeys(JobState, 0)
         with self._statement() as conn:
@@ -539,6 +583,7 @@ class PostgresJobRepository:
                 depth[JobState(row["state"])] = int(row["count"])
         return depth
 
+    @retried("list a cycle's jobs", idempotent=True)
     def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
         with self._statement() as conn:
             rows = fetch_all(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})

@@ -17,6 +17,7 @@ from psycopg.rows import DictRow
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
 from store.jobs import gate_from_row
+from store.retry import retried
 from store.sql import load
 from workflows.engine import (
     Definition,
@@ -104,6 +105,7 @@ class WorkflowReads:
 
     # -- reads -----------------------------------------------------------------------------
 
+    @retried("read a workflow", idempotent=True)
     def get(self, workflow_id: UUID) -> Workflow:
         with transaction(self._pool) as conn:
             row = fetch_one(conn, Q["get_workflow"], {"id": workflow_id})
@@ -111,6 +113,7 @@ class WorkflowReads:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
         return workflow_from_row(row)
 
+    @retried("read a project's workflow", idempotent=True)
     def for_project(self, project_id: str) -> Workflow:
         """The project's live workflow, else its most recent one."""
         with transaction(self._pool) as conn:
@@ -122,6 +125,7 @@ class WorkflowReads:
             )
         return workflow_from_row(row)
 
+    @retried("list workflows", idempotent=True)
     def listing(
         self, *, status: Status | None = None, project_id: str | None = None, limit: int = 100
     ) -> list[Workflow]:
@@ -133,15 +137,18 @@ class WorkflowReads:
         with transaction(self._pool) as conn:
             return [workflow_from_row(r) for r in fetch_all(conn, Q["list_workflows"], params)]
 
+    @retried("read a workflow's history", idempotent=True)
     def history(self, workflow_id: UUID) -> list[HistoryEntry]:
         with transaction(self._pool) as conn:
             rows = self._history(conn, workflow_id)
         return [HistoryEntry(r["seq"], r["event"], r["commands"], r["recorded_at"]) for r in rows]
 
+    @retried("read a workflow's steps", idempotent=True)
     def steps(self, workflow_id: UUID) -> list[DictRow]:
         with transaction(self._pool) as conn:
             return fetch_all(conn, Q["workflow_steps"], {"workflow_id": workflow_id})
 
+    @retried("read the open gates", idempotent=True)
     def inbox(self, project_id: str | None = None) -> list[tuple[Gate, float]]:
         """Every open gate (workflow questions and parked jobs), oldest first, with how many
         seconds it has waited by the database's clock."""

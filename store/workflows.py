@@ -38,6 +38,7 @@ from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
+from store.retry import retried
 from store.sql import load
 from store.workflow_reads import (
     GateAnswerOutcome,
@@ -572,6 +573,7 @@ class WorkflowStore(WorkflowReads):
             applied_seq=applied,
         )
 
+    @retried("verify a workflow's history", idempotent=True)
     def verify(self, workflow_id: UUID, *, block: bool = False) -> Verification:
         """Replay the history through the definition and compare with the stored state. With
         ``block``, a divergence blocks the workflow behind a ``workflow_error`` gate."""
