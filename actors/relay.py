@@ -38,6 +38,7 @@ import pika.spec
 
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords, OutboxRow
+from store.errors import DatabaseUnavailable
 from workflows.dispatch import DispatchEnvelope, WaitTiers, encode, lane_of, tier_name
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 OUTBOX_HEADER = "vibey-outbox-id"
 SOLO_HEADER = "x-vibey-solo"  # run with nothing else in flight in the worker process
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
+RETRY_PAUSE_S = 0.5  # between reads of submitted rows while PostgreSQL does not answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +196,11 @@ class Relay:
     def _publish(self, ids: list[int]) -> None:
         try:
             rows = self._records.outbox_rows(ids)
+        except DatabaseUnavailable as exc:  # past the store's retries: keep them, try again
+            log.warning("relay: PostgreSQL did not answer (%s); %d rows wait", exc, len(ids))
+            time.sleep(RETRY_PAUSE_S)
+            self._inbox.put(tuple(ids))
+            return
         except Exception:
             log.exception(
                 "relay: could not read %d outbox rows; the reconciler will resend", len(ids)

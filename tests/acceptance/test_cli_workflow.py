@@ -503,7 +503,7 @@ def test_no_database_exits_2_and_one_that_does_not_answer_exits_3(tmp_path: Path
     assert "VIBEY_PG_URL is not set" in bare.refused(2, "workflow", "list")
     gone = f"postgresql://vibey:hunter2@127.0.0.1:{free_port()}/vibey"
     line = bare.refused(3, "gate", "list", VIBEY_PG_URL=gone)
-    assert "did not answer" in line
+    assert "PostgreSQL at" in line and "did not answer after 5 attempts" in line
     assert "hunter2" not in line
 
 
