@@ -113,7 +113,9 @@ def wait_out(
     kind: str,
     routing_key: str,
 ) -> None:
-    """Publish the pointer (same generation) to the smallest wait tier; the caller acks it."""
+    """Publish the pointer (same generation) to the smallest wait tier; the caller acks it.
+    Should the broker refuse too, the error reaches Dramatiq, which dead-letters the delivery:
+    the reconciler dispatches it again from the dead-letter queue (``park_dead_letter``)."""
     tier = tiers.smallest
     later = DispatchEnvelope(
         job_id=job_id,
