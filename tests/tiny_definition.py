@@ -31,6 +31,7 @@ from workflows.engine import (
     TimerFired,
     TransitionPhase,
 )
+from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
 from workflows.queue import Job
 from workflows.steps import Outcome, Success
 
@@ -44,6 +45,11 @@ class TinyState:
 
 
 class Tiny:
+    # The protocol's kinds, declared alike: a test may register both definitions.
+    kinds = STEP_KINDS
+    gates = GATE_KINDS
+    first_phase = "intake"
+
     name = "tiny"
 
     def __init__(self, version: int = 1, *, gate_name: str = "g", chain: bool = False) -> None:
@@ -95,6 +101,10 @@ class Tiny:
 
 
 class ThreeSteps:
+    kinds = STEP_KINDS
+    gates = GATE_KINDS
+    first_phase = "design"
+
     name = "three-steps"
     version = 1
 

@@ -47,8 +47,9 @@ from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from tests.commit_audit import COMMIT_AUDIT
 from tests.unit.test_dispatch import MALFORMED, MORE_MALFORMED
-from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, WaitTiers, encode, lane_of
+from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, WaitTiers, encode
 from workflows.job import FailureClass
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Failure, Handlers, Outcome, Success
 
@@ -200,7 +201,7 @@ def pointer(job_id: uuid.UUID, project: str, seq: int, kind: str) -> bytes:
 
 
 def routing_key(runtime: Runtime, kind: str) -> str:
-    return runtime.config.names.routing_key(lane_of(kind), P)
+    return runtime.config.names.routing_key(STEP_KINDS.get_kind(kind).lane, P)
 
 
 class DropClock:
