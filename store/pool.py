@@ -109,8 +109,9 @@ def check_connection(conn: psycopg.Connection[TupleRow]) -> None:
     """Raise when ``conn`` is dead: free while its socket is quiet, a round trip otherwise."""
     if conn.closed or conn.broken:
         raise psycopg.OperationalError("the connection is closed")
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
+    poller = select.poll()  # not select(): it cannot watch a descriptor past FD_SETSIZE
+    poller.register(conn.pgconn.socket, select.POLLIN)
+    if poller.poll(0):
         ConnectionPool.check_connection(conn)
 
 

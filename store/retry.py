@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -43,9 +44,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 STORE_ATTEMPTS = 5
-# 0.05 s, 0.1 s, 0.2 s, 0.4 s (+ up to 0.1 s of jitter each): under a second of waiting in all;
-# each attempt may also wait for the pool to hand out a live connection (``store.pool``).
-STORE_WAIT = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.1)
+# 0.05 s, then 0.1 s, 0.2 s, 0.4 s (+ up to 0.1 s of jitter each): under a second of waiting in
+# all; each attempt may also wait for the pool to hand out a live connection (``store.pool``).
+FIRST_WAIT_S = 0.05
+STORE_WAIT = wait_exponential_jitter(multiplier=0.1, max=1.0, jitter=0.1)
 
 
 def _retryable(idempotent: bool) -> Callable[[BaseException], bool]:
@@ -58,11 +60,12 @@ def _retryable(idempotent: bool) -> Callable[[BaseException], bool]:
 
 
 def _log(what: str, attempts: int) -> Callable[[RetryCallState], None]:
+    """The WARNING before each retry; the policy's attempt 1 is the call's attempt 2."""
+
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        log.warning(
-            "%s: attempt %d/%d failed (%s); retrying", what, state.attempt_number, attempts, exc
-        )
+        number = state.attempt_number + 1
+        log.warning("%s: attempt %d/%d failed (%s); retrying", what, number, attempts, exc)
 
     return before_sleep
 
@@ -74,10 +77,19 @@ def retrying(
     idempotent: bool,
     attempts: int = STORE_ATTEMPTS,
 ) -> R:
-    """``call()`` with lost connections retried (see the module docstring)."""
+    """``call()`` with lost connections retried (see the module docstring). The first attempt
+    runs bare: a policy object is built only once it failed."""
+    retryable = _retryable(idempotent)
+    try:
+        return call()
+    except (CommitUnknown, ConnectionLost) as exc:
+        if not retryable(exc):
+            raise  # a commit cut off: the caller resolves it by reading what is true
+        log.warning("%s: attempt 1/%d failed (%s); retrying", what, attempts, exc)
+        time.sleep(FIRST_WAIT_S)
     policy = Retrying(
-        retry=retry_if_exception(_retryable(idempotent)),
-        stop=stop_after_attempt(attempts),
+        retry=retry_if_exception(retryable),
+        stop=stop_after_attempt(attempts - 1),
         wait=STORE_WAIT,
         before_sleep=_log(what, attempts),
         reraise=True,
@@ -86,7 +98,7 @@ def retrying(
         return policy(call)
     except (CommitUnknown, ConnectionLost) as exc:
         if isinstance(exc, CommitUnknown) and not idempotent:
-            raise  # the caller resolves it by reading what is true
+            raise
         cause = exc.__cause__ or exc
         raise DatabaseUnavailable(
             f"PostgreSQL did not answer after {attempts} attempts ({what}): {_first_line(cause)}"

@@ -24,6 +24,7 @@ from store.retry import STORE_ATTEMPTS, retried, retrying
 @pytest.fixture(autouse=True)
 def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("store.retry.STORE_WAIT", wait_none())
+    monkeypatch.setattr("store.retry.FIRST_WAIT_S", 0.0)
 
 
 @pytest.mark.parametrize(
