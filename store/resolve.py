@@ -2,10 +2,12 @@
 
 The job row itself answers whether a fenced write landed (its lease owner, token, state and
 dispatch generation: ``PostgresJobRepository.get``); this module holds what the row does not
-say: which outbox rows such a commit may have written and nobody has sent.
+say: which of the outbox rows such a commit wrote exist (it landed) and are still unsent.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from store.db import Pool, fetch_all, statement
 from store.retry import retried
@@ -13,12 +15,10 @@ from store.sql import load
 
 Q = load("resolve.sql")
 
-UNSENT_LIMIT = 1000
 
-
-@retried("read a relay's unsent outbox rows", idempotent=True)
-def claimed_unsent(pool: Pool, relay_id: str, *, limit: int = UNSENT_LIMIT) -> list[int]:
-    """The ids of the outbox rows ``relay_id`` holds unsent, oldest first."""
+@retried("read which outbox rows exist", idempotent=True)
+def unsent_of(pool: Pool, ids: Sequence[int]) -> list[int]:
+    """Those of ``ids`` whose outbox rows exist and are unsent."""
     with statement(pool) as conn:
-        rows = fetch_all(conn, Q["claimed_unsent"], {"relay": relay_id, "limit": limit})
+        rows = fetch_all(conn, Q["unsent_of"], {"ids": list(ids)})
     return [int(r["id"]) for r in rows]

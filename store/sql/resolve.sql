@@ -1,9 +1,5 @@
 -- What an ambiguous commit (a connection lost while COMMIT was in flight) is resolved with.
 
--- name: claimed_unsent
--- The outbox rows a relay holds and has not sent: among them, any a cut-off commit wrote.
-SELECT id
-FROM job_outbox
-WHERE claimed_by = %(relay)s AND sent_at IS NULL
-ORDER BY id
-LIMIT %(limit)s
+-- name: unsent_of
+-- Which of a unit's outbox rows exist (its commit landed) and are unsent.
+SELECT id FROM job_outbox WHERE id = ANY (%(ids)s) AND sent_at IS NULL
