@@ -90,6 +90,8 @@ class Killer:
     max_rounds: int = 60
     pause_s: float = 0.4
     rounds: list[tuple[datetime, int]] = field(default_factory=list)
+    # While set, the rounds go on past their minimums (bounded by max_rounds).
+    keep_going: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     @property
@@ -111,7 +113,8 @@ class Killer:
     def _run(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             while len(self.rounds) < self.max_rounds:
-                if len(self.rounds) >= self.min_rounds and self.kills >= self.min_kills:
+                enough = len(self.rounds) >= self.min_rounds and self.kills >= self.min_kills
+                if enough and not self.keep_going.is_set():
                     return
                 row = conn.execute(KILL_BACKENDS, (self.database,)).fetchone()
                 assert row is not None
