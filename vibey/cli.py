@@ -10,8 +10,10 @@ JSON shapes of ``--json``, are defined and documented in :mod:`vibey.render`.
 Errors are one line on stderr, ``vibey: <what happened and what to do>``; ``-v/--verbose``
 adds the traceback and the library logs (connect retries among them).
 
-The ``actors`` modules (Dramatiq, pika) are imported by the commands that use them, so that
-``migrate`` and ``--version`` do not pay for them.
+Start-up is kept short: ``import vibey.cli`` loads cyclopts, rich and the command modules,
+never psycopg, pika nor Dramatiq (tests/unit/test_cli_imports.py). Each command imports the
+store, the settings and the ``actors`` modules it uses when it runs, so ``--version`` and
+``--help`` pay for none of them and a read command not for Dramatiq.
 """
 
 from __future__ import annotations
@@ -24,38 +26,28 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from importlib import metadata
 from types import FrameType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cyclopts import App, CycloptsError, Parameter
 from rich.console import Console
 from rich.text import Text
 
-from actors.capabilities import BrokerCapabilities
-from store import migrate as migrations
-from store.errors import DatabaseUnavailable, StoreError
-from store.pool import redact
+from vibey import __version__
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
-from vibey.settings import (
-    QueueBackendNotConfigured,
-    Settings,
-    SettingsError,
-    load_settings,
-    split_list,
-)
+
+if TYPE_CHECKING:
+    from actors.capabilities import BrokerCapabilities
+    from vibey.settings import Settings
 
 PROBE_TIMEOUT_SECONDS = 5.0
 
 
 def _version() -> str:
-    try:
-        return metadata.version("vibey")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
-        return "0+unknown"
+    return __version__
 
 
 def _one_line(text: str) -> str:
@@ -104,19 +96,30 @@ def _launch(
         result = app(tokens)
     except CommandError as exc:
         return _fail(exc, exc.code, verbose=verbose)
-    except SettingsError as exc:
-        return _fail(exc, ExitCode.USAGE, verbose=verbose)
-    except DatabaseUnavailable as exc:
-        return _fail(exc, ExitCode.UNAVAILABLE, verbose=verbose)
-    except StoreError as exc:
-        return _fail(exc, ExitCode.FAILURE, verbose=verbose)
     except BrokenPipeError:  # the reader left (`vibey gate list | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.OK
     except Exception as exc:  # noqa: BLE001 - the last stop: a bug still ends in one line
+        code = _layer_code(exc)
+        if code is not None:
+            return _fail(exc, code, verbose=verbose)
         hint = "" if verbose else " (run with -v for the traceback)"
         return _fail(exc, ExitCode.FAILURE, verbose=verbose, prefix="internal error: ", hint=hint)
     return ExitCode(result) if isinstance(result, int) else ExitCode.OK
+
+
+def _layer_code(exc: Exception) -> ExitCode | None:
+    """The exit code of a settings or store error; None for anything else. Looked up in the
+    modules the command loaded: one it never imported raised nothing."""
+    settings = sys.modules.get("vibey.settings")
+    if settings is not None and isinstance(exc, settings.SettingsError):
+        return ExitCode.USAGE
+    errors = sys.modules.get("store.errors")
+    if errors is not None and isinstance(exc, errors.DatabaseUnavailable):
+        return ExitCode.UNAVAILABLE
+    if errors is not None and isinstance(exc, errors.StoreError):
+        return ExitCode.FAILURE
+    return None
 
 
 def _fail(
@@ -132,6 +135,9 @@ def _fail(
 @app.command
 def migrate() -> ExitCode:
     """Apply the pending database migrations (safe to run concurrently, and again)."""
+    from store import migrate as migrations
+    from vibey.settings import load_settings
+
     url = load_settings().require_database_url()
     report = migrations.migrate(url)
     for migration in report.applied:
@@ -202,6 +208,8 @@ def doctor(
     json_output
         Print one JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
     """
+    from vibey.settings import load_settings
+
     report, caps = _diagnose(load_settings())
     if json_output:
         print(json.dumps(asdict(report), indent=2))
@@ -218,6 +226,9 @@ class _AmqpCheck:
 
 
 def _check_rabbitmq(settings: Settings) -> _AmqpCheck:
+    from store.pool import redact
+    from vibey.settings import QueueBackendNotConfigured
+
     url = settings.bus.amqp_url
     if url is None:
         if settings.queue.backend == "rabbitmq":
@@ -236,6 +247,11 @@ def _capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
 
 
 def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | None]:
+    from store import migrate as migrations
+    from store.errors import DatabaseUnavailable
+    from store.pool import redact
+    from vibey.settings import SettingsError
+
     url = settings.database.url
     error: str | None = None
     pending: list[str] = []
@@ -340,8 +356,11 @@ def worker(
     handlers
         The step handlers, as module:attribute (default: actors.handlers:build_handlers).
     """
+    from vibey.settings import load_settings
+
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
     from actors.worker import supervise  # Dramatiq: see the module docstring
+    from store.pool import redact
     from vibey.wiring import worker_config
 
     config = worker_config(settings, projects=project)
@@ -375,6 +394,8 @@ def _with_worker_flags(
     handlers: str | None,
 ) -> Settings:
     """The settings with the command line's choices in [worker] (checked like the rest)."""
+    from vibey.settings import SettingsError, split_list
+
     given: dict[str, Any] = {}
     if lanes is not None:
         parsed = split_list(lanes)

@@ -1,5 +1,8 @@
 """The composition root: settings in, the parts' configurations out. It wires; it decides nothing.
 
+The ``actors`` modules (Dramatiq, pika) are imported by the functions that build the fleet's
+parts, so that a CLI command that only reads the store does not load them.
+
 Every value comes from :class:`vibey.settings.Settings` (the command line's choices arrive as
 arguments, or already folded into the settings with ``dataclasses.replace``). Whatever cannot
 run is a :class:`vibey.settings.SettingsError` here, in the process that was started, before a
@@ -8,15 +11,15 @@ worker process is spawned: a child that fails at start would only be respawned.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from actors.rabbitmq_queue import RabbitMqQueueOptions
-from actors.worker import WorkerConfig, load_object
 from store.db import Pool
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
@@ -24,6 +27,10 @@ from store.pool import open_pool
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
+
+if TYPE_CHECKING:
+    from actors.rabbitmq_queue import RabbitMqQueueOptions
+    from actors.worker import WorkerConfig
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
 # A command publishes what it committed with a relay of its own, for at most these long; what
@@ -47,6 +54,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     """
     if settings.queue.backend != "rabbitmq":
         raise SettingsError(WORKER_NEEDS_RABBITMQ)
+    from actors.worker import WorkerConfig
+
     amqp_url = settings.require_amqp_url()
     pg_url = settings.require_database_url()
     rabbitmq, worker = settings.queue.rabbitmq, settings.worker
@@ -81,6 +90,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
 
 def rabbitmq_queue_options(settings: Settings) -> RabbitMqQueueOptions:
     """The options of the RabbitMQ job repository (the dedicated-project claim path)."""
+    from actors.rabbitmq_queue import RabbitMqQueueOptions
+
     rabbitmq = settings.queue.rabbitmq
     given = {} if rabbitmq.prefetch is None else {"prefetch": rabbitmq.prefetch}
     return RabbitMqQueueOptions(
@@ -103,9 +114,16 @@ def _check_names(config: WorkerConfig) -> None:
         ) from exc
 
 
+def _load_object(path: str) -> Any:
+    """``module:attribute`` → the object it names (as ``actors.worker.load_object``, without
+    importing Dramatiq for a command that only needs the workflow definitions)."""
+    module_name, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def _check_handlers(path: str) -> None:
     try:
-        load_object(path)
+        _load_object(path)
     except (ImportError, AttributeError) as exc:
         raise SettingsError(
             f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
@@ -117,7 +135,7 @@ def load_registry(settings: Settings) -> Registry:
     """The workflow definitions ``[workflow] definitions`` names (an iterable of them)."""
     path = settings.workflow.definitions
     try:
-        return Registry(load_object(path))
+        return Registry(_load_object(path))
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise SettingsError(
             f"the workflow definitions {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
