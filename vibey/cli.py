@@ -30,8 +30,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cyclopts import App, CycloptsError, Parameter
-from rich.console import Console
-from rich.text import Text
 
 from vibey import __version__
 from vibey.cli_gate import gate_app
@@ -54,16 +52,19 @@ def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _format_usage_error(error: CycloptsError) -> Text:
-    return Text(f"vibey: {_one_line(str(error))} (see `vibey --help`)")
+def _usage(error: CycloptsError) -> ExitCode:
+    """A bad argument: one line on stderr, exit 2. Printed here rather than by cyclopts, whose
+    error console would load rich for every command."""
+    print(f"vibey: {_one_line(str(error))} (see `vibey --help`)", file=sys.stderr)
+    return ExitCode.USAGE
 
 
 app = App(
     name="vibey",
     help="A durable workflow engine on Dramatiq, RabbitMQ and PostgreSQL.",
     version=_version,
-    error_console=Console(stderr=True, soft_wrap=True, highlight=False),
-    error_formatter=_format_usage_error,
+    print_error=False,
+    exit_on_error=False,
 )
 app.command(workflow_app)
 app.command(gate_app)
@@ -94,6 +95,8 @@ def _launch(
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         result = app(tokens)
+    except CycloptsError as exc:
+        return _usage(exc)
     except CommandError as exc:
         return _fail(exc, exc.code, verbose=verbose)
     except BrokenPipeError:  # the reader left (`vibey gate list | head`): stop quietly
@@ -427,9 +430,13 @@ def completion(shell: Literal["bash", "zsh", "fish", "powershell"], /) -> ExitCo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script (``vibey = "vibey.cli:main"``): returns the exit code.
+    """Run ``vibey`` with ``argv`` (default: the command line); returns the exit code.
 
-    A bad argument never gets here: cyclopts prints one line and exits 2 (``ExitCode.USAGE``).
+    The console script is :func:`vibey.launch.main`, which answers ``--version`` before this
+    module is imported. A bad argument prints one line and returns 2 (``ExitCode.USAGE``).
     """
-    result = app.meta(list(argv) if argv is not None else None, result_action="return_value")
+    try:
+        result = app.meta(list(argv) if argv is not None else None, result_action="return_value")
+    except CycloptsError as exc:
+        return _usage(exc)
     return int(result) if isinstance(result, int) else ExitCode.OK
