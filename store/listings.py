@@ -17,19 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID
 
 from psycopg.rows import DictRow, dict_row
 
 from store.db import Pool, fetch_all, fetch_one, transaction
-from store.jobs import gate_from_row
-from store.ledger import event_from_row
 from store.sql import load
-from store.workflow_reads import HistoryEntry, Workflow, WorkflowNotFound, workflow_from_row
-from workflows.engine import Status
-from workflows.ledger import LedgerEvent
-from workflows.queue import Gate
+
+if TYPE_CHECKING:  # each list's rows are read by its own module, imported when it is listed
+    from store.workflow_reads import HistoryEntry, Workflow
+    from workflows.engine import Status
+    from workflows.ledger import LedgerEvent
+    from workflows.queue import Gate
 
 Q = load("listings.sql")
 W = load("workflows.sql")
@@ -97,11 +97,27 @@ def _after_seq(key: Key | None) -> dict[str, Any]:
 
 
 def _gate_item(row: DictRow) -> tuple[Gate, float]:
+    from store.jobs import gate_from_row
+
     return gate_from_row(row), (row["now"] - row["opened_at"]).total_seconds()
 
 
+def _workflow_item(row: DictRow) -> Workflow:
+    from store.workflow_reads import workflow_from_row
+
+    return workflow_from_row(row)
+
+
 def _history_item(row: DictRow) -> HistoryEntry:
+    from store.workflow_reads import HistoryEntry
+
     return HistoryEntry(row["seq"], row["event"], row["commands"], row["recorded_at"])
+
+
+def _ledger_item(row: DictRow) -> LedgerEvent:
+    from store.ledger import event_from_row
+
+    return event_from_row(row)
 
 
 GATES: _List[tuple[Gate, float]] = _List(
@@ -112,13 +128,13 @@ WORKFLOWS: _List[Workflow] = _List(
     "workflow_count",
     _after_moment,
     lambda r: (r["updated_at"], r["id"]),
-    workflow_from_row,
+    _workflow_item,
 )
 HISTORY: _List[HistoryEntry] = _List(
     "history_page", "history_count", _after_seq, lambda r: (r["seq"],), _history_item
 )
 LEDGER: _List[LedgerEvent] = _List(
-    "ledger_page", "ledger_count", _after_seq, lambda r: (int(r["seq"]),), event_from_row
+    "ledger_page", "ledger_count", _after_seq, lambda r: (int(r["seq"]),), _ledger_item
 )
 
 
@@ -170,24 +186,28 @@ class Listings:
         """A project's ledger events by seq; ``kind``: only events of that kind."""
         return self._page(LEDGER, {"project_id": project_id, "kind": kind}, spec)
 
-    def stream_gates(self, where: GateFilter, *, newest_first: bool) -> Iterator[Any]:
+    def stream_gates(
+        self, where: GateFilter, *, newest_first: bool
+    ) -> Iterator[tuple[Gate, float]]:
         return self._stream(GATES, gate_params(where), newest_first)
 
-    def stream_workflows(self, where: WorkflowFilter, *, newest_first: bool) -> Iterator[Any]:
+    def stream_workflows(self, where: WorkflowFilter, *, newest_first: bool) -> Iterator[Workflow]:
         return self._stream(WORKFLOWS, workflow_params(where), newest_first)
 
     def stream_history(
         self, workflow_id: UUID, kind: str | None, *, newest_first: bool
-    ) -> Iterator[Any]:
+    ) -> Iterator[HistoryEntry]:
         return self._stream(HISTORY, {"workflow_id": workflow_id, "kind": kind}, newest_first)
 
     def stream_ledger(
         self, project_id: str, kind: str | None, *, newest_first: bool
-    ) -> Iterator[Any]:
+    ) -> Iterator[LedgerEvent]:
         return self._stream(LEDGER, {"project_id": project_id, "kind": kind}, newest_first)
 
     def workflow_for_project(self, project_id: str) -> Workflow:
         """The project's live workflow, else its most recent one."""
+        from store.workflow_reads import WorkflowNotFound, workflow_from_row
+
         with transaction(self._pool) as conn:
             row = fetch_one(conn, W["latest_for_project"], {"project_id": project_id})
         if row is None:
