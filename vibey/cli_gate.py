@@ -118,7 +118,6 @@ def show(gate: str, /, *, json_output: Json = False) -> ExitCode:
     from vibey.wiring import workflow_client
 
     settings = load_settings()
-
     with workflow_client(settings) as client:
         found = client.jobs.get_gate(wanted)
     if found is None:
@@ -168,7 +167,6 @@ def answer(
     from vibey.wiring import workflow_client
 
     settings = load_settings()
-
     with workflow_client(settings) as client:
         outcome = client.store.answer(wanted, answer, by=by or whoami())
         _refuse(outcome, wanted, answer)

@@ -172,7 +172,6 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     from vibey.wiring import workflow_client
 
     settings = load_settings()
-
     with workflow_client(settings) as client:
         store = client.store
         workflow = store.for_project(_project(project))
@@ -340,7 +339,6 @@ def cancel(
     from vibey.wiring import workflow_client
 
     settings = load_settings()
-
     with workflow_client(settings) as client:
         workflow = _live(client.store, _project(project))
         cancelled = client.store.cancel(workflow.id, by=by or whoami(), reason=reason)
@@ -375,7 +373,6 @@ def verify(project: str, *, no_block: bool = False, json_output: Json = False) -
     from vibey.wiring import workflow_client
 
     settings = load_settings()
-
     with workflow_client(settings) as client:
         workflow = client.store.for_project(_project(project))
         result = client.store.verify(workflow.id, block=not no_block)

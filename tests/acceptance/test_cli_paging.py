@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,15 @@ def test_history_and_ledger_page_by_seq(cli: Cli) -> None:
     assert [json.loads(line)["seq"] for line in answers.stdout.splitlines()] == list(
         range(7, 71, 7)
     )
+
+
+def test_a_read_command_loads_neither_dramatiq_pika_nor_rich(cli: Cli) -> None:
+    probe = (
+        "import sys; from vibey.cli import main; code = main(['gate', 'list', '--limit', '1']); "
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('dramatiq', 'pika', 'rich', 'actors')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=cli.env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "0 []", done.stdout

@@ -31,3 +31,10 @@ def test_importing_the_cli_loads_no_driver_broker_client_nor_dramatiq() -> None:
 
 def test_the_cli_status_names_are_the_engine_statuses() -> None:
     assert set(get_args(StatusName)) == {s.value for s in Status}
+
+
+def test_vibey_version_is_answered_before_the_cli_is_imported() -> None:
+    loaded = loaded_after("from vibey.launch import main; main(['--version'])")
+    assert "vibey.launch" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("cyclopts", "rich", "psycopg")]
+    assert "vibey.cli" not in loaded
