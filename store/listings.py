@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # each list's rows are read by its own module, imported when 
 Q = load("listings.sql")
 W = load("workflows.sql")
 DEFAULT_LIMIT = 50
+# A page's count stops here ("more than 10,000"): it reads at most this many index entries.
+COUNT_CAP = 10_000
 STREAM_BATCH = 1000  # rows a round trip when streaming every row
 
 T = TypeVar("T")
@@ -53,8 +55,9 @@ class PageSpec:
 @dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     items: list[T]
-    total: int  # rows the filters match, on every page together
+    total: int  # rows the filters match on every page together, at most COUNT_CAP...
     next_after: Key | None  # the last item's key when more rows follow, else None
+    total_capped: bool = False  # ...and True when more than COUNT_CAP match
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,24 +222,29 @@ class Listings:
 
     def ledger_head(self, project_id: str) -> int:
         with transaction(self._pool) as conn:
-            row = fetch_one(conn, Q["ledger_count"], {"project_id": project_id, "kind": None})
+            row = fetch_one(
+                conn, Q["ledger_count"], {"project_id": project_id, "kind": None, "cap": None}
+            )
         return 0 if row is None else int(row["n"])
 
     def _page(self, of: _List[T], filters: Mapping[str, Any], spec: PageSpec) -> Page[T]:
         if spec.limit is not None and spec.limit < 1:
             raise ValueError(f"a page holds at least one row, not {spec.limit}")
         limit = None if spec.limit is None else spec.limit + 1  # one more: do more follow?
-        params = {**filters, **of.after(spec.after), "limit": limit}
+        params = {**filters, **of.after(spec.after), "limit": limit, "cap": COUNT_CAP + 1}
         query = directed(Q[of.page], newest_first=spec.newest_first)
         with transaction(self._pool) as conn:  # one snapshot, one now(): page and count agree
             rows = fetch_all(conn, query, params)
             counted = fetch_one(conn, Q[of.count], params)
         more = spec.limit is not None and len(rows) > spec.limit
         rows = rows[: spec.limit] if more else rows
+        total = 0 if counted is None else int(counted["n"])
+        capped = total > COUNT_CAP and not (counted or {}).get("exact", False)
         return Page(
             items=[of.item(row) for row in rows],
-            total=0 if counted is None else int(counted["n"]),
+            total=COUNT_CAP if capped else total,
             next_after=of.key(rows[-1]) if more else None,
+            total_capped=capped,
         )
 
     def _stream(self, of: _List[T], filters: Mapping[str, Any], newest_first: bool) -> Iterator[T]:

@@ -55,8 +55,9 @@ def list_(
     newest first), 50 a page: a line under the table says how many match and the --after
     that shows the next page.
 
-    JSON: ``{"gates": [gate, ...], "total": int, "next_cursor": str | null}``; with --all,
-    one gate object a line (NDJSON).
+    JSON: ``{"gates": [gate, ...], "total": int, "total_capped": bool, "next_cursor": str |
+    null}`` (counts stop at 10,000: ``total_capped`` says more match); with --all, one gate
+    object a line (NDJSON).
 
     Parameters
     ----------
@@ -88,13 +89,12 @@ def list_(
             ndjson(render.gate_json(g, w) for g, w in streamed)
             return ExitCode.OK
         page = lists.gates(where, spec)
-    cursor = listing.cursor(page.next_after)
     if json_output:
         gates = [render.gate_json(g, w) for g, w in page.items]
-        render.dump({"gates": gates, "total": page.total, "next_cursor": cursor})
+        render.dump({"gates": gates, **listing.json_tail(page)})
         return ExitCode.OK
     render.print_gate_table(page.items)
-    listing.print_footer(len(page.items), page.total, page.next_after)
+    listing.print_footer(page)
     return ExitCode.OK
 
 

@@ -16,7 +16,7 @@ JSON shapes:
   "correlation_id", "job_id", "workflow_id", "recorded_at"}`` (``known`` is false for a kind
   this vibey does not know: listed and verified all the same)
 * ``ledger show``: ``{"project", "last_seq", "events": [ledger event...], "total",
-  "next_cursor"}`` (``--all --json``: one ledger event a line, NDJSON)
+  "total_capped", "next_cursor"}`` (``--all --json``: one ledger event a line, NDJSON)
 * ``ledger verify``: ``{"project", "ok", "count", "last_seq", "first_bad_seq", "problem",
   "range_digest", "unrecognised"}``
 """
@@ -87,7 +87,7 @@ def show(
 
     JSON: ``{"project", "last_seq", "events": [{"seq", "kind", "known", "payload",
     "digest", "causation_id", "correlation_id", "job_id", "workflow_id", "recorded_at"}],
-    "total", "next_cursor"}``; with --all, one event object a line (NDJSON).
+    "total", "total_capped", "next_cursor"}``; with --all, one event object a line (NDJSON).
 
     Parameters
     ----------
@@ -115,7 +115,6 @@ def show(
             )
             return ExitCode.OK
         page = lists.ledger(project, kind, spec)
-    cursor = listing.cursor(page.next_after)
     if json_output:
         events = [event_json(e) for e in page.items]
         render.dump(
@@ -123,14 +122,13 @@ def show(
                 "project": project,
                 "last_seq": last_seq,
                 "events": events,
-                "total": page.total,
-                "next_cursor": cursor,
+                **listing.json_tail(page),
             }
         )
         return ExitCode.OK
     after = 0 if spec.after is None else int(spec.after[0])
     print_events(project, last_seq, page.items, after=after)
-    listing.print_footer(len(page.items), page.total, page.next_after)
+    listing.print_footer(page)
     return ExitCode.OK
 
 

@@ -213,8 +213,9 @@ def list_(
     50 a page: a line under the table says how many match and the --after that shows the
     next page.
 
-    JSON: ``{"workflows": [{...}, ...], "total": int, "next_cursor": str | null}``; with
-    --all, one workflow object a line (NDJSON).
+    JSON: ``{"workflows": [{...}, ...], "total": int, "total_capped": bool, "next_cursor":
+    str | null}`` (counts stop at 10,000: ``total_capped`` says more match); with --all, one
+    workflow object a line (NDJSON).
 
     Parameters
     ----------
@@ -255,13 +256,12 @@ def list_(
             return ExitCode.OK
         page = lists.workflows(where, spec)
     items = [(wf, describe(registry, wf)) for wf in page.items]
-    cursor = listing.cursor(page.next_after)
     if json_output:
         listed = [render.workflow_json(wf, d) for wf, d in items]
-        render.dump({"workflows": listed, "total": page.total, "next_cursor": cursor})
+        render.dump({"workflows": listed, **listing.json_tail(page)})
         return ExitCode.OK
     render.print_workflow_table(items)
-    listing.print_footer(len(items), page.total, page.next_after)
+    listing.print_footer(page)
     return ExitCode.OK
 
 
@@ -279,7 +279,8 @@ def history(
     ``--after 50`` continues after event #50.
 
     JSON: ``{"workflow_id": str, "events": [{"seq", "at", "event", "commands"}, ...],
-    "total": int, "next_cursor": str | null}``; with --all, one event object a line (NDJSON).
+    "total": int, "total_capped": bool, "next_cursor": str | null}``; with --all, one event
+    object a line (NDJSON).
 
     Parameters
     ----------
@@ -302,13 +303,12 @@ def history(
             ndjson(render.history_event_json(e) for e in found)
             return ExitCode.OK
         page = lists.history(workflow.id, kind, spec)
-    cursor = listing.cursor(page.next_after)
     if json_output:
         shown = render.history_json(workflow, page.items)
-        render.dump({**shown, "total": page.total, "next_cursor": cursor})
+        render.dump({**shown, **listing.json_tail(page)})
         return ExitCode.OK
     render.print_history(workflow, page.items, total=page.total)
-    listing.print_footer(len(page.items), page.total, page.next_after)
+    listing.print_footer(page)
     return ExitCode.OK
 
 

@@ -33,7 +33,7 @@ from cyclopts import Parameter
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from store.listings import Listings, PageSpec
+    from store.listings import Listings, Page, PageSpec
     from vibey.settings import Settings
 
 DEFAULT_LIMIT = 50  # store.listings.DEFAULT_LIMIT; the test of the flags checks they agree
@@ -135,11 +135,15 @@ def seq_key(cursor: str) -> Key:
     return (int(cursor),)
 
 
-def footer(shown: int, total: int, next_cursor: str | None, *, noun: str) -> str | None:
-    """The line under a page that is not the whole list (None when it is)."""
-    if shown >= total and next_cursor is None:
+def footer(
+    shown: int, total: int, next_cursor: str | None, *, noun: str, capped: bool = False
+) -> str | None:
+    """The line under a page that is not the whole list (None when it is). ``capped``: more
+    than ``total`` match (the count stopped there)."""
+    if shown >= total and next_cursor is None and not capped:
         return None
-    line = f"{shown:,} of {total:,} {noun} shown — `--limit N`, `--all`"
+    of = f"more than {total:,}" if capped else f"{total:,}"
+    line = f"{shown:,} of {of} {noun} shown — `--limit N`, `--all`"
     if next_cursor is None:
         return line + " (this was the last page)"
     return line + f", `--after {next_cursor}` (next page)"
@@ -190,10 +194,24 @@ class Listing:
             return str(key[0])
         return moment_cursor(self.command, self.order, self.filters, key)
 
-    def print_footer(self, shown: int, total: int, key: Key | None) -> None:
-        line = footer(shown, total, self.cursor(key), noun=self.noun)
+    def print_footer(self, page: Page[Any]) -> None:
+        line = footer(
+            len(page.items),
+            page.total,
+            self.cursor(page.next_after),
+            noun=self.noun,
+            capped=page.total_capped,
+        )
         if line is not None:
             print(line)
+
+    def json_tail(self, page: Page[Any]) -> dict[str, Any]:
+        """What a page's JSON object carries besides its rows."""
+        return {
+            "total": page.total,
+            "total_capped": page.total_capped,
+            "next_cursor": self.cursor(page.next_after),
+        }
 
     def _moment_key(self, cursor: str) -> Key:
         return moment_key(cursor, self.command, self.order, self.filters)

@@ -15,7 +15,9 @@ Runtime (the real step actor, relay, PostgreSQL and RabbitMQ) running the ``park
 4. answering one gate among them → its next step started: ``--answers`` gates, one at a time
    (p50).
 
-Then the CLI's start-up: ``vibey --version`` and ``vibey --help`` (median of ``--cli-runs``).
+Then the CLI's start-up: ``vibey --version`` and ``vibey --help`` (median of ``--cli-runs``),
+beside ``python -c pass`` and ``python -c "import psycopg"`` timed the same way (how busy the
+box is, and the floor of any command that reads the database).
 
 VIBEY_TEST_PG_URL is an admin URL (scratch databases are created and dropped);
 VIBEY_TEST_AMQP_URL the broker (queues and exchanges under a unique prefix, deleted after).
@@ -51,7 +53,14 @@ from steps import declared_topology, scratch_database  # noqa: E402
 
 from actors.capabilities import detect  # noqa: E402
 from actors.worker import Runtime, WorkerConfig  # noqa: E402
-from store.listings import GateFilter, Listings, PageSpec, directed, gate_params  # noqa: E402
+from store.listings import (  # noqa: E402
+    COUNT_CAP,
+    GateFilter,
+    Listings,
+    PageSpec,
+    directed,
+    gate_params,
+)
 from store.migrate import migrate  # noqa: E402
 from store.sql import load  # noqa: E402
 from workflows.steps import Success  # noqa: E402
@@ -161,6 +170,8 @@ def queue_messages(config: WorkerConfig) -> int:
 def sql_times(runtime: Runtime) -> tuple[list[float], list[float]]:
     """The first page's query and the count query, each alone, 20 times."""
     params = {**gate_params(GateFilter()), "after_at": None, "after_id": None, "limit": 51}
+    params["cap"] = COUNT_CAP + 1
+    params["cap"] = COUNT_CAP + 1
     page = directed(Q["gate_page"], newest_first=False).encode()
     count = Q["gate_count"].encode()
     with runtime.pool.connection() as conn:
@@ -263,6 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for command in (["--version"], ["--help"]):
         spent = cli_wall(command, cli_env(), args.cli_runs)
         print(f"  `vibey {' '.join(command)}`: {median_ms(spent)}")
+    python = str(REPO / ".venv" / "bin" / "python")
+    for label, code in (
+        ("python -c pass", "pass"),
+        ('python -c "import psycopg"', "import psycopg"),
+    ):
+        spent = timed(lambda c=code: subprocess.run([python, "-c", c], check=True), args.cli_runs)
+        print(f"  for scale, on this box now: `{label}`: {median_ms(spent)}")
     return 0
 
 

@@ -85,6 +85,9 @@ def test_the_footer_says_what_is_shown_and_how_to_see_more() -> None:
     assert footer(3, 3, None, noun="gates") is None
     line = footer(50, 10_000, "abc", noun="gates")
     assert line == "50 of 10,000 gates shown — `--limit N`, `--all`, `--after abc` (next page)"
+    assert footer(50, 10_000, "abc", noun="gates", capped=True) == (
+        "50 of more than 10,000 gates shown — `--limit N`, `--all`, `--after abc` (next page)"
+    )
     assert footer(7, 57, None, noun="gates") == (
         "7 of 57 gates shown — `--limit N`, `--all` (this was the last page)"
     )
