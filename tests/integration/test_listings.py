@@ -220,8 +220,21 @@ def big(pool: ConnectionPool) -> Iterator[psycopg.Connection]:
     with pool.connection() as conn:
         add_gates(conn, 100_000)
         add_workflows(conn, 100_000)
-        conn.execute("VACUUM ANALYZE gate")
-        conn.execute("VACUUM ANALYZE workflow")
+        conn.execute(  # one project's 100,000 ledger events of four kinds (digests unchecked)
+            "INSERT INTO ledger_head (project_id, last_seq) VALUES ('big', 100000);"
+            "INSERT INTO ledger_event (project_id, seq, kind, payload, digest) "
+            "SELECT 'big', i, (ARRAY['QuestionAsked', 'AnswerGiven', 'TurnRequested', "
+            "'TurnCompleted'])[1 + i % 4], '{}'::jsonb, repeat('0', 64) "
+            "FROM generate_series(1, 100000) AS i"
+        )
+        conn.execute(  # and one workflow's 100,000 history events
+            "INSERT INTO workflow_history (workflow_id, seq, event) "
+            "SELECT (SELECT id FROM workflow WHERE project_id = 'w1'), i, "
+            "jsonb_build_object('type', CASE WHEN i % 2 = 0 THEN 'timer_fired' ELSE 'x' END) "
+            "FROM generate_series(1, 100000) AS i"
+        )
+        for table in ("gate", "workflow", "ledger_event", "workflow_history"):
+            conn.execute(f"VACUUM ANALYZE {table}")
         yield conn
 
 
@@ -261,6 +274,16 @@ def test_each_filtered_page_is_an_index_scan_at_100000_rows(
             for after in (None, first.next_after):  # the first page and a later one
                 top = plan(big, gate_page, page_params(gate_params(where), after))
                 assert_index_page(top, index, where)
+        ledger_page = directed(Q["ledger_page"], newest_first=newest_first)
+        for kind, index in ((None, "ledger_event_pkey"), ("AnswerGiven", "ledger_event_by_kind")):
+            for after in (None, 50_000):
+                params = {"project_id": "big", "kind": kind, "after_seq": after, "limit": 51}
+                assert_index_page(plan(big, ledger_page, params), index, kind)
+        history_page = directed(Q["history_page"], newest_first=newest_first)
+        (w1,) = big.execute("SELECT id FROM workflow WHERE project_id = 'w1'").fetchone() or ()
+        for after in (None, 50_000):
+            params = {"workflow_id": w1, "kind": None, "after_seq": after, "limit": 51}
+            assert_index_page(plan(big, history_page, params), "workflow_history_pkey", "history")
         workflow_page = directed(Q["workflow_page"], newest_first=newest_first)
         for wf_where, index in WORKFLOW_CASES:
             first_wf = lists.workflows(wf_where, PageSpec(newest_first=newest_first))
