@@ -38,7 +38,8 @@ import pika.spec
 
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords, OutboxRow
-from workflows.dispatch import DispatchEnvelope, WaitTiers, encode, lane_of, tier_name
+from workflows.dispatch import DispatchEnvelope, Lane, WaitTiers, encode, tier_name
+from workflows.kinds import StepKinds
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,27 @@ class Publication:
 
 
 class Router:
-    """Where a pointer goes: the work exchange when due, else a wait tier's exchange."""
+    """Where a pointer goes: the work exchange when due, else a wait tier's exchange; into the
+    lane its kind declares (``kinds``: the registered definitions'; a kind none declares goes
+    to the interactive lane)."""
 
     def __init__(
-        self, *, names: QueueNames, tiers: WaitTiers, dedicated: Iterable[str] = ()
+        self,
+        *,
+        names: QueueNames,
+        tiers: WaitTiers,
+        dedicated: Iterable[str] = (),
+        kinds: StepKinds | None = None,
     ) -> None:
         self._names = names
         self._tiers = tiers
         self._dedicated = frozenset(dedicated)
+        self._kinds = kinds if kinds is not None else StepKinds()
+
+    def lane(self, kind: str) -> Lane:
+        if kind in self._kinds:
+            return self._kinds[kind].lane
+        return Lane.INTERACTIVE
 
     def publication(self, row: OutboxRow, now: datetime) -> Publication:
         envelope = DispatchEnvelope(
@@ -76,7 +90,7 @@ class Router:
             not_before=row.not_before,
         )
         key = self._names.routing_key(
-            lane_of(row.kind), row.project_id, dedicated=row.project_id in self._dedicated
+            self.lane(row.kind), row.project_id, dedicated=row.project_id in self._dedicated
         )
         tier = self._tiers.route(row.not_before - now)
         exchange = (

@@ -64,7 +64,7 @@ class CrashPoints(Protocol):
 
 def _died_with_its_process(job: Job) -> bool:
     """Its previous attempt's lease expired (the reaper or a takeover says so)."""
-    return job.last_error is not None and job.last_error.startswith("lease expired")
+    return job.lease_expired
 
 
 class StepRunner:

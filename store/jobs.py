@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.sql import load
+from workflows.gates import ENGINE_GATES
 from workflows.job import (
     DEFAULT_BACKOFF,
     BackoffPolicy,
@@ -28,11 +29,9 @@ from workflows.job import (
     JobState,
     LeasePolicy,
     backoff,
-    canonical_kind,
     jitter_fraction,
 )
 from workflows.queue import (
-    DELIVERY_EXHAUSTED,
     DELIVERY_EXHAUSTED_PROMPT,
     NOT_APPLIED,
     AnswerOutcome,
@@ -218,7 +217,7 @@ class PostgresJobRepository:
                 "payload": Jsonb(dict(request.payload)),
                 "delay_s": request.delay.total_seconds(),
                 "max_attempts": request.max_attempts,
-                "lease_ms": _millis(self._leases.lease_for(request.kind)),
+                "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
                 "workflow_id": request.workflow_id,
                 "step": request.step,
             },
@@ -261,7 +260,7 @@ class PostgresJobRepository:
     ) -> list[Job]:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
+        wanted = None if kinds is None else sorted(set(kinds))
         rows = fetch_all(
             conn,
             Q["claim"],
@@ -451,7 +450,7 @@ class PostgresJobRepository:
         gate = gate_from_row(locked)
         if not gate.open:
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
-        if gate.answers and answer not in gate.answers:
+        if ENGINE_GATES.problem(gate.kind, answer, answers=gate.answers, schema=gate.schema):
             return AnswerOutcome(AnswerStatus.INVALID_ANSWER, gate)
         answered = fetch_one(
             conn,
@@ -465,8 +464,11 @@ class PostgresJobRepository:
         if answered is None:  # pragma: no cover - the row lock above rules this out
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.job_id is not None:
-            refund = 1 if gate.kind == DELIVERY_EXHAUSTED else 0
-            params = {"job_id": gate.job_id, "more": refund + grant_attempts}
+            # What the answer grants is the gate kind's (a delivery_exhausted answer gives one
+            # attempt back; a ladder_exhausted one the attempts it names).
+            kind = ENGINE_GATES.get(gate.kind)
+            granted = 0 if kind is None else kind.attempts_granted(answer)
+            params = {"job_id": gate.job_id, "more": granted + grant_attempts}
             released = fetch_one(conn, Q["release_parked"], params | self._dispatch_params())
             if released is not None:
                 conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
@@ -526,7 +528,7 @@ class PostgresJobRepository:
         kinds: Collection[str] | None = None,
         exclude: UUID | None = None,
     ) -> int:
-        wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
+        wanted = None if kinds is None else sorted(set(kinds))
         params = {"project_id": project_id, "cycle": cycle, "kinds": wanted, "exclude": exclude}
         with self._statement() as conn:
             row = fetch_one(conn, Q["count_unsettled"], params)
@@ -590,6 +592,7 @@ def job_from_row(row: DictRow) -> Job:
         dispatch_seq=row["dispatch_seq"],
         workflow_id=row.get("workflow_id"),
         step=row.get("step"),
+        lease_expired=row.get("lease_expired", False),
     )
 
 

@@ -67,17 +67,17 @@ from workflows.engine import (
     TimerFired,
     WorkflowError,
     apply,
-    check_answer,
     decode_event,
     encode_commands,
     encode_event,
     engine_rule,
 )
+from workflows.gates import RETRY_OR_CANCEL
+from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
 from workflows.job import TIMER_KIND, JobState
+from workflows.kinds import StepKinds
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
-    LADDER_EXHAUSTED,
-    SPEND_EXHAUSTED,
     AnswerStatus,
     EnqueueRequest,
     Gate,
@@ -97,9 +97,9 @@ __all__ = [
     "WorkflowStore",
 ]
 
-WORKFLOW_ERROR = "workflow_error"
+WORKFLOW_ERROR = WORKFLOW_ERROR_GATE.name
 REPLAY_CACHE = 10_000
-WORKFLOW_ERROR_ANSWERS = ("retry", "cancel")
+WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 
 
 class WorkflowStore(WorkflowReads):
@@ -156,7 +156,7 @@ class WorkflowStore(WorkflowReads):
                 "project_id": project_id,
                 "definition": chosen.name,
                 "version": chosen.version,
-                "phase": "intake",
+                "phase": chosen.first_phase,
                 "cycle": 0,
                 "input": Jsonb(dict(input)),
                 "state": Jsonb(dict(chosen.encode_state(chosen.initial()))),
@@ -236,22 +236,20 @@ class WorkflowStore(WorkflowReads):
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
         if found.name is None or found.workflow_id is None:  # a parked job's gate
-            problem = _invalid(found, answer) if found.open else ""
+            problem = self._invalid(found, answer) if found.open else ""
             if problem:
                 return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, found, problem)
-            # A bounded ladder's gate grants the attempts its answer names.
-            # A spend gate parked the job before it ran: its claim's attempt is given back.
-            grant = int(answer) if found.kind == LADDER_EXHAUSTED else 0
-            grant = 1 if found.kind == SPEND_EXHAUSTED else grant
+            # What the answer grants (attempts, a refund) is the gate kind's: the repository
+            # applies it.
             outcome = self._jobs.answer_gate_txn(
-                conn, gate_id, answer=answer, answered_by=by, grant_attempts=grant, outbox=outbox
+                conn, gate_id, answer=answer, answered_by=by, outbox=outbox
             )
             return GateAnswerOutcome(outcome.status, outcome.gate)
         workflow = self._lock(conn, found.workflow_id)
         gate = self._jobs.lock_gate_txn(conn, gate_id)
         if gate is None or not gate.open:
             return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate or found)
-        problem = _invalid(gate, answer)
+        problem = self._invalid(gate, answer)
         if problem:
             return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, gate, problem)
         row = fetch_one(
@@ -387,7 +385,7 @@ class WorkflowStore(WorkflowReads):
     ) -> None:
         steps = [c for c in commands if isinstance(c, ScheduleStep | StartTimer)]
         if steps:
-            requests = self._requests(conn, workflow, steps)
+            requests = self._requests(conn, workflow, steps, self._registry.kinds)
             self._jobs.enqueue_batch_txn(conn, requests, outbox=outbox)
         for command in commands:
             if isinstance(command, OpenGate):
@@ -396,7 +394,11 @@ class WorkflowStore(WorkflowReads):
             self._wind_down(conn, workflow, header)
 
     def _requests(
-        self, conn: Conn, workflow: Workflow, commands: Sequence[ScheduleStep | StartTimer]
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        commands: Sequence[ScheduleStep | StartTimer],
+        kinds: StepKinds,
     ) -> list[EnqueueRequest]:
         chosen = {_step_name(c): uuid.uuid4() for c in commands}
         wanted = sorted(
@@ -409,7 +411,7 @@ class WorkflowStore(WorkflowReads):
             missing = [w for w in wanted if w not in known]
             if missing:
                 raise WorkflowError(f"a step depends on unknown step(s): {', '.join(missing)}")
-        return [_request(workflow, c, chosen[_step_name(c)], known) for c in commands]
+        return [_request(workflow, c, chosen[_step_name(c)], known, kinds) for c in commands]
 
     def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate) -> None:
         conn.execute(
@@ -572,6 +574,12 @@ class WorkflowStore(WorkflowReads):
             applied_seq=applied,
         )
 
+    def _invalid(self, gate: Gate, answer: str) -> str:
+        """What is wrong with ``answer`` to ``gate`` ("" if nothing): its answers or schema,
+        else its kind's (the one validator every answer path shares)."""
+        gates = self._registry.gates
+        return gates.problem(gate.kind, answer, answers=gate.answers, schema=gate.schema) or ""
+
     def verify(self, workflow_id: UUID, *, block: bool = False) -> Verification:
         """Replay the history through the definition and compare with the stored state. With
         ``block``, a divergence blocks the workflow behind a ``workflow_error`` gate."""
@@ -590,17 +598,6 @@ class WorkflowStore(WorkflowReads):
         return Verification(workflow, workflow.applied_seq, divergence)
 
 
-def _invalid(gate: Gate, answer: str) -> str:
-    probe = OpenGate(
-        gate=gate.name or str(gate.id),
-        kind=gate.kind,
-        question=gate.prompt,
-        answers=gate.answers,
-        schema=gate.schema,
-    )
-    return check_answer(probe, answer) or ""
-
-
 def _step_name(command: ScheduleStep | StartTimer) -> str:
     return command.step if isinstance(command, ScheduleStep) else f"timer:{command.timer}"
 
@@ -610,6 +607,7 @@ def _request(
     command: ScheduleStep | StartTimer,
     job_id: UUID,
     known: Mapping[str, UUID],
+    kinds: StepKinds,
 ) -> EnqueueRequest:
     name = _step_name(command)
     payload: dict[str, Any] = {"workflow_id": str(workflow.id), "step": name}
@@ -633,4 +631,5 @@ def _request(
         job_id=job_id,
         workflow_id=workflow.id,
         step=name,
+        lease=kinds[kind].lease if kind in kinds else None,
     )

@@ -335,6 +335,7 @@ def worker(
     ] = (),
     lanes: str | None = None,
     handlers: str | None = None,
+    definitions: str | None = None,
 ) -> ExitCode:
     """Run the Dramatiq worker fleet (rabbitmq backend) until SIGTERM or SIGINT.
 
@@ -358,10 +359,16 @@ def worker(
         Comma-separated lanes to consume, of interactive and build (default: both).
     handlers
         The step handlers, as module:attribute (default: actors.handlers:build_handlers).
+    definitions
+        The workflow definitions, as module:attribute (default: [workflow] definitions,
+        workflows.protocol:DEFINITIONS). Modules are found from the current directory too.
     """
-    from vibey.settings import load_settings
+    from vibey.settings import WorkflowSettings, load_settings
 
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
+    if definitions is not None:
+        workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
+        settings = replace(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
     from store.pool import redact
     from vibey.wiring import worker_config
@@ -429,14 +436,35 @@ def completion(shell: Literal["bash", "zsh", "fish", "powershell"], /) -> ExitCo
     return ExitCode.OK
 
 
+def _unknown_command(tokens: Sequence[str]) -> str | None:
+    """The first word when it names no command (cyclopts would print the help for it)."""
+    first = next((t for t in tokens if not t.startswith("-")), None)
+    if first is None or tokens.index(first) != 0 or first in app:
+        return None
+    return first
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vibey`` with ``argv`` (default: the command line); returns the exit code.
 
     The console script is :func:`vibey.launch.main`, which answers ``--version`` before this
-    module is imported. A bad argument prints one line and returns 2 (``ExitCode.USAGE``).
+    module is imported. A bad argument prints one line and returns 2 (``ExitCode.USAGE``); an
+    unknown command exits 2 too, whatever follows it (``--help`` included).
     """
+    tokens = list(argv) if argv is not None else sys.argv[1:]
+    if os.getcwd() not in sys.path:  # user definitions and handlers, as dramatiq's CLI does
+        sys.path.insert(0, os.getcwd())
+    unknown = _unknown_command(tokens)
+    if unknown is not None:
+        known = ", ".join(name for name in app if not name.startswith("-"))
+        print(
+            f'vibey: Unknown command "{unknown}". Available commands: {known}. '
+            "(see `vibey --help`)",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
     try:
-        result = app.meta(list(argv) if argv is not None else None, result_action="return_value")
+        result = app.meta(tokens, result_action="return_value")
     except CycloptsError as exc:
         return _usage(exc)
     return int(result) if isinstance(result, int) else ExitCode.OK

@@ -150,7 +150,7 @@ WITH settled AS (
     UPDATE job
     SET state = 'succeeded', result = %(result)s, settled_at = now(), updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        last_error = NULL, failure_class = NULL
+        last_error = NULL, failure_class = NULL, lease_expired = false
     WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
       AND lease_token = %(token)s AND lease_expires_at > now()
     RETURNING id, project_id, state
@@ -174,6 +174,7 @@ WITH settled AS (
         dispatch_seq = dispatch_seq
             + CASE WHEN %(dispatch)s AND attempts < max_attempts THEN 1 ELSE 0 END,
         last_error = %(error)s,
+        lease_expired = false,
         failure_class = %(failure_class)s,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -203,6 +204,7 @@ WITH settled AS (
         run_after = now() + make_interval(secs => %(delay_s)s),
         dispatch_seq = dispatch_seq + CASE WHEN %(dispatch)s THEN 1 ELSE 0 END,
         last_error = %(reason)s,
+        lease_expired = false,
         failure_class = CASE WHEN %(capacity)s THEN 'capacity'::failure_class END,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -271,6 +273,7 @@ released AS (
         dispatch_seq = job.dispatch_seq
             + CASE WHEN %(dispatch)s AND NOT e.exhausted THEN 1 ELSE 0 END,
         last_error = 'lease expired on attempt ' || job.attempts || ' of ' || job.max_attempts,
+        lease_expired = true,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM expired e

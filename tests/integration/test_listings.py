@@ -201,7 +201,8 @@ def plan(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> dict[s
     row = conn.execute(("EXPLAIN (FORMAT JSON) " + query).encode(), params).fetchone()
     assert row is not None
     value = row[0]
-    return (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+    top: dict[str, Any] = (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+    return top
 
 
 def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -276,13 +277,13 @@ def test_each_filtered_page_is_an_index_scan_at_100000_rows(
                 assert_index_page(top, index, where)
         ledger_page = directed(Q["ledger_page"], newest_first=newest_first)
         for kind, index in ((None, "ledger_event_pkey"), ("AnswerGiven", "ledger_event_by_kind")):
-            for after in (None, 50_000):
-                params = {"project_id": "big", "kind": kind, "after_seq": after, "limit": 51}
+            for seq in (None, 50_000):
+                params = {"project_id": "big", "kind": kind, "after_seq": seq, "limit": 51}
                 assert_index_page(plan(big, ledger_page, params), index, kind)
         history_page = directed(Q["history_page"], newest_first=newest_first)
         (w1,) = big.execute("SELECT id FROM workflow WHERE project_id = 'w1'").fetchone() or ()
-        for after in (None, 50_000):
-            params = {"workflow_id": w1, "kind": None, "after_seq": after, "limit": 51}
+        for seq in (None, 50_000):
+            params = {"workflow_id": w1, "kind": None, "after_seq": seq, "limit": 51}
             assert_index_page(plan(big, history_page, params), "workflow_history_pkey", "history")
         workflow_page = directed(Q["workflow_page"], newest_first=newest_first)
         for wf_where, index in WORKFLOW_CASES:
