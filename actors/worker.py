@@ -236,6 +236,7 @@ class Runtime:
         self.reconciler.stop()
         if self._worker is not None:
             self._worker.stop(timeout=int(timeout * 1000))
+        self.runner.close()
         self.relay.stop()
         self.broker.close()
         self.pool.close()

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
@@ -39,6 +40,7 @@ from store.errors import StoreError
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
 from store.sql import load
+from store.unit_of_work import UnitOfWork
 from store.workflow_reads import (
     GateAnswerOutcome,
     HistoryEntry,
@@ -49,6 +51,15 @@ from store.workflow_reads import (
     WorkflowReads,
     workflow_from_row,
 )
+from workflows.effects import (
+    StepToRun,
+    WindDown,
+    blocked,
+    effects,
+    error_text,
+    settled_event,
+    unblocked,
+)
 from workflows.engine import (
     CancelRequested,
     Command,
@@ -58,13 +69,8 @@ from workflows.engine import (
     Header,
     OpenGate,
     Registry,
-    ScheduleStep,
     Started,
-    StartTimer,
     Status,
-    StepFailed,
-    StepSucceeded,
-    TimerFired,
     WorkflowError,
     apply,
     decode_event,
@@ -74,8 +80,6 @@ from workflows.engine import (
 )
 from workflows.gates import RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
-from workflows.job import TIMER_KIND, JobState
-from workflows.kinds import StepKinds
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     AnswerStatus,
@@ -131,19 +135,13 @@ class WorkflowStore(WorkflowReads):
     def start(
         self, project_id: str, *, definition: str, input: JsonObject | None = None
     ) -> StartOutcome:
-        return self._jobs.dispatching_transaction(
-            self.start_txn, project_id, definition=definition, input=input or {}
-        )
+        with self._jobs.units.begin() as unit:
+            return self.start_txn(unit, project_id, definition=definition, input=input or {})
 
     def start_txn(
-        self,
-        conn: Conn,
-        project_id: str,
-        *,
-        definition: str,
-        input: JsonObject,
-        outbox: list[int] | None = None,
+        self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
     ) -> StartOutcome:
+        conn = unit.conn
         live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
         if live is not None:
             return StartOutcome(workflow_from_row(live), created=False)
@@ -167,50 +165,47 @@ class WorkflowStore(WorkflowReads):
             if live is None:  # pragma: no cover - the conflict guarantees it
                 raise StoreError(f"project {project_id}: workflow start conflicted and vanished")
             return StartOutcome(workflow_from_row(live), created=False)
-        started = self._record(conn, workflow_from_row(row), Started(input=dict(input)), outbox)
+        started = self._record(unit, workflow_from_row(row), Started(input=dict(input)))
         return StartOutcome(started, created=True)
 
     def record(self, workflow_id: UUID, event: Event) -> Workflow:
         """Record one event (and carry out what it decides) in its own transaction."""
-        return self._jobs.dispatching_transaction(self.record_txn, workflow_id, event)
+        with self._jobs.units.begin() as unit:
+            return self.record_txn(unit, workflow_id, event)
 
-    def record_txn(
-        self, conn: Conn, workflow_id: UUID, event: Event, *, outbox: list[int] | None = None
-    ) -> Workflow:
-        return self._record(conn, self._lock(conn, workflow_id), event, outbox)
+    def record_txn(self, unit: UnitOfWork, workflow_id: UUID, event: Event) -> Workflow:
+        return self._record(unit, self._lock(unit.conn, workflow_id), event)
 
     def cancel(self, workflow_id: UUID, *, by: str, reason: str = "") -> Workflow:
         return self.record(workflow_id, CancelRequested(by=by, reason=reason))
 
     def settle_txn(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         job: Job,
-        settle: Callable[[Conn, list[int] | None], Settled],
+        settle: Callable[[UnitOfWork], Settled],
         *,
         result: JsonObject | None = None,
         failure: tuple[Any, str] | None = None,
         evidence: JsonObject | None = None,
-        outbox: list[int] | None = None,
+        locked: Workflow | None = None,
     ) -> Settled:
-        """A step's fenced settle and its event, one transaction: lock the workflow, run
-        ``settle`` (the job repository's ack/nack/defer/park ``*_txn``), and when it applied
-        and finished the step, record ``StepSucceeded``/``TimerFired``/``StepFailed``."""
+        """A step's fenced settle and its event, one transaction: lock the workflow (unless
+        the caller did: ``locked``), run ``settle`` (the job repository's ack/nack/defer/park
+        ``*_txn``), and when it applied and finished the step, record
+        ``StepSucceeded``/``TimerFired``/``StepFailed``."""
         if job.workflow_id is None or job.step is None:
-            return settle(conn, outbox)
-        workflow = self._lock(conn, job.workflow_id)
-        settled = settle(conn, outbox)
+            return settle(unit)
+        conn = unit.conn
+        workflow = locked or self._lock(conn, job.workflow_id)
+        settled = settle(unit)
         if not settled.applied:
             return settled
-        event: Event | None = None
-        if settled.state is JobState.SUCCEEDED:
-            if job.kind == TIMER_KIND:
-                event = TimerFired(timer=str(job.payload.get("timer", job.step)))
-            else:
-                event = StepSucceeded(step=job.step, result=dict(result or {}))
-        elif settled.state is JobState.FAILED and failure is not None:
-            event = StepFailed(step=job.step, failure_class=failure[0], detail=failure[1])
-            why = f"cancelled: step {job.step} failed for good"
+        settlement = settled_event(
+            job.kind, job.step, job.payload, settled.state, result=result, failure=failure
+        )
+        if settlement.cancel_dependents is not None:
+            why = settlement.cancel_dependents
             conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
         if evidence and self._ledger is not None:  # what the engine reports it did
             self._ledger.append_txn(
@@ -222,17 +217,22 @@ class WorkflowStore(WorkflowReads):
                 job_id=job.id,
                 workflow_id=workflow.id,
             )
-        if event is not None:
-            self._record(conn, workflow, event, outbox, cause=str(job.id), job_id=job.id)
+        if settlement.event is not None:
+            self._record(unit, workflow, settlement.event, cause=str(job.id), job_id=job.id)
         return settled
 
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
-        return self._jobs.dispatching_transaction(self.answer_txn, gate_id, answer, by=by)
+        with self._jobs.units.begin() as unit:
+            return self.answer_txn(unit, gate_id, answer, by=by)
 
     def answer_txn(
-        self, conn: Conn, gate_id: UUID, answer: str, *, by: str, outbox: list[int] | None = None
+        self, unit: UnitOfWork, gate_id: UUID, answer: str, *, by: str
     ) -> GateAnswerOutcome:
-        found = self._jobs.get_gate_txn(conn, gate_id)
+        conn = unit.conn
+        # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
+        locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
+        found = self._jobs.lock_gate_txn(conn, gate_id)
+        workflow = locked()
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
         if found.name is None or found.workflow_id is None:  # a parked job's gate
@@ -241,14 +241,13 @@ class WorkflowStore(WorkflowReads):
                 return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, found, problem)
             # What the answer grants (attempts, a refund) is the gate kind's: the repository
             # applies it.
-            outcome = self._jobs.answer_gate_txn(
-                conn, gate_id, answer=answer, answered_by=by, outbox=outbox
-            )
+            outcome = self._jobs.answer_gate_txn(unit, gate_id, answer=answer, answered_by=by)
             return GateAnswerOutcome(outcome.status, outcome.gate)
-        workflow = self._lock(conn, found.workflow_id)
-        gate = self._jobs.lock_gate_txn(conn, gate_id)
-        if gate is None or not gate.open:
-            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate or found)
+        gate = found
+        if workflow is None:  # pragma: no cover - a workflow gate's workflow is never deleted
+            raise WorkflowNotFound(f"no workflow {found.workflow_id}")
+        if not gate.open:
+            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         problem = self._invalid(gate, answer)
         if problem:
             return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, gate, problem)
@@ -259,51 +258,51 @@ class WorkflowStore(WorkflowReads):
         )
         answered = gate_from_row(row) if row is not None else gate
         if gate.kind == WORKFLOW_ERROR:
-            self._resolve_block(conn, workflow, answer, by, outbox)
+            self._resolve_block(unit, workflow, answer, by)
         else:
             event = GateAnswered(gate=str(gate.name), answer=answer, by=by)
-            self._record(conn, workflow, event, outbox)
+            self._record(unit, workflow, event)
         return GateAnswerOutcome(AnswerStatus.ANSWERED, answered)
 
     # -- the core: one event through the definition -----------------------------------------
 
     def _record(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         workflow: Workflow,
         event: Event,
-        outbox: list[int] | None,
         *,
         cause: str | None = None,
         job_id: UUID | None = None,
     ) -> Workflow:
         """The event recorded (and decided, unless the workflow is blocked); the workflow
         after it."""
+        conn = unit.conn
         now = self._clock()
         seq = workflow.last_seq + 1
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
             self._append(conn, workflow.id, seq, event, None, now)
             return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
         try:
-            with conn.transaction():  # a savepoint: a failed decision leaves nothing behind
+            with unit.savepoint():  # a failed decision leaves nothing behind
                 return self._decide(
-                    conn, workflow, seq, event, now, outbox, pending=False, cause=(cause, job_id)
+                    unit, workflow, seq, event, now, pending=False, cause=(cause, job_id)
                 )
         except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
             return self._block(conn, workflow, seq, event, now, exc)
 
     def _decide(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         workflow: Workflow,
         seq: int,
         event: Event,
         now: datetime,
-        outbox: list[int] | None,
         *,
         pending: bool,
         cause: tuple[str | None, UUID | None] = (None, None),
     ) -> Workflow:
+        conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
         if ruled is not None:  # no definition needed (it may be the thing that is broken)
@@ -323,7 +322,7 @@ class WorkflowStore(WorkflowReads):
             )
         else:
             self._append(conn, workflow.id, seq, event, commands, now)
-        self._carry_out(conn, workflow, header, produced, outbox)
+        self._carry_out(unit, workflow, header, produced)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -376,34 +375,25 @@ class WorkflowStore(WorkflowReads):
             self._replayed.popitem(last=False)
 
     def _carry_out(
-        self,
-        conn: Conn,
-        workflow: Workflow,
-        header: Header,
-        commands: Sequence[Command],
-        outbox: list[int] | None,
+        self, unit: UnitOfWork, workflow: Workflow, header: Header, commands: Sequence[Command]
     ) -> None:
-        steps = [c for c in commands if isinstance(c, ScheduleStep | StartTimer)]
-        if steps:
-            requests = self._requests(conn, workflow, steps, self._registry.kinds)
-            self._jobs.enqueue_batch_txn(conn, requests, outbox=outbox)
-        for command in commands:
-            if isinstance(command, OpenGate):
-                self._open_gate(conn, workflow, command)
-        if header.status.finished and not workflow.status.finished:
-            self._wind_down(conn, workflow, header)
+        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down."""
+        implied = effects(str(workflow.id), workflow.header, header, commands, self._registry.kinds)
+        if implied.steps:
+            requests = self._requests(unit.conn, workflow, implied.steps)
+            self._jobs.enqueue_batch_txn(unit, requests)
+        for gate in implied.gates:
+            self._open_gate(unit.conn, workflow, gate)
+        if implied.wind_down is not None:
+            self._wind_down(unit.conn, workflow, implied.wind_down)
 
     def _requests(
-        self,
-        conn: Conn,
-        workflow: Workflow,
-        commands: Sequence[ScheduleStep | StartTimer],
-        kinds: StepKinds,
+        self, conn: Conn, workflow: Workflow, steps: Sequence[StepToRun]
     ) -> list[EnqueueRequest]:
-        chosen = {_step_name(c): uuid.uuid4() for c in commands}
-        wanted = sorted(
-            {a for c in commands if isinstance(c, ScheduleStep) for a in c.after} - set(chosen)
-        )
+        """The steps as job requests, their ``after`` names resolved to job ids (this batch's,
+        or earlier steps' of the workflow)."""
+        chosen = {step.name: uuid.uuid4() for step in steps}
+        wanted = sorted({a for step in steps for a in step.after} - set(chosen))
         known: dict[str, UUID] = dict(chosen)
         if wanted:
             rows = fetch_all(conn, Q["step_ids"], {"workflow_id": workflow.id, "steps": wanted})
@@ -411,7 +401,7 @@ class WorkflowStore(WorkflowReads):
             missing = [w for w in wanted if w not in known]
             if missing:
                 raise WorkflowError(f"a step depends on unknown step(s): {', '.join(missing)}")
-        return [_request(workflow, c, chosen[_step_name(c)], known, kinds) for c in commands]
+        return [_request(workflow, step, chosen[step.name], known) for step in steps]
 
     def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate) -> None:
         conn.execute(
@@ -430,59 +420,40 @@ class WorkflowStore(WorkflowReads):
             },
         )
 
-    def _wind_down(self, conn: Conn, workflow: Workflow, header: Header) -> None:
-        """A finished workflow stops its unfinished steps and closes its open questions."""
-        why = f"workflow {header.status.value}" + (f": {header.reason}" if header.reason else "")
-        if header.status is not Status.COMPLETED:
-            conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": why})
+    def _wind_down(self, conn: Conn, workflow: Workflow, wind_down: WindDown) -> None:
+        if wind_down.cancel_steps:
+            conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": wind_down.why})
         conn.execute(
             Q["close_open_gates"],
-            {"workflow_id": workflow.id, "answer": f"(closed: {why})", "answered_by": "vibey"},
+            {"workflow_id": workflow.id, "answer": wind_down.closing, "answered_by": "vibey"},
         )
 
     def _block(
         self, conn: Conn, workflow: Workflow, seq: int, event: Event, now: datetime, exc: Exception
     ) -> Workflow:
-        error = f"{type(exc).__name__}: {exc}"[:2000]
         self._append(conn, workflow.id, seq, event, None, now)
-        blocked = self._save(
-            conn,
-            workflow,
-            Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error),
-            None,
-            last_seq=seq,
-            applied_seq=None,
-        )
-        self._open_error_gate(conn, workflow, seq, error)
-        return blocked
+        return self._write_block(conn, workflow, seq, error_text(exc), last_seq=seq)
 
-    def _open_error_gate(self, conn: Conn, workflow: Workflow, seq: int, error: str) -> None:
-        gate = OpenGate(
-            gate=f"{WORKFLOW_ERROR}.{seq}.{uuid.uuid4().hex[:8]}",
-            kind=WORKFLOW_ERROR,
-            question=(
-                f"Event #{seq} could not be applied ({error}). Fix or deploy the definition, "
-                "then answer retry to apply the waiting events, or cancel the workflow."
-            ),
-            answers=WORKFLOW_ERROR_ANSWERS,
-            context={"seq": seq, "error": error},
-        )
-        self._open_gate(conn, workflow, gate)
+    def _write_block(
+        self, conn: Conn, workflow: Workflow, seq: int, error: str, *, last_seq: int
+    ) -> Workflow:
+        """The one block path (``workflows.effects.blocked``): the header and the error gate."""
+        block = blocked(workflow.header, seq, error, nonce=uuid.uuid4().hex[:8])
+        saved = self._save(conn, workflow, block.header, None, last_seq=last_seq, applied_seq=None)
+        self._open_gate(conn, workflow, block.gate)
+        return saved
 
-    def _resolve_block(
-        self, conn: Conn, workflow: Workflow, answer: str, by: str, outbox: list[int] | None
-    ) -> None:
+    def _resolve_block(self, unit: UnitOfWork, workflow: Workflow, answer: str, by: str) -> None:
+        conn = unit.conn
         if answer == "cancel":
-            self._record(
-                conn, workflow, CancelRequested(by=by, reason="after a workflow error"), outbox
-            )
+            self._record(unit, workflow, CancelRequested(by=by, reason="after a workflow error"))
             return
         if workflow.status is not Status.BLOCKED:
             return
         current = self._save(
             conn,
             workflow,
-            Header(workflow.phase, workflow.cycle, Status.RUNNING, None, None),
+            unblocked(workflow.header),
             None,
             last_seq=workflow.last_seq,
             applied_seq=None,
@@ -490,20 +461,35 @@ class WorkflowStore(WorkflowReads):
         for entry in self._history(conn, workflow.id, after=workflow.applied_seq):
             event = decode_event(entry["event"])
             try:
-                with conn.transaction():
+                with unit.savepoint():
                     current = self._decide(
-                        conn, current, entry["seq"], event, self._clock(), outbox, pending=True
+                        unit, current, entry["seq"], event, self._clock(), pending=True
                     )
             except Exception as exc:  # noqa: BLE001 - blocked again, behind a new gate
-                error = f"{type(exc).__name__}: {exc}"[:2000]
-                blocked = Header(current.phase, current.cycle, Status.BLOCKED, None, error)
-                self._save(
-                    conn, current, blocked, None, last_seq=current.last_seq, applied_seq=None
-                )
-                self._open_error_gate(conn, current, entry["seq"], error)
+                error = error_text(exc)
+                self._write_block(conn, current, entry["seq"], error, last_seq=current.last_seq)
                 return
 
     # -- rows ------------------------------------------------------------------------------
+
+    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]:
+        """Lock the workflow of job ``job_id`` (none for a plain job), sent now and read when
+        the returned function is called: in pipeline mode the lock travels with the caller's
+        next statement (the step's claim) in one round trip."""
+        return self._lock_of(unit, Q["lock_workflow_of_job"], {"job_id": job_id})
+
+    def _lock_of(
+        self, unit: UnitOfWork, query: str, params: Mapping[str, Any]
+    ) -> Callable[[], Workflow | None]:
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(query.encode(), params)
+
+        def read() -> Workflow | None:
+            with cur:
+                row = cur.fetchone()
+            return None if row is None else workflow_from_row(row)
+
+        return read
 
     def _lock(self, conn: Conn, workflow_id: UUID) -> Workflow:
         row = fetch_one(conn, Q["lock_workflow"], {"id": workflow_id})
@@ -590,46 +576,26 @@ class WorkflowStore(WorkflowReads):
             running = workflow.status is Status.RUNNING
             if divergence is not None and block and running:
                 error = f"NonDeterminismError: {divergence}"
-                header = Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error)
-                workflow = self._save(
-                    conn, workflow, header, None, last_seq=workflow.last_seq, applied_seq=None
+                workflow = self._write_block(
+                    conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
-                self._open_error_gate(conn, workflow, workflow.applied_seq, error)
         return Verification(workflow, workflow.applied_seq, divergence)
 
 
-def _step_name(command: ScheduleStep | StartTimer) -> str:
-    return command.step if isinstance(command, ScheduleStep) else f"timer:{command.timer}"
-
-
 def _request(
-    workflow: Workflow,
-    command: ScheduleStep | StartTimer,
-    job_id: UUID,
-    known: Mapping[str, UUID],
-    kinds: StepKinds,
+    workflow: Workflow, step: StepToRun, job_id: UUID, known: Mapping[str, UUID]
 ) -> EnqueueRequest:
-    name = _step_name(command)
-    payload: dict[str, Any] = {"workflow_id": str(workflow.id), "step": name}
-    if isinstance(command, StartTimer):
-        after: tuple[UUID, ...] = ()
-        kind, cycle, attempts = TIMER_KIND, workflow.cycle, 5
-        payload["timer"] = command.timer
-    else:
-        kind, cycle, attempts = command.kind, command.cycle, command.max_attempts
-        after = tuple(known[a] for a in command.after)
-        payload |= {"subject": command.subject, "input": dict(command.input)}
     return EnqueueRequest(
         project_id=workflow.project_id,
-        kind=kind,
-        subject=f"{workflow.id}/{name}",
-        cycle=cycle,
-        payload=payload,
-        delay=command.delay,
-        depends_on=after,
-        max_attempts=attempts,
+        kind=step.kind,
+        subject=step.subject,
+        cycle=step.cycle,
+        payload=step.payload,
+        delay=step.delay,
+        depends_on=tuple(known[a] for a in step.after),
+        max_attempts=step.max_attempts,
         job_id=job_id,
         workflow_id=workflow.id,
-        step=name,
-        lease=kinds[kind].lease if kind in kinds else None,
+        step=step.name,
+        lease=step.lease,
     )

@@ -45,6 +45,7 @@ from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.pool import open_pool
+from store.unit_of_work import OutboxRow
 from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, load_settings
@@ -136,6 +137,7 @@ class Client:
         self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
         self._relay: Relay | None = None
         self._records: DispatchRecords | None = None
+        self._tried = False  # whether a relay was tried (an AMQP URL on the rabbitmq backend)
         relay_id = self._start_relay() if connect_relay else None
         self._published_before = 0
         self.jobs = PostgresJobRepository(
@@ -153,6 +155,7 @@ class Client:
         settings = self.settings
         if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
             return None
+        self._tried = True
         relay_id = f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         rabbitmq = settings.queue.rabbitmq
         records = DispatchRecords(pool=self._pool, relay_id=relay_id)
@@ -174,11 +177,11 @@ class Client:
         self._relay, self._records = relay, records
         return relay_id
 
-    def _committed(self, ids: Sequence[int]) -> None:
+    def _committed(self, rows: Sequence[OutboxRow]) -> None:
         with self._lock:
-            self._pending.extend(ids)
+            self._pending.extend(row.id for row in rows)
         if self._relay is not None:
-            self._relay.submit(ids)
+            self._relay.submit(rows)
 
     # -- workflows ---------------------------------------------------------------------------
 
@@ -246,7 +249,7 @@ class Client:
             ids = tuple(self._pending)
             self._pending.clear()
         if self._relay is None or self._records is None:
-            return Dispatch(len(ids), 0, tried=False)
+            return Dispatch(len(ids), 0, tried=self._tried)
         if not self._relay.flush(timeout=timeout) or self._relay.returned:
             self._records.release(ids)  # only rows still unsent: back to the reconcilers
         published = self._relay.published - self._published_before

@@ -77,7 +77,7 @@ SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispa
        r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
 FROM released r
 ON CONFLICT (key) DO NOTHING
-RETURNING id, job_id
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 
 -- name: dispatch_dependents
 -- (A separate statement from dispatch_released, not an OR of the two: each one is driven by
@@ -104,7 +104,7 @@ SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispa
        r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
 FROM released r
 ON CONFLICT (key) DO NOTHING
-RETURNING id, job_id
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 
 -- name: notify_ready
 SELECT pg_notify('vibey_job_ready', %(project_id)s)
@@ -190,9 +190,9 @@ outbox AS (
     FROM settled s
     WHERE %(dispatch)s AND s.state = 'ready'
     ON CONFLICT (key) DO NOTHING
-    RETURNING id
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT s.state, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM settled s
+SELECT s.state, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM settled s
 
 -- name: defer
 -- A defer gives back the attempt its claim counted.
@@ -221,9 +221,9 @@ outbox AS (
     FROM settled s
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT s.state, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM settled s
+SELECT s.state, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM settled s
 
 -- name: park
 WITH parked AS (
@@ -337,9 +337,9 @@ outbox AS (
     FROM released r
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT r.project_id, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM released r
+SELECT r.project_id, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM released r
 
 -- name: get_job
 SELECT * FROM job WHERE id = %(job_id)s
