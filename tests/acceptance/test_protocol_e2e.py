@@ -286,9 +286,10 @@ def test_a_thousand_workflows_parked_at_gates_hold_no_message_and_no_lease(
         connection.close()
     assert sum(depths.values()) == 0, depths
     started = time.monotonic()
-    listed = e2e.json("gate", "list")
+    listed = e2e.json("gate", "list")  # the first page, and how many wait
     took = time.monotonic() - started
-    assert len(listed["gates"]) == 1000
+    assert len(listed["gates"]) == 50 and listed["total"] == 1000
+    assert len({g["id"] for g in e2e.every("gate", "list")}) == 1000  # --all: every gate
     print(f"\n1,000 parked workflows: 0 messages, 0 leases; `vibey gate list --json` {took:.2f}s")
 
 
