@@ -39,6 +39,7 @@ import pika.spec
 
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
+from store.errors import DatabaseUnavailable
 from store.unit_of_work import OutboxRow
 from workflows.dispatch import DispatchEnvelope, Lane, WaitTiers, encode, tier_name
 from workflows.kinds import StepKinds
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 OUTBOX_HEADER = "vibey-outbox-id"
 SOLO_HEADER = "x-vibey-solo"  # run with nothing else in flight in the worker process
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
+RETRY_PAUSE_S = 0.5  # between reads of submitted rows while PostgreSQL does not answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +215,11 @@ class Relay:
         ids = [item for item in items if not isinstance(item, OutboxRow)]
         try:
             rows += self._records.outbox_rows(ids) if ids else []
+        except DatabaseUnavailable as exc:  # past the store's retries: keep the ids, try again
+            log.warning("relay: PostgreSQL did not answer (%s); %d rows wait", exc, len(ids))
+            time.sleep(RETRY_PAUSE_S)
+            self._inbox.put(tuple(ids))
+            items = list(rows)  # the ids stay in flight
         except Exception:
             log.exception(
                 "relay: could not read %d outbox rows; the reconciler will resend", len(ids)

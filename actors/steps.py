@@ -4,7 +4,9 @@
 never raises: a handler's exception becomes a ``vibey``-class failure (a nack the attempt
 budget bounds), so Dramatiq always acknowledges the delivery after the settle committed. A
 pointer whose claim missed is dropped or re-delayed through a wait tier by
-``workflows.dispatch.decide_miss``.
+``workflows.dispatch.decide_miss``. When PostgreSQL does not answer (past the store's retries)
+the pointer goes back through a wait tier instead, and a commit cut off mid-flight is resolved
+by reading the row (``actors.outage``).
 
 While a handler runs, the process's heartbeat thread (``actors.heartbeat``) extends the lease
 every third of its timeout, so a two-hour step holds its lease however long it takes, and
@@ -20,13 +22,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
+from actors import outage
 from actors.broker import VibeyBroker
 from actors.heartbeat import Heartbeats
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
+from store.errors import CommitUnknown, DatabaseUnavailable
 from store.jobs import PostgresJobRepository
+from store.retry import retrying
 from store.unit_of_work import UnitOfWork
 from store.workflows import Workflow, WorkflowStore
 from workflows.dispatch import DispatchEnvelope, WaitTiers
@@ -45,6 +50,7 @@ class StepResult(enum.StrEnum):
     STALE = "stale"  # the settle found its lease lost
     DROPPED = "dropped"
     REDELAYED = "redelayed"
+    WAITED = "waited"  # PostgreSQL did not answer: the pointer went back through a wait tier
 
 
 class CrashPoint(enum.StrEnum):
@@ -113,9 +119,41 @@ class StepRunner:
         """``delivery``: the broker's delivery count before this one; ``redelivered``: the
         broker delivered this message before (a consumer died holding it)."""
         with self._gate.alone() if solo else self._gate.shared():
-            if not (solo or redelivered or delivery) and self._short(kind):
-                return self._run_short(UUID(job_id), project_id, seq, kind, routing_key)
-            return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+            try:
+                if not (solo or redelivered or delivery) and self._short(kind):
+                    return self._run_short_retried(UUID(job_id), project_id, seq, kind, routing_key)
+                return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+            except DatabaseUnavailable as exc:
+                log.warning(
+                    "job %s: PostgreSQL did not answer (%s); the pointer waits", job_id, exc
+                )
+                outage.wait_out(
+                    self._broker,
+                    self._names,
+                    self._tiers,
+                    job_id=UUID(job_id),
+                    project_id=project_id,
+                    seq=seq,
+                    kind=kind,
+                    routing_key=routing_key,
+                )
+                return self._record(StepResult.WAITED)
+
+    def _run_short_retried(
+        self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
+    ) -> StepResult:
+        """A lost connection before the unit's commit runs it again (nothing of it committed);
+        one cut off during the commit goes the two-commit way, whose claim says what is true
+        (taken again when it did not land, a miss when it did)."""
+        try:
+            return retrying(
+                lambda: self._run_short(job_id, project_id, seq, kind, routing_key),
+                what="a short step",
+                idempotent=False,
+            )
+        except CommitUnknown:
+            log.warning("job %s: the short step's commit was cut off; claiming it again", job_id)
+            return self._run(job_id, project_id, seq, kind, routing_key, 0, False)
 
     def _short(self, kind: str) -> bool:
         return kind == TIMER_KIND or isinstance(self._handlers.get(kind), Short)
@@ -163,9 +201,15 @@ class StepRunner:
         solo: bool,
     ) -> StepResult:
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, delivery)
-        job = self._records.claim_pointer(
-            job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
-        )
+        try:
+            job = self._records.claim_pointer(
+                job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+            )
+        except CommitUnknown:
+            now = datetime.now(UTC)
+            job = outage.adopt_claim(
+                self._store, job_id=job_id, seq=seq, owner=self._owner, now=now
+            )
         if job is None:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         if not solo and _died_with_its_process(job):
@@ -180,8 +224,13 @@ class StepRunner:
 
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
-        with self._store.units.begin(one_statement=True) as unit:
-            return self._alone_next_txn(unit, job)
+
+        def defer() -> StepResult:
+            with self._store.units.begin(one_statement=True) as unit:
+                return self._alone_next_txn(unit, job)
+
+        result = outage.settle_resolved(self._store, job, StepResult.DEFERRED, defer)
+        return StepResult(result or StepResult.STALE)
 
     def _alone_next_txn(self, unit: UnitOfWork, job: Job) -> StepResult:
         settled = self._store.defer_txn(
@@ -210,11 +259,22 @@ class StepRunner:
             return Failure(FailureClass.VIBEY, f"no handler is registered for kind {job.kind!r}")
         try:
             return handler(job)
+        except DatabaseUnavailable as exc:  # not the step's fault: no attempt spent on it
+            log.warning("handler for %s on job %s: %s; deferred", job.kind, job.id, exc)
+            return Defer(delay=self._tiers.smallest, reason=f"PostgreSQL did not answer: {exc}")
         except Exception as exc:
             log.exception("handler for %s failed on job %s", job.kind, job.id)
             return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
+        """The settle, with a commit cut off mid-flight resolved by reading the row."""
+        _, label = _settle_write(self._store, job, outcome)
+        result = outage.settle_resolved(
+            self._store, job, label, lambda: self._settle_once(job, outcome)
+        )
+        return StepResult(result or StepResult.STALE)
+
+    def _settle_once(self, job: Job, outcome: Outcome) -> StepResult:
         """One unit of work: the fenced settle and, for a workflow's step that finished, the
         workflow's event with everything it decides (``WorkflowStore.settle_txn``). A plain
         job's nack, defer and park are one statement each: no BEGIN/COMMIT around them."""

@@ -21,17 +21,25 @@ Pool = ConnectionPool[Conn]
 
 @contextmanager
 def transaction(pool: Pool) -> Iterator[Conn]:
-    """A connection inside a transaction that commits on success and rolls back on error."""
-    with translated(), pool.connection() as conn, conn.transaction():
-        yield conn
+    """A connection inside a transaction that commits on success and rolls back on error.
+
+    A lost connection raises ``ConnectionLost`` up to the COMMIT (the server rolled the
+    transaction back) and ``CommitUnknown`` during it (``store.errors``)."""
+    with translated() as phase, pool.connection() as conn:
+        phase.quiet()
+        with conn.transaction():
+            yield conn
+            phase.committing()
 
 
 @contextmanager
 def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
     """A transaction in pipeline mode: BEGIN, every statement whose result is not read, and
     COMMIT travel with the next read (see ``store/unit_of_work.py``). Plain BEGIN/COMMIT
-    commands, not psycopg's ``transaction()``, which syncs a pipeline four times."""
-    with translated(), pool.connection() as conn, conn.pipeline() as pipeline:
+    commands, not psycopg's ``transaction()``, which syncs a pipeline four times. A lost
+    connection raises ``ConnectionLost`` up to the COMMIT and ``CommitUnknown`` from it on."""
+    with translated() as phase, pool.connection() as conn, conn.pipeline() as pipeline:
+        phase.quiet()  # a lost connection from here to the COMMIT: nothing committed
         conn.execute(b"BEGIN")
         try:
             yield conn
@@ -39,6 +47,7 @@ def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
             settle_pipeline(conn)
             conn.execute(b"ROLLBACK")
             raise
+        phase.committing()
         conn.execute(b"COMMIT")
         pipeline.sync()  # the commit's own error, if any, is raised here
 
@@ -58,13 +67,16 @@ def settle_pipeline(conn: Conn) -> None:
 @contextmanager
 def statement(pool: Pool) -> Iterator[Conn]:
     """A connection for one statement: on an autocommit connection the statement is its own
-    transaction (one round trip); any other connection wraps it in BEGIN/COMMIT."""
-    with translated(), pool.connection() as conn:
+    transaction (one round trip); any other connection wraps it in BEGIN/COMMIT. A lost
+    connection during an autocommit statement raises ``CommitUnknown``: it may have committed."""
+    with translated() as phase, pool.connection() as conn:
         if conn.autocommit:
             yield conn
         else:
+            phase.quiet()
             with conn.transaction():
                 yield conn
+                phase.committing()
 
 
 def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement
 from store.jobs import job_from_row
+from store.retry import retried
 from store.sql import load
 from store.unit_of_work import OutboxRow, outbox_row
 from workflows.job import JobState
@@ -69,12 +70,14 @@ class DispatchRecords:
         row = fetch_one(conn, Q["claim_pointer"], params)
         return None if row is None else job_from_row(row)
 
+    @retried("claim a pointer", idempotent=False)  # an unknown commit: read the row
     def claim_pointer(self, *, job_id: UUID, project_id: str, seq: int, owner: str) -> Job | None:
         with self._conn() as conn:
             return self.claim_pointer_txn(
                 conn, job_id=job_id, project_id=project_id, seq=seq, owner=owner
             )
 
+    @retried("read a pointer's job", idempotent=True)
     def snapshot(self, *, job_id: UUID, project_id: str) -> PointerRow | None:
         with self._conn() as conn:
             row = fetch_one(conn, Q["snapshot"], {"job_id": job_id, "project_id": project_id})
@@ -89,12 +92,14 @@ class DispatchRecords:
             now=row["now"],
         )
 
+    @retried("sweep lost dispatches", idempotent=True)  # outbox keys are unique
     def sweep_lost(self, *, redispatch_after: timedelta, limit: int = 500) -> list[int]:
         """Write outbox rows for claimable jobs whose dispatch was lost; their ids."""
         params = {"after_s": redispatch_after.total_seconds(), "limit": limit}
         with self._conn() as conn:
             return [int(r["id"]) for r in fetch_all(conn, Q["sweep_lost"], params)]
 
+    @retried("park a dead letter", idempotent=True)  # fenced on the generation
     def park_dead_letter(
         self, *, job_id: UUID, project_id: str, seq: int, reason: str
     ) -> DeadLetterOutcome:
@@ -117,6 +122,7 @@ class DispatchRecords:
 
     # -- the outbox ------------------------------------------------------------------------
 
+    @retried("claim outbox rows", idempotent=True)  # lost claims are reclaimed
     def claim_outbox(self, *, limit: int, reclaim_after: timedelta) -> list[OutboxRow]:
         params = {
             "relay": self.relay_id,
@@ -126,21 +132,25 @@ class DispatchRecords:
         with self._conn() as conn:
             return [outbox_row(r) for r in fetch_all(conn, Q["claim_outbox"], params)]
 
+    @retried("read outbox rows", idempotent=True)
     def outbox_rows(self, ids: Sequence[int]) -> list[OutboxRow]:
         """The unsent rows among ``ids`` (rows this process wrote, already claimed for it)."""
         with self._conn() as conn:
             return [outbox_row(r) for r in fetch_all(conn, Q["outbox_rows"], {"ids": list(ids)})]
 
+    @retried("mark outbox rows sent", idempotent=True)
     def mark_sent(self, ids: Sequence[int]) -> None:
         if ids:
             with self._conn() as conn:
                 conn.execute(Q["mark_sent"].encode(), {"ids": list(ids)})
 
+    @retried("release outbox rows", idempotent=True)
     def release(self, ids: Sequence[int]) -> None:
         if ids:
             with self._conn() as conn:
                 conn.execute(Q["release_outbox"].encode(), {"ids": list(ids)})
 
+    @retried("read the outbox backlog", idempotent=True)
     def backlog(self) -> OutboxBacklog:
         with self._conn() as conn:
             row = fetch_one(conn, Q["outbox_backlog"], {})

@@ -34,6 +34,7 @@ from psycopg.rows import DictRow
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
+from store.retry import retried
 from store.sql import load
 from workflows.capacity import (
     BackoffProbe,
@@ -117,6 +118,7 @@ class EngineHealthStore:
 
     # -- reads -----------------------------------------------------------------------------
 
+    @retried("read an engine's health", idempotent=True)
     def get(self, engine_id: str) -> EngineHealth:
         with transaction(self._pool) as conn:
             row = fetch_one(conn, Q["get_one"], {"engine_id": engine_id})
@@ -124,6 +126,7 @@ class EngineHealthStore:
             raise EngineNotFound(engine_id)
         return health_from_row(row)
 
+    @retried("read the engines' health", idempotent=True)
     def all(self) -> list[EngineHealth]:
         with transaction(self._pool) as conn:
             return [health_from_row(r) for r in fetch_all(conn, Q["get_all"], {})]
@@ -134,6 +137,7 @@ class EngineHealthStore:
 
     # -- descriptors and doctor ------------------------------------------------------------
 
+    @retried("register an engine", idempotent=False)
     def register(
         self,
         engine_id: str,
@@ -176,6 +180,7 @@ class EngineHealthStore:
         assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always returns it
         return health_from_row(row)
 
+    @retried("record an engine's doctor run", idempotent=False)
     def record_doctor(self, engine_id: str, *, passed: bool, at: datetime) -> EngineHealth:
         """A doctor run at ``at``: a pass authenticates the engine (and makes a circuit held
         open by a failed login due for its probe); a failure de-authenticates it."""
@@ -194,6 +199,7 @@ class EngineHealthStore:
 
     # -- capacity and circuits -------------------------------------------------------------
 
+    @retried("record an engine's outcome", idempotent=False)
     def record_outcome(self, engine_id: str, outcome: Outcome, now: datetime) -> Circuit:
         """One attempt's outcome on the engine's circuit (:func:`workflows.circuit.record`)."""
         with transaction(self._pool) as conn:
@@ -208,6 +214,7 @@ class EngineHealthStore:
             return circuit
         return self._save(conn, circuit).circuit
 
+    @retried("record an engine's capacity", idempotent=False)
     def record_capacity(self, engine_id: str, state: Exhausted, now: datetime) -> Circuit:
         """A capacity rejection: the circuit opens at once with ``state``."""
         return self.record_outcome(engine_id, CapacityRejected(state), now)
@@ -219,6 +226,7 @@ class EngineHealthStore:
 
     # -- rotation --------------------------------------------------------------------------
 
+    @retried("select an engine", idempotent=False)
     def select(self, boundary: Boundary, policy: RotationPolicy, now: datetime) -> Selection:
         """Pick the engine for ``boundary`` among every engine's row (see the module
         docstring)."""

@@ -3,7 +3,9 @@
 Exceptions::
 
     StoreError                        root; every error the store raises on purpose
-    ├── DatabaseUnavailable           the server did not answer (after the connect retries)
+    ├── DatabaseUnavailable           the server did not answer (after the retries)
+    │   ├── ConnectionLost            the connection broke before anything could commit
+    │   └── CommitUnknown             it broke while a commit may have been in flight
     ├── SchemaNotMigrated             a vibey table is missing: run `vibey migrate`
     └── MigrationError                the migrations on disk and in the database disagree
         ├── MigrationFailed           a migration's SQL failed; nothing of it was applied
@@ -11,6 +13,12 @@ Exceptions::
         └── UnknownAppliedMigration   the database has a migration this vibey does not ship
 
 Nothing outside ``store/`` imports ``psycopg.errors``; callers see these types instead.
+
+A connection-level failure is told apart by *where* it happened (:class:`Phase`): while a
+connection was being taken from the pool or inside a transaction before its COMMIT was sent,
+nothing committed (:class:`ConnectionLost`, safe to run again); during the COMMIT, or during a
+statement on an autocommit connection (which commits by itself), it may have committed
+(:class:`CommitUnknown`: the caller reads what is true). ``store.retry`` decides what to retry.
 """
 
 from __future__ import annotations
@@ -20,6 +28,11 @@ from contextlib import contextmanager
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg_pool import PoolTimeout
+
+# SQLSTATEs that mean the session is gone (class 08: connection exceptions; the server's
+# admin, crash and starting-up shutdowns). A client-side failure has no SQLSTATE at all.
+_SESSION_GONE = ("57P01", "57P02", "57P03")
 
 
 class StoreError(Exception):
@@ -28,6 +41,14 @@ class StoreError(Exception):
 
 class DatabaseUnavailable(StoreError):
     pass
+
+
+class ConnectionLost(DatabaseUnavailable):
+    """The connection failed before the work could have committed: running it again is safe."""
+
+
+class CommitUnknown(DatabaseUnavailable):
+    """The connection failed while a commit may have been in flight: it may have landed."""
 
 
 class SchemaNotMigrated(StoreError):
@@ -63,17 +84,53 @@ class UnknownAppliedMigration(MigrationError):
         self.version = version
 
 
+class Phase:
+    """Where a store call is, as far as a lost connection is concerned. It starts unknown (a
+    failure then counts as a possible commit); a transaction scope says when nothing it did
+    can have committed yet (``quiet``) and when its COMMIT goes out (``committing``)."""
+
+    __slots__ = ("may_have_committed",)
+
+    def __init__(self) -> None:
+        self.may_have_committed = True
+
+    def quiet(self) -> None:
+        self.may_have_committed = False
+
+    def committing(self) -> None:
+        self.may_have_committed = True
+
+
+def connection_level(exc: BaseException) -> bool:
+    """The session itself failed (as opposed to a statement the server refused)."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _SESSION_GONE
+
+
 @contextmanager
-def translated() -> Iterator[None]:
-    """Turn the driver's errors that mean "not migrated" or "not reachable" into ours."""
+def translated() -> Iterator[Phase]:
+    """Turn the driver's errors that mean "not migrated" or "not reachable" into ours; a lost
+    connection becomes :class:`ConnectionLost` or :class:`CommitUnknown` by its phase."""
+    phase = Phase()
     try:
-        yield
+        yield phase
+    except psycopg.OperationalError as exc:
+        if not connection_level(exc):
+            raise DatabaseUnavailable(f"PostgreSQL did not answer: {_first_line(exc)}") from exc
+        if isinstance(exc, PoolTimeout) or not phase.may_have_committed:
+            raise ConnectionLost(f"PostgreSQL did not answer: {_first_line(exc)}") from exc
+        raise CommitUnknown(
+            "the connection to PostgreSQL broke while a commit was in flight, so it may have "
+            f"landed (look before repeating it): {_first_line(exc)}"
+        ) from exc
     except pg_errors.UndefinedTable as exc:
         raise SchemaNotMigrated(f"a vibey table is missing ({exc.diag.message_primary})") from exc
     except pg_errors.UndefinedObject as exc:
         raise SchemaNotMigrated(f"a vibey type is missing ({exc.diag.message_primary})") from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"PostgreSQL did not answer: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

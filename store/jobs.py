@@ -8,6 +8,7 @@ a write that lost its lease returns :data:`workflows.queue.NOT_APPLIED`.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -20,6 +21,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
+from store.retry import retried, retrying
 from store.sql import load
 from store.unit_of_work import Publish, UnitOfWork, Units
 from workflows.gates import ENGINE_GATES
@@ -50,6 +52,7 @@ from workflows.queue import (
 )
 
 Q = load("jobs.sql")
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -98,15 +101,21 @@ class PostgresJobRepository:
         self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """``fn`` issues exactly one statement, which is atomic on its own."""
-        with self._statement() as conn:
-            return fn(conn, *args, **kwargs)
+
+        def attempt() -> R:
+            with self._statement() as conn:
+                return fn(conn, *args, **kwargs)
+
+        return retrying(attempt, what=fn.__name__, idempotent=False)
 
     # -- enqueue ---------------------------------------------------------------------------
 
+    @retried("enqueue a job", idempotent=False)
     def enqueue(self, request: EnqueueRequest) -> Enqueued:
         with self.units.begin() as unit:
             return self.enqueue_txn(unit, request)
 
+    @retried("enqueue jobs", idempotent=False)
     def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
         with self.units.begin() as unit:
             return self.enqueue_batch_txn(unit, requests)
@@ -210,6 +219,7 @@ class PostgresJobRepository:
 
     # -- claim and fenced writes -----------------------------------------------------------
 
+    @retried("claim jobs", idempotent=False)
     def claim(
         self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
     ) -> list[Job]:
@@ -241,8 +251,10 @@ class PostgresJobRepository:
         jobs.sort(key=lambda j: (-j.priority, j.run_after, j.id))
         return jobs
 
+    @retried("extend a lease", idempotent=True)
     def heartbeat(self, lease: Lease) -> Settled:
-        return self._run_one(self.heartbeat_txn, lease)
+        with self._statement() as conn:
+            return self.heartbeat_txn(conn, lease)
 
     def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
         row = fetch_one(conn, Q["heartbeat"], _fence(lease))
@@ -250,6 +262,7 @@ class PostgresJobRepository:
             return NOT_APPLIED
         return Settled(True, JobState(row["state"]), lease_expires_at=row["lease_expires_at"])
 
+    @retried("ack a job", idempotent=False)
     def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
         one = not self._dispatch  # dispatching also releases dependents: three statements
         with self.units.begin(one_statement=one) as unit:
@@ -268,6 +281,7 @@ class PostgresJobRepository:
             self._dispatch_released(unit, parent=lease.job_id)
         return settled
 
+    @retried("nack a job", idempotent=False)
     def nack(
         self,
         lease: Lease,
@@ -306,6 +320,7 @@ class PostgresJobRepository:
         )
         return _settled(fetch_one(unit.conn, Q["nack"], params), unit)
 
+    @retried("defer a job", idempotent=False)
     def defer(
         self,
         lease: Lease,
@@ -375,6 +390,7 @@ class PostgresJobRepository:
 
     # -- gates and the reaper --------------------------------------------------------------
 
+    @retried("answer a gate", idempotent=False)
     def answer_gate(
         self, gate_id: UUID, *, answer: str, answered_by: str, grant_attempts: int = 0
     ) -> AnswerOutcome:
@@ -426,6 +442,7 @@ class PostgresJobRepository:
                 unit.wrote_json(released["outbox_rows"])
         return AnswerOutcome(AnswerStatus.ANSWERED, gate_from_row(answered))
 
+    @retried("reap expired leases", idempotent=True)  # fenced on the expiry
     def reap(self) -> ReapResult:
         requeued = parked = 0
         while True:
@@ -445,6 +462,7 @@ class PostgresJobRepository:
 
     # -- reads -----------------------------------------------------------------------------
 
+    @retried("read a job", idempotent=True)
     def get(self, job_id: UUID) -> Job | None:
         with self._statement() as conn:
             row = fetch_one(conn, Q["get_job"], {"job_id": job_id})
@@ -458,11 +476,13 @@ class PostgresJobRepository:
         row = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
         return None if row is None else gate_from_row(row)
 
+    @retried("read a gate", idempotent=True)
     def get_gate(self, gate_id: UUID) -> Gate | None:
         with self._statement() as conn:
             row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
         return None if row is None else gate_from_row(row)
 
+    @retried("read the open gates", idempotent=True)
     def open_gates(self, project_id: str | None = None) -> list[Gate]:
         with self._statement() as conn:
             return [
@@ -470,6 +490,7 @@ class PostgresJobRepository:
                 for r in fetch_all(conn, Q["open_gates"], {"project_id": project_id})
             ]
 
+    @retried("count unsettled jobs", idempotent=True)
     def count_unsettled(
         self,
         project_id: str,
@@ -484,6 +505,7 @@ class PostgresJobRepository:
             row = fetch_one(conn, Q["count_unsettled"], params)
         return int(row["count"]) if row else 0
 
+    @retried("read the queue depth", idempotent=True)
     def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
         depth = dict.fromkeys(JobState, 0)
         with self._statement() as conn:
@@ -491,6 +513,7 @@ class PostgresJobRepository:
                 depth[JobState(row["state"])] = int(row["count"])
         return depth
 
+    @retried("list a cycle's jobs", idempotent=True)
     def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
         with self._statement() as conn:
             rows = fetch_all(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})

@@ -33,6 +33,7 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.errors import StoreError
+from store.retry import retried
 from store.sql import load
 from workflows.ledger import (
     EventKind,
@@ -60,6 +61,7 @@ class Ledger:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
+    @retried("append to the ledger", idempotent=False)
     def append(
         self,
         project_id: str,
@@ -131,6 +133,7 @@ class Ledger:
             for event, row in zip(events, rows, strict=True)
         ]
 
+    @retried("read the ledger", idempotent=True)
     def read(
         self, project_id: str, *, after: int = 0, limit: int | None = None
     ) -> list[LedgerEvent]:
@@ -141,12 +144,14 @@ class Ledger:
             )
         return [event_from_row(row) for row in rows]
 
+    @retried("read the ledger's head", idempotent=True)
     def head(self, project_id: str) -> int:
         """The project's last assigned seq; 0 when it has never had an event."""
         with statement(self._pool) as conn:
             row = fetch_one(conn, Q["head"], {"project_id": project_id})
         return 0 if row is None else int(row["last_seq"])
 
+    @retried("verify the ledger", idempotent=True)
     def verify(self, project_id: str) -> LedgerVerification:
         """Recompute every digest and check the seqs and the head, in one snapshot
         (:func:`workflows.ledger.verify_events`)."""

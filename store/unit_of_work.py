@@ -28,6 +28,8 @@ from typing import Any
 from uuid import UUID
 
 from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
+from store.errors import CommitUnknown, DatabaseUnavailable
+from store.resolve import unsent_of
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
 OUTBOX_RETURNING = "id, key, job_id, project_id, dispatch_seq, kind, not_before, solo"
@@ -128,8 +130,26 @@ class Units:
         """A unit in a transaction (pipelined), or, for a write that is one statement, on an
         autocommit connection where the statement is its own transaction (one round trip)."""
         scope = statement(self._pool) if one_statement else pipelined_transaction(self._pool)
-        with scope as conn:
-            unit = UnitOfWork(conn)
-            yield unit
+        unit: UnitOfWork | None = None
+        try:
+            with scope as conn:
+                unit = UnitOfWork(conn)
+                yield unit
+        except CommitUnknown:
+            if unit is not None:
+                self._publish_landed(unit.pointers)
+            raise
         if unit.pointers and self._publish is not None:
             self._publish(unit.pointers)
+
+    def _publish_landed(self, pointers: Sequence[OutboxRow]) -> None:
+        """After a commit cut off mid-flight: the pointers whose outbox rows exist (so the
+        commit landed) go to the relay now, not at a reconciler's reclaim."""
+        if not pointers or self._publish is None:
+            return
+        try:
+            landed = set(unsent_of(self._pool, [p.id for p in pointers]))
+        except DatabaseUnavailable:
+            return  # a reconciler's drain reclaims them
+        if landed:
+            self._publish([p for p in pointers if p.id in landed])

@@ -17,6 +17,7 @@ from psycopg.rows import DictRow
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
 from store.jobs import gate_from_row
+from store.retry import retried
 from store.sql import load
 from workflows.engine import (
     Definition,
@@ -104,6 +105,7 @@ class WorkflowReads:
 
     # -- reads -----------------------------------------------------------------------------
 
+    @retried("read a workflow", idempotent=True)
     def get(self, workflow_id: UUID) -> Workflow:
         with transaction(self._pool) as conn:
             row = fetch_one(conn, Q["get_workflow"], {"id": workflow_id})
@@ -111,6 +113,7 @@ class WorkflowReads:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
         return workflow_from_row(row)
 
+    @retried("read a project's workflow", idempotent=True)
     def for_project(self, project_id: str) -> Workflow:
         """The project's live workflow, else its most recent one."""
         with transaction(self._pool) as conn:
@@ -122,6 +125,7 @@ class WorkflowReads:
             )
         return workflow_from_row(row)
 
+    @retried("list workflows", idempotent=True)
     def listing(
         self, *, status: Status | None = None, project_id: str | None = None, limit: int = 100
     ) -> list[Workflow]:
@@ -133,15 +137,18 @@ class WorkflowReads:
         with transaction(self._pool) as conn:
             return [workflow_from_row(r) for r in fetch_all(conn, Q["list_workflows"], params)]
 
+    @retried("read a workflow's history", idempotent=True)
     def history(self, workflow_id: UUID) -> list[HistoryEntry]:
         with transaction(self._pool) as conn:
             rows = self._history(conn, workflow_id)
         return [HistoryEntry(r["seq"], r["event"], r["commands"], r["recorded_at"]) for r in rows]
 
+    @retried("read a workflow's steps", idempotent=True)
     def steps(self, workflow_id: UUID) -> list[DictRow]:
         with transaction(self._pool) as conn:
             return fetch_all(conn, Q["workflow_steps"], {"workflow_id": workflow_id})
 
+    @retried("read the open gates", idempotent=True)
     def inbox(self, project_id: str | None = None) -> list[tuple[Gate, float]]:
         """Every open gate (workflow questions and parked jobs), oldest first, with how many
         seconds it has waited by the database's clock."""
@@ -150,13 +157,7 @@ class WorkflowReads:
         return [(gate_from_row(r), (r["now"] - r["opened_at"]).total_seconds()) for r in rows]
 
     def describe(self, workflow: Workflow) -> str:
-        if workflow.status is Status.BLOCKED:
-            return f"blocked: {workflow.reason}"
-        try:
-            definition = self._registry.get(workflow.definition, workflow.version)
-            return definition.describe(definition.decode_state(workflow.state))
-        except WorkflowError as exc:
-            return str(exc)
+        return describe(self._registry, workflow)
 
     def _get(self, conn: Conn, workflow_id: UUID) -> Workflow:
         row = fetch_one(conn, Q["get_workflow"], {"id": workflow_id})
@@ -176,6 +177,17 @@ class WorkflowReads:
         if replayed.applied != workflow.applied_seq:
             return f"history ends at #{replayed.applied}, the row says #{workflow.applied_seq}"
         return _compare(definition, workflow, replayed.header, replayed.state)
+
+
+def describe(registry: Registry, workflow: Workflow) -> str:
+    """What the workflow is doing or waits on, in its definition's words."""
+    if workflow.status is Status.BLOCKED:
+        return f"blocked: {workflow.reason}"
+    try:
+        definition = registry.get(workflow.definition, workflow.version)
+        return definition.describe(definition.decode_state(workflow.state))
+    except WorkflowError as exc:
+        return str(exc)
 
 
 def _compare(

@@ -39,6 +39,7 @@ from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
+from store.retry import retried
 from store.sql import load
 from store.unit_of_work import UnitOfWork
 from store.workflow_reads import (
@@ -132,6 +133,7 @@ class WorkflowStore(WorkflowReads):
 
     # -- writes ----------------------------------------------------------------------------
 
+    @retried("start a workflow", idempotent=False)
     def start(
         self, project_id: str, *, definition: str, input: JsonObject | None = None
     ) -> StartOutcome:
@@ -168,6 +170,7 @@ class WorkflowStore(WorkflowReads):
         started = self._record(unit, workflow_from_row(row), Started(input=dict(input)))
         return StartOutcome(started, created=True)
 
+    @retried("record a workflow event", idempotent=False)
     def record(self, workflow_id: UUID, event: Event) -> Workflow:
         """Record one event (and carry out what it decides) in its own transaction."""
         with self._jobs.units.begin() as unit:
@@ -221,6 +224,7 @@ class WorkflowStore(WorkflowReads):
             self._record(unit, workflow, settlement.event, cause=str(job.id), job_id=job.id)
         return settled
 
+    @retried("answer a gate", idempotent=False)
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
         with self._jobs.units.begin() as unit:
             return self.answer_txn(unit, gate_id, answer, by=by)
@@ -566,6 +570,7 @@ class WorkflowStore(WorkflowReads):
         gates = self._registry.gates
         return gates.problem(gate.kind, answer, answers=gate.answers, schema=gate.schema) or ""
 
+    @retried("verify a workflow's history", idempotent=True)
     def verify(self, workflow_id: UUID, *, block: bool = False) -> Verification:
         """Replay the history through the definition and compare with the stored state. With
         ``block``, a divergence blocks the workflow behind a ``workflow_error`` gate."""

@@ -1,7 +1,12 @@
-"""A small workflow definition for the engine's own tests: one step, one gate, one timer.
+"""Small workflow definitions for the engine's own tests.
 
+``Tiny``: one step, one gate, one timer.
 Started → step ``a`` (design.research) → gate ``g`` [yes, no, boom]
 yes → timer ``t`` → Complete("local");  no → Fail;  boom → decide raises (while BROKEN)
+
+``ThreeSteps``: three steps in a row and nothing else, for load and chaos tests.
+Started → ``a`` (design.research) → ``b`` (design.synthesize) → ``c`` (design.spec) → Complete
+(``THREE_STEP_HANDLERS`` succeed at once, so a worker fleet runs it with no engine).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from workflows.engine import (
     TransitionPhase,
 )
 from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
+from workflows.queue import Job
+from workflows.steps import Outcome, Success
 
 BROKEN = {"on": True}  # tests flip it to "deploy a fix"
 
@@ -93,4 +100,50 @@ class Tiny:
         return f"tiny at {state.stage}"
 
 
+class ThreeSteps:
+    kinds = STEP_KINDS
+    gates = GATE_KINDS
+    first_phase = "design"
+
+    name = "three-steps"
+    version = 1
+
+    def initial(self) -> TinyState:
+        return TinyState()
+
+    def decide(self, state: TinyState, event: Event, now: datetime) -> Decision[TinyState]:
+        match event:
+            case Started():
+                steps = (
+                    ScheduleStep(step="a", kind="design.research"),
+                    ScheduleStep(step="b", kind="design.synthesize", after=("a",)),
+                    ScheduleStep(step="c", kind="design.spec", after=("b",)),
+                )
+                return Decision(replace(state, stage="a"), (TransitionPhase("design", 0), *steps))
+            case StepSucceeded(step="a" | "b" as step):
+                return Decision(replace(state, stage="b" if step == "a" else "c"))
+            case StepSucceeded(step="c"):
+                return Decision(replace(state, stage="done"), (Complete("local"),))
+            case StepFailed(step=step):
+                return Decision(replace(state, stage="failed"), (Fail(f"step {step} failed"),))
+        return Decision(state)
+
+    def encode_state(self, state: TinyState) -> JsonObject:
+        return {"stage": state.stage, "answers": list(state.answers)}
+
+    def decode_state(self, data: JsonObject) -> TinyState:
+        return TinyState(stage=data["stage"], answers=tuple(data["answers"]))
+
+    def describe(self, state: TinyState) -> str:
+        return f"three-steps at {state.stage}"
+
+
+def _done(job: Job) -> Outcome:
+    return Success({"step": job.step})
+
+
 DEFINITIONS: tuple[Any, ...] = (Tiny(),)
+THREE_STEPS: tuple[Any, ...] = (ThreeSteps(),)
+THREE_STEP_HANDLERS = {
+    kind: _done for kind in ("design.research", "design.synthesize", "design.spec")
+}

@@ -91,6 +91,12 @@ class Stack:
     def json(self, *args: str) -> Any:
         return json.loads(self.vibey(*args, "--json").stdout)
 
+    def every(self, *args: str) -> list[Any]:
+        """Every row of a list command: ``--all --json`` prints one JSON object a line."""
+        return [
+            json.loads(line) for line in self.vibey(*args, "--all", "--json").stdout.splitlines()
+        ]
+
     def start_worker(
         self, *args: str, processes: int = 1, threads: int = 8
     ) -> subprocess.Popen[bytes]:

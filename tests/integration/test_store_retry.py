@@ -1,0 +1,220 @@
+"""Lost connections at the store seam, on a real PostgreSQL: what is retried, what is resolved
+by reading the row, and what the step actor does when PostgreSQL does not answer at all."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from actors import outage
+from actors.broker import VibeyBroker
+from actors.capabilities import detect
+from actors.steps import StepResult, StepRunner
+from actors.worker import WorkerConfig
+from store.db import Pool, statement, transaction
+from store.dispatch import DispatchRecords
+from store.errors import CommitUnknown, ConnectionLost, DatabaseUnavailable
+from store.jobs import PostgresJobRepository
+from store.pool import open_pool
+from store.retry import STORE_ATTEMPTS, retrying
+from tests.amqp_fixtures import Amqp
+from tests.chaos.pg_blips import database_of
+from workflows.dispatch import WaitTiers, decode, tier_name
+from workflows.job import JobState
+from workflows.queue import EnqueueRequest
+
+P = "proj"
+TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5)))
+KILL = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = %s AND pid <> pg_backend_pid()"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def vibey_pool(pg_url: str) -> Iterator[Pool]:
+    pool = open_pool(pg_url, min_size=2, max_size=4)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def dead_pool() -> Iterator[Pool]:
+    """A pool whose server never answers (nothing listens on its port)."""
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/gone"
+    pool: Pool = ConnectionPool(
+        url, min_size=1, open=False, timeout=0.2, kwargs={"autocommit": True, "connect_timeout": 1}
+    )
+    pool.open(wait=False)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def kill_backends(pg_url: str) -> int:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(KILL, (database_of(pg_url),)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "store.retry"]
+
+
+def test_connections_killed_while_idle_are_never_handed_out(
+    vibey_pool: Pool, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = PostgresJobRepository(pool=vibey_pool)
+    job = store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    assert kill_backends(pg_url) >= 2  # both idle pooled connections
+    caplog.set_level(logging.WARNING)
+    for _ in range(5):
+        assert store.get(job.id) is not None
+    assert retries(caplog) == [], "a dead connection reached a caller"
+
+
+def test_a_connection_lost_before_the_commit_is_retried_and_wrote_nothing(
+    vibey_pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with transaction(vibey_pool) as conn:
+        conn.execute("CREATE TABLE scratch (n int)")
+    calls: list[int] = []
+
+    def write() -> int:
+        calls.append(1)
+        with transaction(vibey_pool) as conn:
+            conn.execute("INSERT INTO scratch VALUES (1)")
+            if len(calls) == 1:  # the server ends this session mid-transaction
+                conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return len(calls)
+
+    caplog.set_level(logging.WARNING)
+    assert retrying(write, what="write scratch", idempotent=False) == 2
+    assert any(f"write scratch: attempt 1/{STORE_ATTEMPTS} failed" in m for m in retries(caplog))
+    with statement(vibey_pool) as conn:
+        assert conn.execute("SELECT count(*) FROM scratch").fetchone() == (1,)
+
+
+def test_a_statement_cut_off_in_flight_is_not_repeated_unless_it_is_idempotent(
+    vibey_pool: Pool,
+) -> None:
+    calls: list[int] = []
+
+    def suicide() -> None:
+        calls.append(1)
+        with statement(vibey_pool) as conn:  # autocommit: the statement commits by itself
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    with pytest.raises(CommitUnknown, match="may have landed"):
+        retrying(suicide, what="a write", idempotent=False)
+    assert len(calls) == 1
+    with pytest.raises(DatabaseUnavailable, match=f"did not answer after {STORE_ATTEMPTS}"):
+        retrying(suicide, what="a read", idempotent=True)
+    assert len(calls) == 1 + STORE_ATTEMPTS
+
+
+def test_past_its_attempts_a_call_says_postgresql_did_not_answer(dead_pool: Pool) -> None:
+    store = PostgresJobRepository(pool=dead_pool)
+    with pytest.raises(DatabaseUnavailable) as raised:
+        store.get(uuid.uuid4())
+    assert str(raised.value).startswith(
+        f"PostgreSQL did not answer after {STORE_ATTEMPTS} attempts (read a job)"
+    )
+    assert isinstance(raised.value.__cause__, ConnectionLost)
+
+
+def test_a_claim_cut_off_is_adopted_only_by_the_owner_it_landed_for(vibey_pool: Pool) -> None:
+    store = PostgresJobRepository(pool=vibey_pool, dispatch=True, relay_id="r")
+    records = DispatchRecords(pool=vibey_pool, relay_id="r")
+    job = store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    claimed = records.claim_pointer(job_id=job.id, project_id=P, seq=job.dispatch_seq, owner="w1")
+    assert claimed is not None
+    now = datetime.now(UTC)
+    adopted = outage.adopt_claim(store, job_id=job.id, seq=job.dispatch_seq, owner="w1", now=now)
+    assert adopted is not None and adopted.lease_token == claimed.lease_token
+    assert (
+        outage.adopt_claim(store, job_id=job.id, seq=job.dispatch_seq, owner="w2", now=now) is None
+    )
+    stale = job.dispatch_seq + 1
+    assert outage.adopt_claim(store, job_id=job.id, seq=stale, owner="w1", now=now) is None
+
+
+def test_a_settle_cut_off_is_resolved_from_the_row(vibey_pool: Pool) -> None:
+    store = PostgresJobRepository(pool=vibey_pool)
+    store.enqueue(EnqueueRequest(project_id=P, kind="design.interview"))
+    store.enqueue(EnqueueRequest(project_id=P, kind="design.interview", subject="2"))
+    first, second = store.claim(P, owner="w", limit=2)
+    calls: list[str] = []
+
+    def landed_then_cut() -> str:  # the ack committed; its answer never came back
+        calls.append("landed")
+        assert store.ack(first.lease).applied
+        raise CommitUnknown("cut off")
+
+    assert outage.settle_resolved(store, first, "succeeded", landed_then_cut) == "succeeded"
+    assert calls == ["landed"], "a settle that landed was run again"
+
+    def cut_then_landed() -> str:  # first try never reached the server; the second lands
+        calls.append("try")
+        if calls.count("try") == 1:
+            raise CommitUnknown("cut off")
+        return "succeeded" if store.ack(second.lease).applied else "stale"
+
+    assert outage.settle_resolved(store, second, "succeeded", cut_then_landed) == "succeeded"
+    assert calls.count("try") == 2
+    settled = [store.get(j.id) for j in (first, second)]
+    assert [j.state for j in settled if j is not None] == [JobState.SUCCEEDED] * 2
+
+
+def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, amqp: Amqp) -> None:
+    config = WorkerConfig(pg_url="", amqp_url=amqp.url, prefix=amqp.prefix, tiers=TIERS)
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))
+    broker = VibeyBroker(
+        url=amqp.url, dead_exchange=amqp.names.dead_exchange, declare=lambda _: None
+    )
+    runner = StepRunner(
+        store=PostgresJobRepository(pool=dead_pool, dispatch=True, relay_id="r"),
+        records=DispatchRecords(pool=dead_pool, relay_id="r"),
+        broker=broker,
+        names=amqp.names,
+        tiers=TIERS,
+        handlers={},
+        owner="w",
+    )
+    job_id = uuid.uuid4()
+    try:
+        result = runner.run(
+            job_id=str(job_id),
+            project_id=P,
+            seq=7,
+            kind="design.interview",
+            routing_key=f"shared.interactive.{P}",
+        )
+    finally:
+        broker.close()
+    assert result is StepResult.WAITED
+    channel = amqp.channel(connection)
+    method, _properties, body = channel.basic_get(
+        amqp.names.tier_queue(tier_name(TIERS.smallest)), auto_ack=True
+    )
+    assert method is not None, "the pointer was dropped"
+    envelope = decode(body)
+    assert (envelope.job_id, envelope.dispatch_seq) == (job_id, 7)
+    connection.close()
