@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from dbos import DBOS, DBOSConfig, Queue
+from dbos import DBOS, DBOSConfig
 
 
 def main() -> int:
@@ -30,9 +30,12 @@ def main() -> int:
     parser.add_argument("--poll", type=float, default=0.01)
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    config: DBOSConfig = {"name": "vibeybench", "system_database_url": args.url}
+    config: DBOSConfig = {
+        "name": "vibeybench",
+        "system_database_url": args.url,
+        "notification_listener_polling_interval_sec": args.poll,
+    }
     DBOS(config=config)
-    queue = Queue("bench", worker_concurrency=args.concurrency, polling_interval_sec=args.poll)
 
     @DBOS.step()
     def one() -> None:
@@ -54,6 +57,9 @@ def main() -> int:
         return 3
 
     DBOS.launch()
+    queue = DBOS.register_queue(
+        "bench", worker_concurrency=args.concurrency, polling_interval_sec=args.poll
+    )
     try:
         latencies = []
         for _ in range(args.samples):
