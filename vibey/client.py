@@ -229,10 +229,11 @@ class Client:
         """The open gates (workflow questions and parked jobs), oldest first."""
         return [gate for gate, _ in self.store.inbox(project)]
 
-    def answer(self, gate: UUID, value: str | int, *, by: str) -> Gate:
+    def answer(self, gate: UUID | str, value: str | int, *, by: str) -> Gate:
         """Answer an open gate (validated by its kind); the answered gate. Raises
         :class:`AnswerRefused` for an unknown gate, a second answer or an invalid one."""
-        outcome = self.store.answer(gate, str(value), by=by)
+        gate_id = gate if isinstance(gate, UUID) else UUID(gate)
+        outcome = self.store.answer(gate_id, str(value), by=by)
         if outcome.status is not AnswerStatus.ANSWERED or outcome.gate is None:
             raise AnswerRefused(outcome)
         return outcome.gate

@@ -133,7 +133,7 @@ def consumers_started(runtime: Runtime) -> dict[str, int]:
     """Each lane queue's Dramatiq consumer (its serial: a restart after a crash changes it)."""
     consumers = runtime._worker.consumers  # type: ignore[union-attr]
     wait_for(lambda: all(c.consumer is not None for c in consumers.values()), 10, "the consumers")
-    return {queue: thread.consumer.serial for queue, thread in consumers.items()}
+    return {queue: thread.consumer.serial for queue, thread in consumers.items()}  # type: ignore[union-attr]
 
 
 def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
@@ -208,10 +208,10 @@ class DropClock:
     """Wraps the runner's result hook: when each DROPPED was counted."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self._inner = runtime.runner._on_result  # type: ignore[attr-defined]
+        self._inner = runtime.runner._on_result
         self._lock = threading.Lock()
         self.dropped_at: list[float] = []
-        runtime.runner._on_result = self  # type: ignore[attr-defined]
+        runtime.runner._on_result = self
 
     def __call__(self, result: StepResult) -> None:
         if result is StepResult.DROPPED:

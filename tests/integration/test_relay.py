@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pika
 import pytest
@@ -18,6 +19,7 @@ from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import WaitTiers, decode
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest
 
 P = "proj"
@@ -43,7 +45,11 @@ def declare(amqp: Amqp, lanes: tuple[str, ...] = ("interactive", "build")) -> No
 @pytest.fixture
 def relay(amqp: Amqp, pool: ConnectionPool) -> Iterator[Relay]:
     records = DispatchRecords(pool=pool, relay_id="relay-test")
-    relay = Relay(url=amqp.url, records=records, router=Router(names=amqp.names, tiers=TIERS))
+    relay = Relay(
+        url=amqp.url,
+        records=records,
+        router=Router(names=amqp.names, tiers=TIERS, kinds=STEP_KINDS),
+    )
     relay.start()
     try:
         yield relay
@@ -62,7 +68,7 @@ def repo_for(pool: ConnectionPool, relay: Relay | None) -> PostgresJobRepository
 
 def get(amqp: Amqp, queue: str) -> list[tuple[pika.spec.Basic.GetOk, pika.BasicProperties, bytes]]:
     channel = amqp.connect().channel()
-    messages = []
+    messages: list[Any] = []
     while True:
         method, properties, body = channel.basic_get(queue, auto_ack=True)
         if method is None:

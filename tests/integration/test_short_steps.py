@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -99,7 +100,7 @@ def test_a_crash_before_the_commit_leaves_the_job_as_it_was(pg_url: str, amqp: A
     runtime.runner._crash = CrashAfterWork()
     try:
         job = runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
-        pointer = {
+        pointer: dict[str, Any] = {
             "job_id": str(job.id),
             "project_id": P,
             "seq": job.dispatch_seq,

@@ -140,7 +140,7 @@ OVERRIDES: list[tuple[str, str, Getter, Any]] = [
     (
         "VIBEY_AMQP_URL",
         "amqps://u:p@mq:5671/",
-        lambda s: s.bus.amqp_url.rsplit("/", 1)[0] + "/",
+        lambda s: str(s.bus.amqp_url).rsplit("/", 1)[0] + "/",
         AMQP,
     ),
     ("VIBEY_BUS_PREFIX", "envprefix", lambda s: s.bus.prefix, "tomlprefix"),
