@@ -80,3 +80,5 @@ bench: venv
     {{python}} ops/bench/protocol.py
     {{python}} ops/bench/protocol.py --no-ledger
     {{python}} ops/bench/ledger.py
+    {{python}} ops/bench/inbox.py
+    ops/bench/cli_start.sh

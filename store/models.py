@@ -299,11 +299,18 @@ Index(
     unique=True,
     postgresql_where=_gate.c.answered_at.is_(None),
 )
+_open_gate = _gate.c.answered_at.is_(None)
+# The list commands' keyset pages (migrations/0009_list_indexes.sql).
+Index("gate_inbox", _gate.c.opened_at, _gate.c.id, postgresql_where=_open_gate)
 Index(
-    "gate_open",
+    "gate_inbox_by_project",
     _gate.c.project_id,
     _gate.c.opened_at,
-    postgresql_where=_gate.c.answered_at.is_(None),
+    _gate.c.id,
+    postgresql_where=_open_gate,
+)
+Index(
+    "gate_inbox_by_kind", _gate.c.kind, _gate.c.opened_at, _gate.c.id, postgresql_where=_open_gate
 )
 _outbox = _table(JobOutboxRow)
 Index(
@@ -335,7 +342,12 @@ _workflow = _table(WorkflowRow)
 _live = _workflow.c.status.in_([WorkflowStatus.RUNNING, WorkflowStatus.BLOCKED])
 Index("workflow_one_live_per_project", _workflow.c.project_id, unique=True, postgresql_where=_live)
 Index("workflow_by_project", _workflow.c.project_id, _workflow.c.created_at.desc())
-Index("workflow_live", _workflow.c.updated_at, postgresql_where=_live)
+Index("workflow_by_update", _workflow.c.updated_at, _workflow.c.id)
+Index("workflow_by_status_update", _workflow.c.status, _workflow.c.updated_at, _workflow.c.id)
+Index("workflow_by_project_update", _workflow.c.project_id, _workflow.c.updated_at, _workflow.c.id)
+Index(
+    "workflow_by_definition_update", _workflow.c.definition, _workflow.c.updated_at, _workflow.c.id
+)
 
 from store.models_engines import *  # noqa: E402,F403
 from store.models_ledger import *  # noqa: E402,F403

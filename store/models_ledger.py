@@ -61,3 +61,5 @@ Index(
     postgresql_where=_event.c.workflow_id.is_not(None),
 )
 Index("ledger_event_by_job", _event.c.job_id, postgresql_where=_event.c.job_id.is_not(None))
+# ledger show --kind (migrations/0009_list_indexes.sql)
+Index("ledger_event_by_kind", _event.c.project_id, _event.c.kind, _event.c.seq)

@@ -150,13 +150,7 @@ class WorkflowReads:
         return [(gate_from_row(r), (r["now"] - r["opened_at"]).total_seconds()) for r in rows]
 
     def describe(self, workflow: Workflow) -> str:
-        if workflow.status is Status.BLOCKED:
-            return f"blocked: {workflow.reason}"
-        try:
-            definition = self._registry.get(workflow.definition, workflow.version)
-            return definition.describe(definition.decode_state(workflow.state))
-        except WorkflowError as exc:
-            return str(exc)
+        return describe(self._registry, workflow)
 
     def _get(self, conn: Conn, workflow_id: UUID) -> Workflow:
         row = fetch_one(conn, Q["get_workflow"], {"id": workflow_id})
@@ -176,6 +170,17 @@ class WorkflowReads:
         if replayed.applied != workflow.applied_seq:
             return f"history ends at #{replayed.applied}, the row says #{workflow.applied_seq}"
         return _compare(definition, workflow, replayed.header, replayed.state)
+
+
+def describe(registry: Registry, workflow: Workflow) -> str:
+    """What the workflow is doing or waits on, in its definition's words."""
+    if workflow.status is Status.BLOCKED:
+        return f"blocked: {workflow.reason}"
+    try:
+        definition = registry.get(workflow.definition, workflow.version)
+        return definition.describe(definition.decode_state(workflow.state))
+    except WorkflowError as exc:
+        return str(exc)
 
 
 def _compare(

@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vibey.client import Client
 
-__all__ = ["Client"]
+__all__ = ["Client", "__version__"]
+
+# The one place the version is written: pyproject.toml reads it ([tool.hatch.version]), and
+# `vibey --version` prints it without importlib.metadata (tens of milliseconds at start-up).
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

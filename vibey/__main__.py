@@ -1,5 +1,5 @@
 """`python -m vibey` runs the vibey command."""
 
-from vibey.cli import main
+from vibey.launch import main
 
 raise SystemExit(main())

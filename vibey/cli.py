@@ -10,8 +10,10 @@ JSON shapes of ``--json``, are defined and documented in :mod:`vibey.render`.
 Errors are one line on stderr, ``vibey: <what happened and what to do>``; ``-v/--verbose``
 adds the traceback and the library logs (connect retries among them).
 
-The ``actors`` modules (Dramatiq, pika) are imported by the commands that use them, so that
-``migrate`` and ``--version`` do not pay for them.
+Start-up is kept short: ``import vibey.cli`` loads cyclopts, rich and the command modules,
+never psycopg, pika nor Dramatiq (tests/unit/test_cli_imports.py). Each command imports the
+store, the settings and the ``actors`` modules it uses when it runs, so ``--version`` and
+``--help`` pay for none of them and a read command not for Dramatiq.
 """
 
 from __future__ import annotations
@@ -24,55 +26,45 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from importlib import metadata
 from types import FrameType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cyclopts import App, CycloptsError, Parameter
-from rich.console import Console
-from rich.text import Text
 
-from actors.capabilities import BrokerCapabilities
-from store import migrate as migrations
-from store.errors import DatabaseUnavailable, StoreError
-from store.pool import redact
+from vibey import __version__
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
-from vibey.settings import (
-    QueueBackendNotConfigured,
-    Settings,
-    SettingsError,
-    WorkflowSettings,
-    load_settings,
-    split_list,
-)
+
+if TYPE_CHECKING:
+    from actors.capabilities import BrokerCapabilities
+    from vibey.settings import Settings
 
 PROBE_TIMEOUT_SECONDS = 5.0
 
 
 def _version() -> str:
-    try:
-        return metadata.version("vibey")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
-        return "0+unknown"
+    return __version__
 
 
 def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _format_usage_error(error: CycloptsError) -> Text:
-    return Text(f"vibey: {_one_line(str(error))} (see `vibey --help`)")
+def _usage(error: CycloptsError) -> ExitCode:
+    """A bad argument: one line on stderr, exit 2. Printed here rather than by cyclopts, whose
+    error console would load rich for every command."""
+    print(f"vibey: {_one_line(str(error))} (see `vibey --help`)", file=sys.stderr)
+    return ExitCode.USAGE
 
 
 app = App(
     name="vibey",
     help="A durable workflow engine on Dramatiq, RabbitMQ and PostgreSQL.",
     version=_version,
-    error_console=Console(stderr=True, soft_wrap=True, highlight=False),
-    error_formatter=_format_usage_error,
+    print_error=False,
+    exit_on_error=False,
 )
 app.command(workflow_app)
 app.command(gate_app)
@@ -103,21 +95,34 @@ def _launch(
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         result = app(tokens)
+    except CycloptsError as exc:
+        return _usage(exc)
     except CommandError as exc:
         return _fail(exc, exc.code, verbose=verbose)
-    except SettingsError as exc:
-        return _fail(exc, ExitCode.USAGE, verbose=verbose)
-    except DatabaseUnavailable as exc:
-        return _fail(exc, ExitCode.UNAVAILABLE, verbose=verbose)
-    except StoreError as exc:
-        return _fail(exc, ExitCode.FAILURE, verbose=verbose)
     except BrokenPipeError:  # the reader left (`vibey gate list | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.OK
     except Exception as exc:  # noqa: BLE001 - the last stop: a bug still ends in one line
+        code = _layer_code(exc)
+        if code is not None:
+            return _fail(exc, code, verbose=verbose)
         hint = "" if verbose else " (run with -v for the traceback)"
         return _fail(exc, ExitCode.FAILURE, verbose=verbose, prefix="internal error: ", hint=hint)
     return ExitCode(result) if isinstance(result, int) else ExitCode.OK
+
+
+def _layer_code(exc: Exception) -> ExitCode | None:
+    """The exit code of a settings or store error; None for anything else. Looked up in the
+    modules the command loaded: one it never imported raised nothing."""
+    settings = sys.modules.get("vibey.settings")
+    if settings is not None and isinstance(exc, settings.SettingsError):
+        return ExitCode.USAGE
+    errors = sys.modules.get("store.errors")
+    if errors is not None and isinstance(exc, errors.DatabaseUnavailable):
+        return ExitCode.UNAVAILABLE
+    if errors is not None and isinstance(exc, errors.StoreError):
+        return ExitCode.FAILURE
+    return None
 
 
 def _fail(
@@ -133,6 +138,9 @@ def _fail(
 @app.command
 def migrate() -> ExitCode:
     """Apply the pending database migrations (safe to run concurrently, and again)."""
+    from store import migrate as migrations
+    from vibey.settings import load_settings
+
     url = load_settings().require_database_url()
     report = migrations.migrate(url)
     for migration in report.applied:
@@ -203,6 +211,8 @@ def doctor(
     json_output
         Print one JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
     """
+    from vibey.settings import load_settings
+
     report, caps = _diagnose(load_settings())
     if json_output:
         print(json.dumps(asdict(report), indent=2))
@@ -219,6 +229,9 @@ class _AmqpCheck:
 
 
 def _check_rabbitmq(settings: Settings) -> _AmqpCheck:
+    from store.pool import redact
+    from vibey.settings import QueueBackendNotConfigured
+
     url = settings.bus.amqp_url
     if url is None:
         if settings.queue.backend == "rabbitmq":
@@ -237,6 +250,11 @@ def _capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
 
 
 def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | None]:
+    from store import migrate as migrations
+    from store.errors import DatabaseUnavailable
+    from store.pool import redact
+    from vibey.settings import SettingsError
+
     url = settings.database.url
     error: str | None = None
     pending: list[str] = []
@@ -345,11 +363,14 @@ def worker(
         The workflow definitions, as module:attribute (default: [workflow] definitions,
         workflows.protocol:DEFINITIONS). Modules are found from the current directory too.
     """
+    from vibey.settings import WorkflowSettings, load_settings
+
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
     if definitions is not None:
         workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
         settings = replace(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
+    from store.pool import redact
     from vibey.wiring import worker_config
 
     config = worker_config(settings, projects=project)
@@ -383,6 +404,8 @@ def _with_worker_flags(
     handlers: str | None,
 ) -> Settings:
     """The settings with the command line's choices in [worker] (checked like the rest)."""
+    from vibey.settings import SettingsError, split_list
+
     given: dict[str, Any] = {}
     if lanes is not None:
         parsed = split_list(lanes)
@@ -422,10 +445,11 @@ def _unknown_command(tokens: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script (``vibey = "vibey.cli:main"``): returns the exit code.
+    """Run ``vibey`` with ``argv`` (default: the command line); returns the exit code.
 
-    A bad argument never gets here: cyclopts prints one line and exits 2 (``ExitCode.USAGE``).
-    An unknown command exits 2 too, whatever follows it (``--help`` included).
+    The console script is :func:`vibey.launch.main`, which answers ``--version`` before this
+    module is imported. A bad argument prints one line and returns 2 (``ExitCode.USAGE``); an
+    unknown command exits 2 too, whatever follows it (``--help`` included).
     """
     tokens = list(argv) if argv is not None else sys.argv[1:]
     if os.getcwd() not in sys.path:  # user definitions and handlers, as dramatiq's CLI does
@@ -439,5 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ExitCode.USAGE
-    result = app.meta(tokens, result_action="return_value")
+    try:
+        result = app.meta(tokens, result_action="return_value")
+    except CycloptsError as exc:
+        return _usage(exc)
     return int(result) if isinstance(result, int) else ExitCode.OK

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from cyclopts import App, Parameter
 
-from store.workflow_reads import GateAnswerOutcome
 from vibey import render
 from vibey.cli_workflow import whoami
+from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
-from vibey.settings import load_settings
-from workflows.queue import AnswerStatus, Gate
+
+if TYPE_CHECKING:
+    from store.workflow_reads import GateAnswerOutcome
+    from workflows.queue import Gate
 
 gate_app = App(name="gate", help="List, show and answer what waits on a person.")
 
@@ -38,29 +40,61 @@ def gate_id(raw: str) -> uuid.UUID:
 
 
 @gate_app.command(name="list")
-def list_(*, project: str | None = None, json_output: Json = False) -> ExitCode:
+def list_(
+    *,
+    project: str | None = None,
+    kind: str | None = None,
+    older_than: str | None = None,
+    newer_than: str | None = None,
+    paging: Paging = FIRST_PAGE,
+    json_output: Json = False,
+) -> ExitCode:
     """Everything waiting on a person, across projects, with how long it has waited.
 
-    Workflow questions and jobs parked behind a gate, oldest first.
+    Workflow questions and jobs parked behind a gate, oldest first (--order newest: the
+    newest first), 50 a page: a line under the table says how many match and the --after
+    that shows the next page.
 
-    JSON: ``{"gates": [gate, ...]}``.
+    JSON: ``{"gates": [gate, ...], "total": int, "total_capped": bool, "next_cursor": str |
+    null}`` (counts stop at 10,000: ``total_capped`` says more match); with --all, one gate
+    object a line (NDJSON).
 
     Parameters
     ----------
     project
         Only this project's gates.
+    kind
+        Only gates of this kind (approval, handoff, ...).
+    older_than
+        Only gates open for at least this long (45s, 90m, 2h30m, 3d, 1w).
+    newer_than
+        Only gates open for less than this long.
     json_output
         Print one JSON object.
     """
-    settings = load_settings()
-    from vibey.wiring import workflow_client
+    from store.listings import GateFilter
+    from vibey.settings import load_settings
 
-    with workflow_client(settings) as client:
-        items = client.store.inbox(project)
+    where = GateFilter(
+        project_id=project,
+        kind=kind,
+        older_than=optional_age(older_than, "--older-than"),
+        newer_than=optional_age(newer_than, "--newer-than"),
+    )
+    listing = Listing("gate list", "gates", "oldest", paging, filters_of(where))
+    spec = listing.spec()
+    with listings(load_settings()) as lists:
+        if paging.all and json_output:
+            streamed = lists.stream_gates(where, newest_first=listing.newest_first)
+            ndjson(render.gate_json(g, w) for g, w in streamed)
+            return ExitCode.OK
+        page = lists.gates(where, spec)
     if json_output:
-        render.dump({"gates": [render.gate_json(g, w) for g, w in items]})
-    else:
-        render.print_gate_table(items)
+        gates = [render.gate_json(g, w) for g, w in page.items]
+        render.dump({"gates": gates, **listing.json_tail(page)})
+        return ExitCode.OK
+    render.print_gate_table(page.items)
+    listing.print_footer(page)
     return ExitCode.OK
 
 
@@ -80,9 +114,10 @@ def show(gate: str, /, *, json_output: Json = False) -> ExitCode:
         Print one JSON object.
     """
     wanted = gate_id(gate)
-    settings = load_settings()
+    from vibey.settings import load_settings
     from vibey.wiring import workflow_client
 
+    settings = load_settings()
     with workflow_client(settings) as client:
         found = client.jobs.get_gate(wanted)
     if found is None:
@@ -128,9 +163,10 @@ def answer(
         Print one JSON object.
     """
     wanted = gate_id(gate)
-    settings = load_settings()
+    from vibey.settings import load_settings
     from vibey.wiring import workflow_client
 
+    settings = load_settings()
     with workflow_client(settings) as client:
         outcome = client.store.answer(wanted, answer, by=by or whoami())
         _refuse(outcome, wanted, answer)
@@ -167,6 +203,8 @@ def _label(gate: Gate) -> str:
 
 def _refuse(outcome: GateAnswerOutcome, wanted: uuid.UUID, answer: str) -> None:
     """Raise the one-line refusal for anything but an answer that was taken."""
+    from workflows.queue import AnswerStatus
+
     if outcome.status is AnswerStatus.ANSWERED:
         return
     if outcome.status is AnswerStatus.UNKNOWN_GATE:

@@ -15,7 +15,8 @@ JSON shapes:
 * ledger event: ``{"seq", "kind", "known", "payload", "digest", "causation_id",
   "correlation_id", "job_id", "workflow_id", "recorded_at"}`` (``known`` is false for a kind
   this vibey does not know: listed and verified all the same)
-* ``ledger show``: ``{"project", "last_seq", "events": [ledger event...]}``
+* ``ledger show``: ``{"project", "last_seq", "events": [ledger event...], "total",
+  "total_capped", "next_cursor"}`` (``--all --json``: one ledger event a line, NDJSON)
 * ``ledger verify``: ``{"project", "ok", "count", "last_seq", "first_bad_seq", "problem",
   "range_digest", "unrecognised"}``
 """
@@ -25,16 +26,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from cyclopts import App, Parameter
 
-from store.ledger import Ledger
-from store.pool import open_pool
 from vibey import render
+from vibey.paging import FIRST_PAGE, Listing, Paging, listings, ndjson
 from vibey.render import CommandError, ExitCode
-from vibey.settings import Settings, check_project_ids, load_settings
-from workflows.ledger import LedgerEvent, LedgerVerification
+
+if TYPE_CHECKING:
+    from store.ledger import Ledger
+    from vibey.settings import Settings
+    from workflows.ledger import LedgerEvent, LedgerVerification
 
 ledger_app = App(name="ledger", help="Show and verify a project's append-only ledger.")
 
@@ -44,6 +47,9 @@ PAYLOAD_CHARS = 80
 
 @contextmanager
 def _ledger(settings: Settings) -> Iterator[Ledger]:
+    from store.ledger import Ledger
+    from store.pool import open_pool
+
     pool = open_pool(settings.require_database_url(), min_size=1, max_size=1, name="vibey-ledger")
     try:
         yield Ledger(pool)
@@ -52,6 +58,8 @@ def _ledger(settings: Settings) -> Iterator[Ledger]:
 
 
 def _project(project: str) -> str:
+    from vibey.settings import check_project_ids
+
     return check_project_ids([project], "fix the project argument")[0]
 
 
@@ -66,46 +74,61 @@ def _no_ledger(project: str) -> str:
 def show(
     project: str,
     *,
-    after: int = 0,
-    limit: int | None = None,
+    kind: str | None = None,
+    paging: Paging = FIRST_PAGE,
     json_output: Json = False,
 ) -> ExitCode:
     """List PROJECT's ledger events in seq order: seq, time, kind, digest, payload.
 
-    Exits 1 when the project has no ledger at all; an --after past the end lists nothing and
-    exits 0. A kind this vibey does not know is listed (and marked) all the same.
+    50 a page (--order newest: the latest first); the cursor is a seq: ``--after 50``
+    continues after seq 50. Exits 1 when the project has no ledger at all; an --after past
+    the end lists nothing and exits 0. A kind this vibey does not know is listed (and
+    marked) all the same.
 
     JSON: ``{"project", "last_seq", "events": [{"seq", "kind", "known", "payload",
-    "digest", "causation_id", "correlation_id", "job_id", "workflow_id", "recorded_at"}]}``.
+    "digest", "causation_id", "correlation_id", "job_id", "workflow_id", "recorded_at"}],
+    "total", "total_capped", "next_cursor"}``; with --all, one event object a line (NDJSON).
 
     Parameters
     ----------
     project
         The project id.
-    after
-        Only events with a seq greater than this.
-    limit
-        At most this many events.
+    kind
+        Only events of this kind (QuestionAsked, StepCompleted, ...).
     json_output
         Print one JSON object.
     """
-    if after < 0:
-        raise CommandError(f"--after must be 0 or more, got {after}", ExitCode.USAGE)
-    if limit is not None and limit < 1:
-        raise CommandError(f"--limit must be at least 1, got {limit}", ExitCode.USAGE)
+    from vibey.settings import load_settings
+
+    listing = Listing("ledger show", "events", "oldest", paging, {"kind": kind}, by_seq=True)
+    spec = listing.spec()
     settings = load_settings()
     project = _project(project)
-    with _ledger(settings) as ledger:
-        last_seq = ledger.head(project)
-        events = ledger.read(project, after=after, limit=limit)
-    if last_seq == 0 and not events:
-        raise CommandError(_no_ledger(project))
+    with listings(settings) as lists:
+        last_seq = lists.ledger_head(project)
+        if last_seq == 0:
+            raise CommandError(_no_ledger(project))
+        if paging.all and json_output:
+            ndjson(
+                event_json(e)
+                for e in lists.stream_ledger(project, kind, newest_first=listing.newest_first)
+            )
+            return ExitCode.OK
+        page = lists.ledger(project, kind, spec)
     if json_output:
+        events = [event_json(e) for e in page.items]
         render.dump(
-            {"project": project, "last_seq": last_seq, "events": [event_json(e) for e in events]}
+            {
+                "project": project,
+                "last_seq": last_seq,
+                "events": events,
+                **listing.json_tail(page),
+            }
         )
         return ExitCode.OK
-    print_events(project, last_seq, events, after=after)
+    after = 0 if spec.after is None else int(spec.after[0])
+    print_events(project, last_seq, page.items, after=after)
+    listing.print_footer(page)
     return ExitCode.OK
 
 
@@ -129,6 +152,8 @@ def verify(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.settings import load_settings
+
     settings = load_settings()
     project = _project(project)
     with _ledger(settings) as ledger:

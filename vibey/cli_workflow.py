@@ -8,18 +8,19 @@ commands take ``--json`` (shapes: :mod:`vibey.render`).
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cyclopts import App, Parameter
 
-from store.workflow_reads import Workflow
-from store.workflows import WorkflowStore
 from vibey import render
+from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
-from vibey.settings import Settings, check_project_ids, load_settings
-from workflows.engine import Status, WorkflowError
+
+if TYPE_CHECKING:
+    from store.workflow_reads import Workflow
+    from store.workflows import WorkflowStore
+    from vibey.settings import Settings
 
 workflow_app = App(
     name="workflow",
@@ -28,15 +29,22 @@ workflow_app = App(
 
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 By = Annotated[str | None, Parameter(name="--by")]
+# workflows.engine.Status's values, spelled here so that parsing --status imports no engine
+# (tests/unit/test_cli_imports.py checks they agree).
+StatusName = Literal["running", "blocked", "completed", "failed", "cancelled"]
 
 
 def _project(project: str) -> str:
+    from vibey.settings import check_project_ids
+
     return check_project_ids([project], "fix the project argument")[0]
 
 
 def read_script(path: Path) -> dict[str, Any]:
     """A script file: JSON when it ends in ``.json``, else TOML, that the scripted engine
     reads without complaint (docs/protocol.md)."""
+    import tomllib
+
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -141,11 +149,14 @@ def start(
     json_output
         Print one JSON object.
     """
+    from vibey.settings import load_settings
+    from vibey.wiring import workflow_client
+    from workflows.engine import WorkflowError
+
     settings = load_settings()
     project = _project(project)
     given = workflow_input(project, settings, script, input)
     name = definition or settings.workflow.default_definition
-    from vibey.wiring import workflow_client
 
     with workflow_client(settings) as client:
         try:
@@ -185,9 +196,10 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
-    settings = load_settings()
+    from vibey.settings import load_settings
     from vibey.wiring import workflow_client
 
+    settings = load_settings()
     with workflow_client(settings) as client:
         store = client.store
         workflow = store.for_project(_project(project))
@@ -216,14 +228,22 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
 @workflow_app.command(name="list")
 def list_(
     *,
-    status: Status | None = None,
+    status: StatusName | None = None,
     project: str | None = None,
-    limit: int = 100,
+    definition: str | None = None,
+    older_than: str | None = None,
+    newer_than: str | None = None,
+    paging: Paging = FIRST_PAGE,
     json_output: Json = False,
 ) -> ExitCode:
-    """List workflows, most recently updated first.
+    """List workflows, most recently updated first (--order oldest: the stalest first).
 
-    JSON: ``{"workflows": [{...}, ...]}``.
+    50 a page: a line under the table says how many match and the --after that shows the
+    next page.
+
+    JSON: ``{"workflows": [{...}, ...], "total": int, "total_capped": bool, "next_cursor":
+    str | null}`` (counts stop at 10,000: ``total_capped`` says more match); with --all, one
+    workflow object a line (NDJSON).
 
     Parameters
     ----------
@@ -231,50 +251,92 @@ def list_(
         Only workflows in this status.
     project
         Only this project's workflows (its earlier, finished ones too).
-    limit
-        At most this many.
+    definition
+        Only workflows of this definition.
+    older_than
+        Only workflows not updated for at least this long (45s, 90m, 2h30m, 3d, 1w).
+    newer_than
+        Only workflows updated less than this long ago.
     json_output
         Print one JSON object.
     """
-    settings = load_settings()
-    if limit < 1:
-        raise CommandError(f"--limit must be at least 1, got {limit}", ExitCode.USAGE)
-    from vibey.wiring import workflow_client
+    from store.listings import WorkflowFilter
+    from store.workflow_reads import describe
+    from vibey.settings import load_settings
+    from vibey.wiring import load_registry
+    from workflows.engine import Status
 
-    with workflow_client(settings) as client:
-        store = client.store
-        found = store.listing(status=status, project_id=project, limit=limit)
-        items = [(wf, store.describe(wf)) for wf in found]
+    where = WorkflowFilter(
+        status=None if status is None else Status(status),
+        project_id=project,
+        definition=definition,
+        older_than=optional_age(older_than, "--older-than"),
+        newer_than=optional_age(newer_than, "--newer-than"),
+    )
+    listing = Listing("workflow list", "workflows", "newest", paging, filters_of(where))
+    spec = listing.spec()
+    settings = load_settings()
+    registry = load_registry(settings)
+    with listings(settings) as lists:
+        if paging.all and json_output:
+            found = lists.stream_workflows(where, newest_first=listing.newest_first)
+            ndjson(render.workflow_json(wf, describe(registry, wf)) for wf in found)
+            return ExitCode.OK
+        page = lists.workflows(where, spec)
+    items = [(wf, describe(registry, wf)) for wf in page.items]
     if json_output:
-        render.dump({"workflows": [render.workflow_json(wf, d) for wf, d in items]})
-    else:
-        render.print_workflow_table(items)
+        listed = [render.workflow_json(wf, d) for wf, d in items]
+        render.dump({"workflows": listed, **listing.json_tail(page)})
+        return ExitCode.OK
+    render.print_workflow_table(items)
+    listing.print_footer(page)
     return ExitCode.OK
 
 
 @workflow_app.command
-def history(project: str, *, json_output: Json = False) -> ExitCode:
+def history(
+    project: str,
+    *,
+    kind: str | None = None,
+    paging: Paging = FIRST_PAGE,
+    json_output: Json = False,
+) -> ExitCode:
     """Show PROJECT's workflow history: each event, when, and the commands it decided.
 
-    JSON: ``{"workflow_id": str, "events": [{"seq", "at", "event", "commands"}, ...]}``.
+    In seq order (--order newest: the latest first), 50 a page; the cursor is a seq:
+    ``--after 50`` continues after event #50.
+
+    JSON: ``{"workflow_id": str, "events": [{"seq", "at", "event", "commands"}, ...],
+    "total": int, "total_capped": bool, "next_cursor": str | null}``; with --all, one event
+    object a line (NDJSON).
 
     Parameters
     ----------
     project
         The project id.
+    kind
+        Only events of this type (started, step_succeeded, gate_answered, ...).
     json_output
         Print one JSON object.
     """
-    settings = load_settings()
-    from vibey.wiring import workflow_client
+    from vibey.settings import load_settings
 
-    with workflow_client(settings) as client:
-        workflow = client.store.for_project(_project(project))
-        entries = client.store.history(workflow.id)
+    filters = {"kind": kind}
+    listing = Listing("workflow history", "events", "oldest", paging, filters, by_seq=True)
+    spec = listing.spec()
+    with listings(load_settings()) as lists:
+        workflow = lists.workflow_for_project(_project(project))
+        if paging.all and json_output:
+            found = lists.stream_history(workflow.id, kind, newest_first=listing.newest_first)
+            ndjson(render.history_event_json(e) for e in found)
+            return ExitCode.OK
+        page = lists.history(workflow.id, kind, spec)
     if json_output:
-        render.dump(render.history_json(workflow, entries))
-    else:
-        render.print_history(workflow, entries)
+        shown = render.history_json(workflow, page.items)
+        render.dump({**shown, **listing.json_tail(page)})
+        return ExitCode.OK
+    render.print_history(workflow, page.items, total=page.total)
+    listing.print_footer(page)
     return ExitCode.OK
 
 
@@ -301,9 +363,10 @@ def cancel(
     json_output
         Print one JSON object.
     """
-    settings = load_settings()
+    from vibey.settings import load_settings
     from vibey.wiring import workflow_client
 
+    settings = load_settings()
     with workflow_client(settings) as client:
         workflow = _live(client.store, _project(project))
         cancelled = client.store.cancel(workflow.id, by=by or whoami(), reason=reason)
@@ -334,9 +397,10 @@ def verify(project: str, *, no_block: bool = False, json_output: Json = False) -
     json_output
         Print one JSON object.
     """
-    settings = load_settings()
+    from vibey.settings import load_settings
     from vibey.wiring import workflow_client
 
+    settings = load_settings()
     with workflow_client(settings) as client:
         workflow = client.store.for_project(_project(project))
         result = client.store.verify(workflow.id, block=not no_block)
@@ -346,7 +410,7 @@ def verify(project: str, *, no_block: bool = False, json_output: Json = False) -
     if result.ok:
         print(f"replay reproduces the stored state ({result.replayed} events)")
         return ExitCode.OK
-    blocked = result.workflow.status is Status.BLOCKED and not no_block
+    blocked = result.workflow.status.value == "blocked" and not no_block
     note = (
         "; the workflow is blocked behind a workflow_error gate (see `vibey gate list`)"
         if blocked

@@ -30,12 +30,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from store.workflow_reads import HistoryEntry, Workflow
-from workflows.engine import Status
-from workflows.phases import Phase
-from workflows.queue import Gate
+if TYPE_CHECKING:  # `import vibey.cli` loads no store nor psycopg: see vibey.cli
+    from store.workflow_reads import HistoryEntry, Workflow
+    from workflows.queue import Gate
 
 
 class ExitCode(enum.IntEnum):
@@ -149,14 +148,17 @@ def step_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def history_json(workflow: Workflow, entries: Iterable[HistoryEntry]) -> dict[str, Any]:
+def history_event_json(entry: HistoryEntry) -> dict[str, Any]:
     return {
-        "workflow_id": str(workflow.id),
-        "events": [
-            {"seq": e.seq, "at": when(e.recorded_at), "event": e.event, "commands": e.commands}
-            for e in entries
-        ],
+        "seq": entry.seq,
+        "at": when(entry.recorded_at),
+        "event": entry.event,
+        "commands": entry.commands,
     }
+
+
+def history_json(workflow: Workflow, entries: Iterable[HistoryEntry]) -> dict[str, Any]:
+    return {"workflow_id": str(workflow.id), "events": [history_event_json(e) for e in entries]}
 
 
 # --- people ----------------------------------------------------------------------------------
@@ -165,6 +167,8 @@ def history_json(workflow: Workflow, entries: Iterable[HistoryEntry]) -> dict[st
 def diagram(phase: str) -> str | None:
     """The protocol's phase diagram with ``phase`` marked ``*LIKE_THIS*``; None when the
     phase is not one of the protocol's (another definition)."""
+    from workflows.phases import Phase
+
     if phase not in {p.value for p in Phase}:
         return None
     return re.sub(rf"\b{phase.upper()}\b", f"*{phase.upper()}*", PHASE_DIAGRAM)
@@ -184,6 +188,8 @@ def dispatch_note(rows: int, published: int, *, tried: bool) -> str:
 
 
 def print_workflow(workflow: Workflow, describe: str) -> None:
+    from workflows.engine import Status
+
     print(
         f"workflow {workflow.id}  project {workflow.project_id}  "
         f"{workflow.definition} v{workflow.version}"
@@ -323,8 +329,12 @@ def print_workflow_table(items: Sequence[tuple[Workflow, str]]) -> None:
     _table(("PROJECT", "STATUS", "PHASE/CYCLE", "UPDATED", "WORKFLOW", "NOW"), rows)
 
 
-def print_history(workflow: Workflow, entries: Sequence[HistoryEntry]) -> None:
-    print(f"workflow {workflow.id}  project {workflow.project_id}: {len(entries)} events")
+def print_history(
+    workflow: Workflow, entries: Sequence[HistoryEntry], *, total: int | None = None
+) -> None:
+    """The events, under a line with how many there are (``total``: on every page)."""
+    count = len(entries) if total is None else total
+    print(f"workflow {workflow.id}  project {workflow.project_id}: {count} events")
     for entry in entries:
         print(f"  #{entry.seq:<4} {clock(entry.recorded_at)}  {event_summary(entry.event)}")
         print(f"        → {commands_summary(entry.commands)}")

@@ -4,22 +4,26 @@ Every value comes from :class:`vibey.settings.Settings` (the command line's choi
 arguments, or already folded into the settings with ``dataclasses.replace``). Whatever cannot
 run is a :class:`vibey.settings.SettingsError` here, in the process that was started, before a
 worker process is spawned: a child that fails at start would only be respawned.
+
+The ``actors`` modules (Dramatiq, pika) are imported by the functions that build the fleet's
+parts, so that a CLI command that only reads the store does not load them.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from actors.rabbitmq_queue import RabbitMqQueueOptions
-from actors.worker import WorkerConfig, load_object
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
 from workflows.job import UnknownJobKindError
 
 if TYPE_CHECKING:
+    from actors.rabbitmq_queue import RabbitMqQueueOptions
+    from actors.worker import WorkerConfig
     from vibey.client import Client
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
@@ -39,6 +43,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     """
     if settings.queue.backend != "rabbitmq":
         raise SettingsError(WORKER_NEEDS_RABBITMQ)
+    from actors.worker import WorkerConfig
+
     amqp_url = settings.require_amqp_url()
     pg_url = settings.require_database_url()
     rabbitmq, worker = settings.queue.rabbitmq, settings.worker
@@ -73,6 +79,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
 
 def rabbitmq_queue_options(settings: Settings) -> RabbitMqQueueOptions:
     """The options of the RabbitMQ job repository (the dedicated-project claim path)."""
+    from actors.rabbitmq_queue import RabbitMqQueueOptions
+
     rabbitmq = settings.queue.rabbitmq
     given = {} if rabbitmq.prefetch is None else {"prefetch": rabbitmq.prefetch}
     return RabbitMqQueueOptions(
@@ -95,9 +103,16 @@ def _check_names(config: WorkerConfig) -> None:
         ) from exc
 
 
+def _load_object(path: str) -> Any:
+    """``module:attribute`` → the object it names (as ``actors.worker.load_object``, without
+    importing Dramatiq for a command that only needs the workflow definitions)."""
+    module_name, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def _check_handlers(path: str) -> None:
     try:
-        load_object(path)
+        _load_object(path)
     except (ImportError, AttributeError) as exc:
         raise SettingsError(
             f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
@@ -120,7 +135,7 @@ def load_registry(settings: Settings) -> Registry:
     """The workflow definitions ``[workflow] definitions`` names (an iterable of them)."""
     path = settings.workflow.definitions
     try:
-        return Registry(load_object(path))
+        return Registry(_load_object(path))
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise SettingsError(
             f"the workflow definitions {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "

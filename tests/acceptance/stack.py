@@ -91,6 +91,12 @@ class Stack:
     def json(self, *args: str) -> Any:
         return json.loads(self.vibey(*args, "--json").stdout)
 
+    def every(self, *args: str) -> list[Any]:
+        """Every row of a list command: ``--all --json`` prints one JSON object a line."""
+        return [
+            json.loads(line) for line in self.vibey(*args, "--all", "--json").stdout.splitlines()
+        ]
+
     def start_worker(
         self, *args: str, processes: int = 1, threads: int = 8
     ) -> subprocess.Popen[bytes]:
@@ -200,6 +206,17 @@ class Stack:
                 status = self.status(project)
                 if until(status):
                     done[project] = status
+
+
+def declare_topology(pg_url: str, amqp: Any) -> None:
+    """Declare the fleet's topology in the test's broker namespace (the fixture cleans it up)."""
+    from actors.capabilities import detect
+    from actors.worker import WorkerConfig
+
+    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))
+    connection.close()
 
 
 @contextmanager

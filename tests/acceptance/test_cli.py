@@ -316,10 +316,11 @@ def test_version(tmp_path: Path) -> None:
 
 def test_the_console_script_entry_point_is_main(tmp_path: Path) -> None:
     from vibey.cli import main
+    from vibey.launch import main as launch
 
-    assert main(["--version"]) == 0
+    assert main(["--version"]) == 0 and launch(["--version"]) == 0
     (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "vibey"]
-    assert entry.value == "vibey.cli:main"
+    assert entry.value == "vibey.launch:main"  # answers --version before importing vibey.cli
 
 
 # --- vibey worker -----------------------------------------------------------------------------

@@ -493,7 +493,7 @@ def test_a_divergence_exits_1_and_blocks_unless_told_not_to(cli: Cli) -> None:
 
 
 def test_unloadable_definitions_exit_2(cli: Cli) -> None:
-    line = cli.refused(2, "gate", "list", VIBEY_WORKFLOW_DEFINITIONS="no_such_module:DEFS")
+    line = cli.refused(2, "workflow", "list", VIBEY_WORKFLOW_DEFINITIONS="no_such_module:DEFS")
     assert "the workflow definitions 'no_such_module:DEFS' cannot be loaded" in line
     assert line.endswith("fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])")
 

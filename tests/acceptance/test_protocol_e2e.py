@@ -12,9 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from actors.capabilities import detect
-from actors.worker import WorkerConfig
-from tests.acceptance.stack import DEMO_SCRIPT, REPO, Stack, cooperative, stack
+from tests.acceptance.stack import DEMO_SCRIPT, REPO, Stack, cooperative, declare_topology, stack
 from tests.amqp_fixtures import Amqp
 
 DEPLOY_SCRIPT = REPO / "ops" / "demo" / "deploy.toml"
@@ -22,19 +20,15 @@ DEPLOY_SCRIPT = REPO / "ops" / "demo" / "deploy.toml"
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
-    connection = amqp.connect()
-    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
-    connection.close()
+    declare_topology(pg_url, amqp)  # cleaned up by the amqp fixture
     with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
         yield running
 
 
 def phases(e2e: Stack, project: str) -> list[str]:
     """The phases the workflow went through, in order, from its history."""
-    history = e2e.json("workflow", "history", project)
     seen: list[str] = []
-    for entry in history["events"]:
+    for entry in e2e.every("workflow", "history", project):  # every event, not a page
         for command in entry["commands"] or []:
             if command["type"] == "transition_phase":
                 seen.append(command["phase"])
@@ -84,7 +78,7 @@ def test_the_demo_runs_to_done_locally(e2e: Stack, pg_url: str) -> None:
     assert_each_step_committed_once(pg_url, "demo")
     # The ledger: written in the settles' and answers' transactions, gapless, verifiable.
     assert "digests match" in e2e.vibey("ledger", "verify", "demo").stdout
-    events = e2e.json("ledger", "show", "demo")["events"]
+    events = e2e.every("ledger", "show", "demo")  # every event, not a page
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     kinds = {e["kind"] for e in events}
     for kind in (
@@ -292,9 +286,10 @@ def test_a_thousand_workflows_parked_at_gates_hold_no_message_and_no_lease(
         connection.close()
     assert sum(depths.values()) == 0, depths
     started = time.monotonic()
-    listed = e2e.json("gate", "list")
+    listed = e2e.json("gate", "list")  # the first page, and how many wait
     took = time.monotonic() - started
-    assert len(listed["gates"]) == 1000
+    assert len(listed["gates"]) == 50 and listed["total"] == 1000
+    assert len({g["id"] for g in e2e.every("gate", "list")}) == 1000  # --all: every gate
     print(f"\n1,000 parked workflows: 0 messages, 0 leases; `vibey gate list --json` {took:.2f}s")
 
 

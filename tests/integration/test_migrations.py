@@ -343,13 +343,13 @@ def test_the_catalog_comparison_detects_a_changed_predicate(
     migrate(empty_pg_url)
     changed = copy_of(SQLModel.metadata)
     gate = changed.tables["gate"]
-    (index,) = [i for i in gate.indexes if i.name == "gate_open"]
+    (index,) = [i for i in gate.indexes if i.name == "gate_inbox_by_project"]
     index.dialect_options["postgresql"]["where"] = gate.c.answered_at.is_not(None)
     create_from_models(models_pg_url, changed)
     migrated, modelled = catalog(empty_pg_url), catalog(models_pg_url)
     assert modelled["columns"] == migrated["columns"]
     differing = set(modelled["indexes"]) ^ set(migrated["indexes"])
-    assert {row[1] for row in differing} == {"gate_open"}
+    assert {row[1] for row in differing} == {"gate_inbox_by_project"}
 
 
 def test_pending_refuses_what_migrate_would_refuse(empty_pg_url: str) -> None:

@@ -1,0 +1,40 @@
+"""`import vibey.cli` stays light: no database driver, broker client nor Dramatiq is loaded
+before a command that needs one runs (``vibey --version`` and ``--help`` pay for none)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import get_args
+
+from vibey.cli_workflow import StatusName
+from workflows.engine import Status
+
+HEAVY = ("psycopg", "psycopg_pool", "pika", "dramatiq", "sqlalchemy", "sqlmodel", "tenacity")
+
+
+def loaded_after(statement: str) -> set[str]:
+    probe = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(done.stdout.split())
+
+
+def test_importing_the_cli_loads_no_driver_broker_client_nor_dramatiq() -> None:
+    loaded = loaded_after("import vibey.cli")
+    assert "vibey.cli" in loaded and "cyclopts" in loaded  # the probe did import it
+    heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
+    assert heavy == []
+    assert not [m for m in loaded if m.startswith(("store", "actors"))]
+
+
+def test_the_cli_status_names_are_the_engine_statuses() -> None:
+    assert set(get_args(StatusName)) == {s.value for s in Status}
+
+
+def test_vibey_version_is_answered_before_the_cli_is_imported() -> None:
+    loaded = loaded_after("from vibey.launch import main; main(['--version'])")
+    assert "vibey.launch" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("cyclopts", "rich", "psycopg")]
+    assert "vibey.cli" not in loaded
