@@ -131,7 +131,7 @@ class PostgresJobRepository:
         results: list[Enqueued] = []
         woken: set[str] = set()
         for request in requests:
-            enqueued = self._enqueue_one(conn, request, resolved)
+            enqueued = self._enqueue_one(unit, request, resolved)
             if request.job_id is not None:
                 resolved[request.job_id] = enqueued.job.id
             if enqueued.created:
@@ -139,7 +139,8 @@ class PostgresJobRepository:
             results.append(enqueued)
         for project_id in sorted(woken):
             conn.execute(Q["notify_ready"], {"project_id": project_id})
-        created = [r.job.id for r in results if r.created]
+        # Jobs with dependencies wait for them: dispatched once they all succeeded.
+        created = [r.job.id for r in results if r.created and r.job.dispatch_seq == 0]
         if self._dispatch and created:
             released = self._dispatch_released(unit, ids=created)
             results = [
@@ -163,8 +164,9 @@ class PostgresJobRepository:
         return {r["job_id"] for r in written}
 
     def _enqueue_one(
-        self, conn: Conn, request: EnqueueRequest, resolved: Mapping[UUID, UUID]
+        self, unit: UnitOfWork, request: EnqueueRequest, resolved: Mapping[UUID, UUID]
     ) -> Enqueued:
+        conn = unit.conn
         depends_on = [resolved.get(dep, dep) for dep in request.depends_on]
         if depends_on:
             missing = fetch_all(
@@ -195,6 +197,8 @@ class PostgresJobRepository:
                 "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
                 "workflow_id": request.workflow_id,
                 "step": request.step,
+                "dispatch_now": self._dispatch and not depends_on,
+                "relay": self._relay_id,
             },
         )
         if row is None:
@@ -213,6 +217,7 @@ class PostgresJobRepository:
             return Enqueued(job=job_from_row(row), created=False)
         if not row["created"]:
             return Enqueued(job=job_from_row(row), created=False)
+        unit.wrote_json(row["outbox_rows"])
         if depends_on:
             conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
         return Enqueued(job=job_from_row(row), created=True)

@@ -330,7 +330,11 @@ class WorkflowStore(WorkflowReads):
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
-        return self._save(conn, workflow, header, encoded, last_seq=last, applied_seq=seq)
+        # A step's settle does not read the new stamps back (one round trip fewer); the
+        # workflow it returns keeps the old updated_at/finished_at.
+        return self._save(
+            conn, workflow, header, encoded, last_seq=last, applied_seq=seq, read=cause[1] is None
+        )
 
     def _write_ledger(
         self,
@@ -530,10 +534,12 @@ class WorkflowStore(WorkflowReads):
         *,
         last_seq: int,
         applied_seq: int | None,
+        read: bool = True,
     ) -> Workflow:
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
-        stamps = fetch_one(
+        run = fetch_one if read else _queued
+        stamps = run(
             conn,
             Q["update_workflow"],
             {
@@ -552,8 +558,8 @@ class WorkflowStore(WorkflowReads):
             raise WorkflowNotFound(f"no workflow {workflow.id}")
         return replace(
             workflow,
-            updated_at=stamps["updated_at"],
-            finished_at=stamps["finished_at"],
+            updated_at=stamps.get("updated_at", workflow.updated_at),
+            finished_at=stamps.get("finished_at", workflow.finished_at),
             phase=header.phase,
             cycle=header.cycle,
             status=header.status,
@@ -585,6 +591,12 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _queued(conn: Conn, query: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Send a statement whose result nobody reads (it travels with the next read)."""
+    conn.execute(query.encode(), params)
+    return {}
 
 
 def _request(

@@ -11,19 +11,26 @@ Prints, from one run (``--processes`` × ``--threads``, default 2 × 8; the work
    as fast as it can; completed workflows/s over first start → last completed, and the
    PostgreSQL WAL flushes and commits per workflow step.
 
+3. with ``--dbos-python PY`` (a Python with ``dbos`` installed, a bench-only dependency; or
+   ``VIBEY_BENCH_DBOS_PYTHON``): the same workload through DBOS Transact
+   (``dbos_three_steps.py``) on a scratch database of its own, right after, and the same-run
+   ratios.
+
 VIBEY_TEST_PG_URL is an admin URL (a scratch database is created and dropped);
 VIBEY_TEST_AMQP_URL the broker (every queue and exchange under a unique prefix, deleted
 afterwards).
 
     .venv/bin/python ops/bench/three_steps.py [--processes 2] [--threads 8] [--workflows 2000]
-        [--samples 50]
+        [--samples 50] [--dbos-python PY]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,7 +126,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--workflows", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--dbos-python", default=os.environ.get("VIBEY_BENCH_DBOS_PYTHON"))
     return parser.parse_args(argv)
+
+
+def dbos_run(args: argparse.Namespace, admin: str) -> dict[str, Any] | None:
+    """DBOS's figures for the same workload, or None (said why) when it cannot run."""
+    if not args.dbos_python:
+        print("dbos: not run (pass --dbos-python PY, a Python with dbos installed)")
+        return None
+    with scratch_database(admin, f"vibey_bench_dbos_{uuid.uuid4().hex[:8]}") as url:
+        command = [args.dbos_python, str(HERE / "dbos_three_steps.py"), url]
+        command += ["--workflows", str(args.workflows), "--samples", str(args.samples)]
+        command += ["--concurrency", str(args.threads)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        print(f"dbos: failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+        return None
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
 
 
 def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
@@ -164,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("set VIBEY_TEST_PG_URL and VIBEY_TEST_AMQP_URL (see README)", file=sys.stderr)
         return 2
     found = run(args, admin, amqp)
+    dbos = dbos_run(args, admin)
     n, pg = args.workflows, found["pg"]
     print(
         f"one {STEPS}-step workflow at a time, start → completed ({args.processes} processes × "
@@ -182,6 +208,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{pg.commits / steps:.2f} commits (the starts' and the bench's polls included; WAL is "
         f"cluster-wide: other databases committed {pg.elsewhere:,} transactions meanwhile)"
     )
+    if dbos is not None:
+        rate = n / found["window"]
+        print(
+            f"dbos transact, same workload right after: one workflow p50 "
+            f"{dbos['p50'] * 1000:.1f} ms, p90 {dbos['p90'] * 1000:.1f} ms (called directly); "
+            f"{dbos['throughput']:,.0f} completed workflows/s through its queue "
+            f"(worker_concurrency {dbos['concurrency']}, polled every {dbos['poll']} s)"
+        )
+        print(
+            f"ratio vibey/dbos: throughput {rate / dbos['throughput']:.2f}x; one workflow "
+            f"(client p50) {statistics.median(found['seen']) / dbos['p50']:.2f}x the time"
+        )
     return 0
 
 

@@ -11,23 +11,37 @@
 -- name: insert_job
 -- One round trip in the common cases: a new row, or a duplicate already committed. A
 -- duplicate committed while the insert waited is not in this statement's snapshot; the
--- caller then reads it with job_by_key.
+-- caller then reads it with job_by_key. %(dispatch_now)s (dispatching, and the job has no
+-- dependencies: it is claimable at once) dispatches it in the same statement, generation 1
+-- with its outbox row, as dispatch_released would.
 WITH inserted AS (
     INSERT INTO job (
         id, project_id, cycle, kind, subject, idempotency_key, priority, payload, run_after,
-        max_attempts, lease_ms, workflow_id, step
+        max_attempts, lease_ms, workflow_id, step, dispatch_seq
     )
     VALUES (
         %(id)s, %(project_id)s, %(cycle)s, %(kind)s, %(subject)s, %(idempotency_key)s,
         %(priority)s, %(payload)s, now() + make_interval(secs => %(delay_s)s),
-        %(max_attempts)s, %(lease_ms)s, %(workflow_id)s, %(step)s
+        %(max_attempts)s, %(lease_ms)s, %(workflow_id)s, %(step)s,
+        CASE WHEN %(dispatch_now)s THEN 1 ELSE 0 END
     )
     ON CONFLICT (project_id, idempotency_key) DO NOTHING
     RETURNING *
+),
+outbox AS (
+    INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
+                            claimed_by, claimed_at)
+    SELECT 'dispatch:' || i.id || ':' || i.dispatch_seq, i.id, i.project_id, i.dispatch_seq,
+           i.kind, i.run_after, %(relay)s::text,
+           CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+    FROM inserted i
+    WHERE %(dispatch_now)s
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT true AS created, * FROM inserted
+SELECT true AS created, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows, * FROM inserted
 UNION ALL
-SELECT false AS created, * FROM job
+SELECT false AS created, NULL::jsonb AS outbox_rows, * FROM job
 WHERE project_id = %(project_id)s AND idempotency_key = %(idempotency_key)s
   AND NOT EXISTS (SELECT 1 FROM inserted)
 
