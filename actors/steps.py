@@ -73,7 +73,7 @@ class StepRunner:
         *,
         store: PostgresJobRepository,
         records: DispatchRecords,
-        broker: VibeyBroker,
+        broker: VibeyBroker | None,  # None on the postgres backend (no pointers to re-delay)
         names: QueueNames,
         tiers: WaitTiers,
         handlers: Handlers,
@@ -133,6 +133,13 @@ class StepRunner:
         self._record(result)
         self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
         return result
+
+    def run_claimed(self, job: Job) -> StepResult:
+        """A job this process already leased (the postgres backend's claim): the handler
+        under a heartbeat, then the one settle, as for a pointer's claim."""
+        with self._heartbeat(job):
+            outcome = self._handle(job)
+        return self._record(self._settle(job, outcome))
 
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
@@ -203,7 +210,7 @@ class StepRunner:
             not_before=datetime.now(UTC),
         )
         hop = plan_miss(self._records, self._names, self._tiers, envelope)
-        if hop is None:
+        if hop is None or self._broker is None:
             return StepResult.DROPPED
         self._broker.publish(
             exchange=hop.exchange, routing_key=routing_key, body=hop.body, message_id=hop.message_id

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
@@ -42,6 +42,9 @@ from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
 from workflows.engine import Registry
 from workflows.job import LeasePolicy
 from workflows.steps import Handlers
+
+if TYPE_CHECKING:
+    from actors.drive import PostgresRuntime
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,9 @@ class WorkerConfig:
     engine_timeout: timedelta = timedelta(hours=2)
     max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
     max_turns: int | None = None
+    backend: str = "rabbitmq"  # or "postgres": the drive loop (actors/drive.py), no broker
+    poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
+    metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -108,6 +114,20 @@ def load_handlers(path: str, context: Any = None) -> Handlers:
 
 def load_registry(path: str) -> Registry:
     return Registry(load_object(path))
+
+
+def handler_context(config: WorkerConfig, pool: Any) -> Any:
+    """What a handlers factory is called with (the engines' workspace, command and caps)."""
+    from actors.handlers import HandlerContext  # the handlers pull in the engines
+
+    return HandlerContext(
+        pool=pool,
+        workspace=Path(config.workspace),
+        command=config.engine_command,
+        command_timeout=config.engine_timeout,
+        max_dollars=config.max_dollars,
+        max_turns=config.max_turns,
+    )
 
 
 class Runtime:
@@ -182,16 +202,7 @@ class Runtime:
         self._worker: dramatiq.Worker | None = None
 
     def _handler_context(self) -> Any:
-        from actors.handlers import HandlerContext  # the handlers pull in the engines
-
-        return HandlerContext(
-            pool=self.pool,
-            workspace=Path(self.config.workspace),
-            command=self.config.engine_command,
-            command_timeout=self.config.engine_timeout,
-            max_dollars=self.config.max_dollars,
-            max_turns=self.config.max_turns,
-        )
+        return handler_context(self.config, self.pool)
 
     def _declarer(self, topology: Topology) -> Any:
         projects = self.config.projects
@@ -247,7 +258,13 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    runtime = Runtime(config)
+    runtime: Runtime | PostgresRuntime
+    if config.backend == "postgres":
+        from actors.drive import PostgresRuntime
+
+        runtime = PostgresRuntime(config)
+    else:
+        runtime = Runtime(config)
     runtime.start()
     if ready is not None:
         ready.set()

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
 from types import FrameType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cyclopts import App, CycloptsError, Parameter
 from rich.console import Console
@@ -47,6 +47,9 @@ from vibey.settings import (
     load_settings,
     split_list,
 )
+
+if TYPE_CHECKING:
+    from actors.worker import WorkerConfig
 
 PROBE_TIMEOUT_SECONDS = 5.0
 
@@ -317,15 +320,17 @@ def worker(
     lanes: str | None = None,
     handlers: str | None = None,
 ) -> ExitCode:
-    """Run the Dramatiq worker fleet (rabbitmq backend) until SIGTERM or SIGINT.
+    """Run the worker fleet until SIGTERM or SIGINT: Dramatiq on the rabbitmq backend, the
+    drive loop (SKIP LOCKED claims, LISTEN/NOTIFY wakeups) on the postgres backend.
 
     Runs PROCESSES worker processes of THREADS threads each under a supervisor that respawns
     a process that dies (at once when it was killed; after a doubling delay, at most 30 s,
     when it keeps failing right after its start). Without --project the fleet serves the
-    shared lane queues (every project); with it, only those projects' dedicated queues. It
-    prints one line saying what it runs; SIGTERM or Ctrl-C lets running steps settle, then
-    exits 0. The flags override [worker] in vibey.toml and VIBEY_WORKER_*; it needs
-    VIBEY_PG_URL and VIBEY_AMQP_URL.
+    shared lane queues (every project); with it, only those projects' dedicated queues (on
+    the postgres backend, only their jobs). It prints one line saying what it runs; SIGTERM
+    or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
+    vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
+    backend.
 
     Parameters
     ----------
@@ -352,8 +357,7 @@ def worker(
     try:
         print(
             f"vibey worker: {_count(count, 'process')} of {_count(config.threads, 'thread')} "
-            f"each on {', '.join(config.queues())} at {redact(config.amqp_url)}; "
-            "SIGTERM or Ctrl-C stops it",
+            f"each on {_serves(config)}; SIGTERM or Ctrl-C stops it",
             flush=True,
         )
         respawns = supervise(config, processes=count)
@@ -361,6 +365,16 @@ def worker(
         return ExitCode.OK
     print(f"vibey worker: stopped ({_count(respawns, 'respawn')})", flush=True)
     return ExitCode.OK
+
+
+def _serves(config: WorkerConfig) -> str:
+    if config.backend == "postgres":
+        projects = ", ".join(config.projects) or "every project"
+        return (
+            f"lanes {', '.join(config.lanes)} of {projects} at {redact(config.pg_url)} "
+            "(postgres backend: SKIP LOCKED claims, LISTEN/NOTIFY wakeups)"
+        )
+    return f"{', '.join(config.queues())} at {redact(config.amqp_url)}"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -32,22 +32,17 @@ CLI_RELAY_CONNECT_SECONDS = 2.0
 CLI_RELAY_FLUSH_SECONDS = 5.0
 CLI_RELAY_STOP_SECONDS = 1.0
 
-WORKER_NEEDS_RABBITMQ = (
-    "vibey worker runs the Dramatiq fleet on the rabbitmq backend; "
-    "set VIBEY_QUEUE_BACKEND=rabbitmq (and VIBEY_AMQP_URL)"
-)
-
 
 def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> WorkerConfig:
-    """The Dramatiq fleet's configuration; ``projects``: serve only their dedicated queues.
+    """The fleet's configuration; ``projects``: serve only their dedicated queues (on the
+    postgres backend: claim only their jobs).
 
-    Checked in this order: the backend is rabbitmq, an AMQP URL is set (else
+    Checked in this order: on the rabbitmq backend an AMQP URL is set (else
     :class:`~vibey.settings.QueueBackendNotConfigured`, naming both fixes), a database URL is
     set, the project ids, then the queue names, the handlers and the workflow definitions.
     """
-    if settings.queue.backend != "rabbitmq":
-        raise SettingsError(WORKER_NEEDS_RABBITMQ)
-    amqp_url = settings.require_amqp_url()
+    postgres = settings.queue.backend == "postgres"
+    amqp_url = "" if postgres else settings.require_amqp_url()
     pg_url = settings.require_database_url()
     rabbitmq, worker = settings.queue.rabbitmq, settings.worker
     config = WorkerConfig(
@@ -72,6 +67,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         engine_timeout=timedelta(seconds=settings.engine.timeout_seconds),
         max_dollars=settings.engine.max_dollars,
         max_turns=settings.engine.max_turns,
+        backend=settings.queue.backend,
+        poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
     )
     _check_names(config)
     _check_handlers(config.handlers)

@@ -50,21 +50,26 @@ class Stack:
     logs: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     config: Path | None = None  # a vibey.toml for every command and worker
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the postgres backend
     _logs: list[Any] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEY_")}
-        return env | {
-            "VIBEY_PG_URL": self.pg_url,
-            "VIBEY_AMQP_URL": self.amqp_url,
-            "VIBEY_BUS_PREFIX": self.prefix,
-            "VIBEY_QUEUE_RECONCILE_INTERVAL": "1",
-            "VIBEY_QUEUE_REDISPATCH_AFTER": "5",
-            "VIBEY_QUEUE_RECLAIM_AFTER": "5",
-            "VIBEY_ENGINE_WORKSPACE": str(self.workspace),
-            "VIBEY_CONFIG": str(self.config) if self.config else "",
-        }
+        return (
+            env
+            | {
+                "VIBEY_PG_URL": self.pg_url,
+                "VIBEY_AMQP_URL": self.amqp_url,
+                "VIBEY_BUS_PREFIX": self.prefix,
+                "VIBEY_QUEUE_RECONCILE_INTERVAL": "1",
+                "VIBEY_QUEUE_REDISPATCH_AFTER": "5",
+                "VIBEY_QUEUE_RECLAIM_AFTER": "5",
+                "VIBEY_ENGINE_WORKSPACE": str(self.workspace),
+                "VIBEY_CONFIG": str(self.config) if self.config else "",
+            }
+            | self.extra_env
+        )
 
     def vibey(
         self, *args: str, check: bool = True, timeout: float = 60
