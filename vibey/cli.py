@@ -38,6 +38,7 @@ from store.errors import DatabaseUnavailable, StoreError
 from store.pool import redact
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
+from vibey.cli_ops import reconcile
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
 from vibey.settings import (
@@ -79,6 +80,7 @@ app = App(
 app.command(workflow_app)
 app.command(gate_app)
 app.command(ledger_app)
+app.command(reconcile)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )
@@ -191,7 +193,9 @@ class DoctorReport:
 
 @app.command
 def doctor(
-    *, json_output: Annotated[bool, Parameter(name="--json", negative=())] = False
+    *,
+    json_output: Annotated[bool, Parameter(name="--json", negative=())] = False,
+    probe: Annotated[bool, Parameter(name="--probe", negative=())] = False,
 ) -> ExitCode:
     """Show the settings in effect and check PostgreSQL, the migrations and RabbitMQ.
 
@@ -204,8 +208,12 @@ def doctor(
     ----------
     json_output
         Print one JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
+    probe
+        Print nothing; only the exit code (a Kubernetes readiness probe).
     """
     report, caps = _diagnose(load_settings())
+    if probe:
+        return ExitCode.OK if report.healthy else ExitCode.FAILURE
     if json_output:
         print(json.dumps(asdict(report), indent=2))
     else:
