@@ -67,6 +67,17 @@ check: venv
     .venv/bin/mypy
     .venv/bin/lint-imports
 
+# Render every Kubernetes overlay (generated/fleet.yaml from fleet.toml and vibey.toml), then
+# print each one as `kubectl kustomize` renders it.
+kube: venv
+    #!/usr/bin/env bash
+    set -euo pipefail
+    {{python}} ops/kubernetes/render.py
+    for overlay in ops/kubernetes/overlays/*/; do
+        echo "# --- $overlay"
+        kubectl kustomize "$overlay"
+    done
+
 # Rewrite formatting and apply safe lint fixes.
 fmt: venv
     .venv/bin/ruff format .
