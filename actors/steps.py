@@ -139,7 +139,10 @@ class StepRunner:
         under a heartbeat, then the one settle, as for a pointer's claim."""
         with self._heartbeat(job):
             outcome = self._handle(job)
-        return self._record(self._settle(job, outcome))
+        self._reached(CrashPoint.AFTER_WORK, job.id, 0, job.attempts)
+        result = self._record(self._settle(job, outcome))
+        self._reached(CrashPoint.AFTER_SETTLE, job.id, 0, job.attempts)
+        return result
 
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
