@@ -16,7 +16,10 @@ import logging
 import os
 import socket
 import threading
+import time
+from datetime import timedelta
 
+from actors import metrics
 from actors.steps import StepResult, StepRunner
 from actors.worker import WorkerConfig, handler_context, load_handlers, load_object, load_registry
 from store.dispatch import DispatchRecords
@@ -25,8 +28,10 @@ from store.errors import StoreError
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.notify import PostgresJobReadyNotifier
+from store.operations import OperationsStore
 from store.pool import open_pool
 from store.workflows import WorkflowStore
+from workflows.queue import ReapResult
 from workflows.steps import Handlers
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,8 @@ class PostgresRuntime:
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, handler_context(config, self.pool))
+        handlers = metrics.instrument(handlers)
+        self.operations = OperationsStore(self.pool)
         self.runner = StepRunner(
             store=self.store,
             records=DispatchRecords(pool=self.pool, relay_id=self.owner),
@@ -124,17 +131,30 @@ class PostgresRuntime:
         interval = self.config.reconcile_interval.total_seconds()
         while not self._stop.wait(interval):
             try:
-                reaped = self.store.reap()
+                reaped = reap_once(self.store, self.operations, self.owner)
             except StoreError as exc:
+                metrics.RECONCILE_FAILURES.inc()
                 log.warning("reap: %s; again in %g s", exc, interval)
                 continue
             if reaped.requeued or reaped.parked:
                 log.info("reap: %s", reaped)
 
     def _count(self, result: StepResult) -> None:
+        metrics.STEP_RESULTS.labels(result.value).inc()
         with self._lock:
             self.results[result] += 1
         if self.config.tally_dir:  # appended at once: a process killed later keeps its count
             path = os.path.join(self.config.tally_dir, f"{os.getpid()}.log")
             with open(path, "a", encoding="utf-8") as out:
                 out.write(f"{result.value}\n")
+
+
+def reap_once(store: PostgresJobRepository, operations: OperationsStore, owner: str) -> ReapResult:
+    """The postgres backend's reconcile: reap expired leases; its metrics and heartbeat."""
+    started = time.monotonic()
+    reaped = store.reap()
+    elapsed = time.monotonic() - started
+    findings = {"requeued": reaped.requeued, "parked": reaped.parked}
+    metrics.observe_reconcile(findings, elapsed)
+    operations.record_heartbeat(owner, timedelta(seconds=elapsed), findings)
+    return reaped

@@ -19,13 +19,16 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from actors import metrics
 from actors.capabilities import detect
+from actors.drive import reap_once
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
-from actors.worker import WorkerConfig
+from actors.worker import WorkerConfig, dead_queue_depth
 from store.dispatch import DispatchRecords
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository
+from store.operations import OperationsStore
 from store.pool import open_pool
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ class ReconcileService:
         self.last_error: str | None = None
         self.relay: Relay | None = None
         self.reconciler: Reconciler | None = None
+        self.operations = OperationsStore(self.pool)
         if config.backend == "postgres":
             self.store = PostgresJobRepository(pool=self.pool, leases=config.leases)
             return
@@ -64,12 +68,15 @@ class ReconcileService:
             names=config.names,
             redispatch_after=config.redispatch_after,
             reclaim_after=config.reclaim_after,
+            operations=self.operations,
+            outbox_retention=config.outbox_retention,
+            owner=self.owner,
         )
 
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
         if self.reconciler is None:
-            return self.store.reap()
+            return reap_once(self.store, self.operations, self.owner)
         return self.reconciler.run_once()
 
     def declare(self) -> None:
@@ -83,6 +90,13 @@ class ReconcileService:
     def run(self, stop: threading.Event, *, report: Callable[[Any], None] | None = None) -> int:
         """Reconcile every interval until ``stop``; returns the passes that failed."""
         failures = 0
+        server = None
+        if self.config.metrics_port is not None:
+            collector = metrics.StoreCollector(
+                self.operations, dead_queue_depth=dead_queue_depth(self.config)
+            )
+            server = metrics.MetricsServer(port=self.config.metrics_port, collectors=[collector])
+            server.start()
         try:
             if self.relay is not None:
                 self.declare()
@@ -91,6 +105,7 @@ class ReconcileService:
                 try:
                     found = self.run_once()
                 except (StoreError, pika.exceptions.AMQPError) as exc:
+                    metrics.RECONCILE_FAILURES.inc()
                     failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("reconcile: %s; again at the next interval", exc)
@@ -100,6 +115,8 @@ class ReconcileService:
                 if stop.wait(self.config.reconcile_interval.total_seconds()):
                     return failures
         finally:
+            if server is not None:
+                server.stop()
             self.close()
 
     def close(self) -> None:

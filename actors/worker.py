@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
+from psycopg_pool import ConnectionPool
 
+from actors import metrics
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.reconcile import Reconciler
@@ -36,6 +38,7 @@ from actors.topology import QueueNames, Topology
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
+from store.operations import OperationsStore
 from store.pool import open_pool
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
@@ -75,6 +78,7 @@ class WorkerConfig:
     backend: str = "rabbitmq"  # or "postgres": the drive loop (actors/drive.py), no broker
     poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
     metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
+    outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -163,6 +167,7 @@ class Runtime:
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, self._handler_context())
+        handlers = metrics.instrument(handlers)
         topology = config.topology()
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
@@ -187,6 +192,9 @@ class Runtime:
             names=names,
             redispatch_after=config.redispatch_after,
             reclaim_after=config.reclaim_after,
+            operations=OperationsStore(self.pool),
+            outbox_retention=config.outbox_retention,
+            owner=self.owner,
         )
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._results_lock = threading.Lock()
@@ -220,6 +228,7 @@ class Runtime:
         self.runner.run(**pointer)
 
     def _count(self, result: StepResult) -> None:
+        metrics.STEP_RESULTS.labels(result.value).inc()
         with self._results_lock:
             self.results[result] += 1
         if self.config.tally_dir:  # appended at once: a process killed later keeps its count
@@ -298,14 +307,37 @@ class Supervisor:
         self._due: list[float | None] = [None] * processes  # when a dead slot respawns
         self._stopping = threading.Event()
         self.respawns = 0
+        self.metrics: metrics.MetricsServer | None = None
+        if config.metrics_port is not None:  # before the forkserver starts: it inherits it
+            metrics.use_multiprocess_dir()
 
     def run(self) -> int:
-        for slot in range(len(self._children)):
-            self._spawn(slot)
-        while not self._stopping.wait(0.25):
-            self._respawn_dead()
-        self._terminate()
+        pool = self._serve_metrics()
+        try:
+            for slot in range(len(self._children)):
+                self._spawn(slot)
+            while not self._stopping.wait(0.25):
+                self._respawn_dead()
+            self._terminate()
+        finally:
+            if self.metrics is not None:
+                self.metrics.stop()
+            if pool is not None:
+                pool.close()
         return self.respawns
+
+    def _serve_metrics(self) -> ConnectionPool[Any] | None:
+        """The fleet's metrics endpoint (every process's events, the store's state)."""
+        if self._config.metrics_port is None:
+            return None
+        pool = open_pool(self._config.pg_url, min_size=1, max_size=2, name="vibey-metrics")
+        collector = metrics.StoreCollector(
+            OperationsStore(pool), dead_queue_depth=dead_queue_depth(self._config)
+        )
+        self.metrics = metrics.MetricsServer(
+            port=self._config.metrics_port, collectors=[collector]
+        ).start()
+        return pool
 
     def stop(self) -> None:
         self._stopping.set()
@@ -358,6 +390,25 @@ class Supervisor:
         for child in self._children:
             if child is not None:
                 child.join()
+
+
+def dead_queue_depth(config: WorkerConfig) -> Any:
+    """A function reading the dead-letter queue's depth (None on the postgres backend)."""
+    if config.backend == "postgres":
+        return None
+    import pika
+
+    def depth() -> int:
+        params = pika.URLParameters(config.amqp_url.split(";")[0])
+        params.connection_attempts, params.socket_timeout = 1, 3
+        connection = pika.BlockingConnection(params)
+        try:
+            queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
+            return int(queue.method.message_count)
+        finally:
+            connection.close()
+
+    return depth
 
 
 def supervise(config: WorkerConfig, *, processes: int) -> int:

@@ -92,6 +92,13 @@ def scaler_count(pool: Pool, work: Work) -> int:
     return 0 if row is None else int(row["count"])
 
 
+def claimable_count(pool: Pool, work: Work) -> int:
+    """What the claim would take now (the trigger's count without the leased rows)."""
+    with statement(pool) as conn:
+        row = fetch_one(conn, Q["claimable_count"], work.params())
+    return 0 if row is None else int(row["count"])
+
+
 def scaler_query(work: Work) -> str:
     """The trigger's SQL with ``work`` written in as literals (KEDA sends no parameters)."""
     params = work.params()

@@ -303,6 +303,7 @@ Index(
     postgresql_where=_gate.c.answered_at.is_(None),
 )
 _outbox = _table(JobOutboxRow)
+Index("job_outbox_sent", _outbox.c.sent_at, postgresql_where=_outbox.c.sent_at.is_not(None))
 Index(
     "job_outbox_unsent",
     _outbox.c.created_at,
@@ -336,3 +337,4 @@ Index("workflow_live", _workflow.c.updated_at, postgresql_where=_live)
 
 from store.models_engines import *  # noqa: E402,F403
 from store.models_ledger import *  # noqa: E402,F403
+from store.models_ops import *  # noqa: E402,F403

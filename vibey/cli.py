@@ -38,7 +38,7 @@ from store.errors import DatabaseUnavailable, StoreError
 from store.pool import redact
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
-from vibey.cli_ops import reconcile
+from vibey.cli_ops import queue_app, reconcile
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
 from vibey.settings import (
@@ -81,6 +81,7 @@ app.command(workflow_app)
 app.command(gate_app)
 app.command(ledger_app)
 app.command(reconcile)
+app.command(queue_app)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )
@@ -167,6 +168,10 @@ class DoctorReport:
     ``broker_version`` and ``broker_capabilities`` (``{name: bool}``, see
     ``actors.capabilities``) are null unless RabbitMQ answered. ``healthy`` is true when
     PostgreSQL answered, no migration is pending and, on the rabbitmq backend, RabbitMQ answered.
+    ``stack`` lists the whole-stack checks run once healthy (``actors.doctor``: topology,
+    consumers, reconcile heartbeat, outbox lag, consumer_timeout, dead letters), each
+    ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``next_command`` is the fix of
+    the first problem (null when there is none).
     """
 
     version: str
@@ -189,6 +194,8 @@ class DoctorReport:
     broker_version: str | None
     broker_capabilities: dict[str, bool] | None
     healthy: bool
+    stack: list[dict[str, Any]]
+    next_command: str | None
 
 
 @app.command
@@ -196,6 +203,7 @@ def doctor(
     *,
     json_output: Annotated[bool, Parameter(name="--json", negative=())] = False,
     probe: Annotated[bool, Parameter(name="--probe", negative=())] = False,
+    stack: Annotated[bool, Parameter(name="--stack", negative=())] = False,
 ) -> ExitCode:
     """Show the settings in effect and check PostgreSQL, the migrations and RabbitMQ.
 
@@ -209,16 +217,19 @@ def doctor(
     json_output
         Print one JSON object instead of text (keys: see ``vibey.cli.DoctorReport``).
     probe
-        Print nothing; only the exit code (a Kubernetes readiness probe).
+        Print nothing; only the exit code (a Kubernetes readiness probe; no stack checks).
+    stack
+        Exit 1 also when a whole-stack check finds a problem (printed either way).
     """
-    report, caps = _diagnose(load_settings())
+    report, caps = _diagnose(load_settings(), stack=not probe)
     if probe:
         return ExitCode.OK if report.healthy else ExitCode.FAILURE
     if json_output:
         print(json.dumps(asdict(report), indent=2))
     else:
         _print_report(report, caps)
-    return ExitCode.OK if report.healthy else ExitCode.FAILURE
+    failed = not report.healthy or (stack and report.next_command is not None)
+    return ExitCode.FAILURE if failed else ExitCode.OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +257,9 @@ def _capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
     return {f.name: getattr(caps, f.name) for f in fields(caps) if f.name != "version"}
 
 
-def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | None]:
+def _diagnose(
+    settings: Settings, *, stack: bool = True
+) -> tuple[DoctorReport, BrokerCapabilities | None]:
     url = settings.database.url
     error: str | None = None
     pending: list[str] = []
@@ -278,7 +291,15 @@ def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | No
         broker_version=None if amqp.caps is None else amqp.caps.version,
         broker_capabilities=None if amqp.caps is None else _capability_map(amqp.caps),
         healthy=error is None and not pending and rabbitmq_fine,
+        stack=[],
+        next_command=None,
     )
+    if stack and report.healthy:
+        from vibey.cli_ops import stack_checks  # pika, the store: only once the basics pass
+
+        checks = stack_checks(settings, amqp.caps)
+        fixes = [c["fix"] for c in checks if c["status"] == "problem" and c["fix"]]
+        report = replace(report, stack=checks, next_command=fixes[0] if fixes else None)
     return report, amqp.caps
 
 
@@ -300,7 +321,12 @@ def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None
         print(f"{label + ':':<15} {value}")
     for label, value in caps.as_table()[1:] if caps is not None else ():
         print(f"  {label}: {value}")
+    for check in report.stack:
+        mark = {"ok": "ok", "problem": "PROBLEM", "info": "note"}[check["status"]]
+        print(f"{check['name'] + ':':<15} {mark}: {check['detail']}")
     print("healthy" if report.healthy else "not healthy")
+    if report.next_command is not None:
+        print(f"next: {report.next_command}")
 
 
 def _rabbitmq_line(report: DoctorReport) -> str:

@@ -139,6 +139,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "first_claim_wait_seconds": "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
         "dedicated_projects": "VIBEY_QUEUE_DEDICATED_PROJECTS",
         "prefetch": "VIBEY_QUEUE_PREFETCH",
+        "outbox_retention_seconds": "VIBEY_QUEUE_OUTBOX_RETENTION",
     },
     "bus": {"amqp_url": "VIBEY_AMQP_URL", "prefix": "VIBEY_BUS_PREFIX", "vhost": "VIBEY_BUS_VHOST"},
     "worker": {
@@ -159,6 +160,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "max_dollars": "VIBEY_ENGINE_MAX_DOLLARS",
         "max_turns": "VIBEY_ENGINE_MAX_TURNS",
     },
+    "metrics": {"port": "VIBEY_METRICS_PORT"},
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
@@ -253,8 +255,14 @@ class RabbitMqSettings:
     first_claim_wait_seconds: float = 2.0
     dedicated_projects: tuple[str, ...] = ()
     prefetch: int | None = None  # None: as many as the worker has threads
+    outbox_retention_seconds: float = 86400.0  # sent outbox rows are pruned after this
 
     def __post_init__(self) -> None:
+        _check_interval(
+            self.outbox_retention_seconds,
+            "VIBEY_QUEUE_OUTBOX_RETENTION",
+            "outbox_retention_seconds",
+        )
         if self.delivery_limit < 0:
             raise SettingsError(
                 f"delivery_limit must be at least 0, got {self.delivery_limit}: "
@@ -460,6 +468,21 @@ class EngineSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """``[metrics]``: the port a worker, the reconciler or a loop service serves Prometheus
+    metrics and ``/healthz`` on (None: no endpoint)."""
+
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise SettingsError(
+                f"the metrics port must be 1..65535, got {self.port}: "
+                "fix VIBEY_METRICS_PORT (or port under [metrics]), or leave it unset"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
@@ -467,6 +490,7 @@ class Settings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     workflow: WorkflowSettings = field(default_factory=WorkflowSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     config_file: Path | None = None
 
     def require_database_url(self) -> str:
@@ -499,6 +523,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         worker=_worker(src["worker"]),
         workflow=_workflow(src["workflow"]),
         engine=_engine(src["engine"]),
+        metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
         config_file=path,
     )
 
@@ -704,6 +729,7 @@ def _rabbitmq(src: _Source) -> RabbitMqSettings:
             first_claim_wait_seconds=src.seconds("first_claim_wait_seconds"),
             dedicated_projects=src.words("dedicated_projects"),
             prefetch=src.integer("prefetch"),
+            outbox_retention_seconds=src.seconds("outbox_retention_seconds"),
         )
     )
 

@@ -69,6 +69,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         max_turns=settings.engine.max_turns,
         backend=settings.queue.backend,
         poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
+        metrics_port=settings.metrics.port,
+        outbox_retention=timedelta(seconds=rabbitmq.outbox_retention_seconds),
     )
     _check_names(config)
     _check_handlers(config.handlers)

@@ -54,3 +54,18 @@ WHERE (%(projects)s::text[] IS NULL OR j.project_id = ANY (%(projects)s::text[])
           )
       )
   )
+
+-- name: claimable_count
+-- The claim's arm alone (what `vibey queue stats` calls a lane's ready rows).
+SELECT count(*)
+FROM job j
+WHERE (%(projects)s::text[] IS NULL OR j.project_id = ANY (%(projects)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR (j.kind = ANY (%(kinds)s::text[])) <> %(exclude)s::boolean)
+  AND j.state IN ('ready', 'awaiting_capacity')
+  AND j.run_after <= now()
+  AND NOT EXISTS (
+      SELECT 1
+      FROM job_dependency d
+      JOIN job p ON p.id = d.depends_on
+      WHERE d.job_id = j.id AND p.state <> 'succeeded'
+  )

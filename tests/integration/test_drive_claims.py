@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from store.drive import Work, claim_next, scaler_count, scaler_query
+from store.drive import Work, claim_next, claimable_count, scaler_count, scaler_query
 from store.jobs import PostgresJobRepository
 from workflows.queue import EnqueueRequest
 
@@ -67,12 +67,13 @@ def test_the_trigger_counts_what_the_claim_takes_then_keeps_counting_it_while_le
 ):
     query = scaler_query(work)
     before = _sql_count(pool, query)
-    assert before == scaler_count(pool, work)
+    assert before == scaler_count(pool, work) == claimable_count(pool, work)
     taken = claim_next(pool, work, owner="t", limit=100)
     assert len(taken) == before
     assert {job.id for job in taken} <= mixed
     assert claim_next(pool, work, owner="t", limit=100) == []
     assert _sql_count(pool, query) == before  # leased: the pods running them stay
+    assert claimable_count(pool, work) == 0
 
 
 def test_the_lanes_split_the_work_and_together_cover_it(pool, mixed):
