@@ -15,6 +15,7 @@ from datetime import timedelta
 import pika
 import pika.exceptions
 
+from actors.amqp import parameters
 from actors.capabilities import BrokerCapabilities
 from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues
 from actors.worker import WorkerConfig
@@ -51,10 +52,8 @@ def stack_checks(
 
 
 def _broker_checks(config: WorkerConfig) -> list[Check]:
-    params = pika.URLParameters(config.amqp_url.split(";")[0])
-    params.connection_attempts, params.socket_timeout = 1, PROBE_TIMEOUT_S
     try:
-        connection = pika.BlockingConnection(params)
+        connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=PROBE_TIMEOUT_S))
     except pika.exceptions.AMQPError as exc:
         return [Check("topology", PROBLEM, f"RabbitMQ did not answer ({exc!r})", None)]
     missing: list[str] = []

@@ -16,6 +16,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from actors.amqp import parameters
 from actors.worker import WorkerConfig
 from store.db import Pool
 from store.drive import Work, claimable_count
@@ -104,9 +105,7 @@ def expected_queues(config: WorkerConfig) -> list[tuple[str, str | None, str | N
 
 
 def _broker_queues(config: WorkerConfig) -> tuple[list[QueueRow], int | None]:
-    params = pika.URLParameters(config.amqp_url.split(";")[0])
-    params.connection_attempts, params.socket_timeout = 1, PROBE_TIMEOUT_S
-    connection = pika.BlockingConnection(params)
+    connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=PROBE_TIMEOUT_S))
     rows: list[QueueRow] = []
     try:
         for name, lane, project in expected_queues(config):

@@ -24,6 +24,7 @@ import pika.exceptions
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from actors import metrics
+from actors.amqp import parameters
 from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.relay import Relay
 from actors.topology import QueueNames
@@ -119,7 +120,7 @@ class Reconciler:
     def _channel(self) -> Any:
         """One connection kept open across runs (reopened after an error)."""
         if self._connection is None or not self._connection.is_open:
-            self._connection = pika.BlockingConnection(pika.URLParameters(self._url))
+            self._connection = pika.BlockingConnection(parameters(self._url))
             self._dead_channel = None
         if self._dead_channel is None or not self._dead_channel.is_open:
             self._dead_channel = self._connection.channel()

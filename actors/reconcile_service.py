@@ -20,6 +20,7 @@ import pika
 import pika.exceptions
 
 from actors import metrics
+from actors.amqp import parameters
 from actors.capabilities import detect
 from actors.drive import reap_once
 from actors.reconcile import Reconciler
@@ -81,7 +82,7 @@ class ReconcileService:
 
     def declare(self) -> None:
         """Declare the topology, as a worker does (the dead-letter queue it drains among it)."""
-        connection = pika.BlockingConnection(pika.URLParameters(self.config.amqp_url))
+        connection = pika.BlockingConnection(parameters(self.config.amqp_url))
         try:
             self.config.topology().declare(connection.channel(), detect(connection))
         finally:

@@ -398,10 +398,10 @@ def dead_queue_depth(config: WorkerConfig) -> Any:
         return None
     import pika
 
+    from actors.amqp import parameters
+
     def depth() -> int:
-        params = pika.URLParameters(config.amqp_url.split(";")[0])
-        params.connection_attempts, params.socket_timeout = 1, 3
-        connection = pika.BlockingConnection(params)
+        connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=3))
         try:
             queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
             return int(queue.method.message_count)

@@ -333,18 +333,22 @@ class BusSettings:
     vhost: str = "/"
 
     def __post_init__(self) -> None:
-        if self.amqp_url is not None and not self.amqp_url.startswith(_AMQP_SCHEMES):
-            raise SettingsError(
-                f"the AMQP URL must start with amqp:// or amqps://, got {_scheme(self.amqp_url)}: "
-                "fix VIBEY_AMQP_URL (or amqp_url under [bus])"
-            )
+        urls = None if self.amqp_url is None else self.amqp_url.split(";")
+        for url in urls or ():
+            if not url.strip().startswith(_AMQP_SCHEMES):
+                raise SettingsError(
+                    f"the AMQP URL must start with amqp:// or amqps://, got {_scheme(url)}: "
+                    "fix VIBEY_AMQP_URL (or amqp_url under [bus]); several URLs (one per "
+                    "node of a cluster) are separated by ';'"
+                )
         if not self.prefix or _NOT_IN_PREFIX.search(self.prefix):
             raise SettingsError(
                 f"the bus prefix {self.prefix!r} must be non-empty and contain no '*', '#' or "
                 "whitespace: fix VIBEY_BUS_PREFIX (or prefix under [bus])"
             )
-        if self.amqp_url is not None:
-            object.__setattr__(self, "amqp_url", _with_vhost(self.amqp_url, self.vhost))
+        if urls is not None:
+            joined = ";".join(_with_vhost(url.strip(), self.vhost) for url in urls)
+            object.__setattr__(self, "amqp_url", joined)
 
 
 def _with_vhost(url: str, vhost: str) -> str:
