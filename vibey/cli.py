@@ -324,9 +324,9 @@ def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None
     for check in report.stack:
         mark = {"ok": "ok", "problem": "PROBLEM", "info": "note"}[check["status"]]
         print(f"{check['name'] + ':':<15} {mark}: {check['detail']}")
-    print("healthy" if report.healthy else "not healthy")
     if report.next_command is not None:
         print(f"next: {report.next_command}")
+    print("healthy" if report.healthy else "not healthy")
 
 
 def _rabbitmq_line(report: DoctorReport) -> str:

@@ -63,7 +63,7 @@ def test_doctor_names_each_problem_with_its_fix_until_the_stack_is_whole(broken:
     text = broken.vibey("doctor", check=False)
     assert text.returncode == 0  # without --stack only the services decide the exit code
     assert "consumers:      PROBLEM: no consumer on" in text.stdout
-    assert text.stdout.rstrip().endswith("next: vibey worker --lanes interactive")
+    assert text.stdout.splitlines()[-2:] == ["next: vibey worker --lanes interactive", "healthy"]
 
     broken.vibey("reconcile", "--once")  # the outbox's fix: sends it, records a heartbeat
     code, report = doctor(broken)
