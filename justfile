@@ -95,6 +95,7 @@ fmt: venv
 bench: venv
     {{python}} ops/bench/claim_ack.py
     {{python}} ops/bench/steps.py
+    {{python}} ops/bench/three_steps.py
     {{python}} ops/bench/protocol.py
     {{python}} ops/bench/protocol.py --no-ledger
     {{python}} ops/bench/ledger.py

@@ -88,6 +88,7 @@ class PointerConsumer(_RabbitmqConsumer):
                 "routing_key": method.routing_key,
                 "delivery": _delivery_count(properties),
                 "solo": _solo(properties),
+                "redelivered": bool(method.redelivered),
             },
             options={},
             message_id=envelope.message_id,

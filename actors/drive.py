@@ -23,7 +23,7 @@ from actors import metrics
 from actors.steps import StepResult, StepRunner
 from actors.worker import WorkerConfig, handler_context, load_handlers, load_object, load_registry
 from store.dispatch import DispatchRecords
-from store.drive import Work, claim_next
+from store.drive import Work, build_kinds, claim_next
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
@@ -48,16 +48,19 @@ class PostgresRuntime:
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 3)
-        self.store = PostgresJobRepository(pool=self.pool, leases=config.leases)
+        registry = load_registry(config.definitions)
+        self.store = PostgresJobRepository(
+            pool=self.pool, leases=config.leases.resolved(registry.kinds.canonical)
+        )
         self.workflows = WorkflowStore(
             pool=self.pool,
             jobs=self.store,
-            registry=load_registry(config.definitions),
+            registry=registry,
             ledger=Ledger(self.pool),
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, handler_context(config, self.pool))
-        handlers = metrics.instrument(handlers)
+        handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
         self.runner = StepRunner(
             store=self.store,
@@ -71,7 +74,9 @@ class PostgresRuntime:
             on_result=self._count,
             workflows=self.workflows,
         )
-        self.work = Work.for_lanes(config.lanes, config.projects or None)
+        self.work = Work.for_lanes(
+            config.lanes, config.projects or None, build_kinds=build_kinds(registry.kinds)
+        )
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -95,6 +100,7 @@ class PostgresRuntime:
             self._wake.notify_all()
         for thread in self._threads:
             thread.join(timeout=timeout)
+        self.runner.close()
         self._notifier.close()
         self.pool.close()
 

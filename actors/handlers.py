@@ -58,25 +58,16 @@ from actors.worktrees import (
     commit_all,
     current_branch,
 )
-from workflows.effort import (
-    Attempt,
-    Effort,
-    LadderExhausted,
-    effort_for,
-    ladder,
-    next_attempt,
-)
-from workflows.job import KIND_ALIASES, KIND_PHASES, FailureClass, canonical_kind, phase_of
+from workflows.effort import Attempt, Effort, LadderExhausted, climb, next_rung
+from workflows.gates import GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
+from workflows.job import TIMER_KIND, FailureClass
+from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
-from workflows.phases import Phase
-from workflows.queue import LADDER_EXHAUSTED, SPEND_EXHAUSTED, GateRequest, Job
+from workflows.protocol.kinds import STEP_KINDS
+from workflows.queue import GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
-IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
-# Bounded ladders (seed 004): these kinds climb BUILD's effort ladder and park when it is spent.
-LADDER_KINDS: frozenset[str] = frozenset({IMPLEMENT, VERIFY})
-LADDER_MAX_ATTEMPTS = {IMPLEMENT: 5, VERIFY: 3}  # the protocol's, for the no-pool fallback
-GRANT_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 50}
+IMPLEMENT, INTEGRATE = "build.implement", "build.integrate"
 SPENT = (
     "SELECT coalesce(sum((payload->>'dollars')::numeric), 0), "
     "coalesce(sum((payload->>'turns')::numeric), 0) FROM ledger_event "
@@ -90,7 +81,6 @@ GRANTED = (
     "SELECT coalesce(sum(answer::int), 0) FROM gate "
     "WHERE job_id = %s AND kind = %s AND answered_at IS NOT NULL AND answer ~ '^[0-9]+$'"
 )
-WORK_FAILURE_KINDS: frozenset[str] = frozenset({"build.verify", "deploy.execute"})
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
@@ -116,16 +106,19 @@ class HandlerContext:
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
-    """A handler for each of the 25 registered names (an alias shares its kind's handler)."""
+    """A handler for each of the protocol's 25 names (an alias shares its kind's handler)."""
     steps = Steps(context)
-    handlers: dict[str, Handler] = dict.fromkeys(KIND_PHASES, steps.run)
+    kinds = [name for name in STEP_KINDS if name != TIMER_KIND]
+    handlers: dict[str, Handler] = dict.fromkeys(kinds, steps.run)
     handlers[INTEGRATE] = steps.integrate
-    handlers.update({alias: handlers[kind] for alias, kind in KIND_ALIASES.items()})
+    handlers.update({alias: handlers[kind] for alias, kind in STEP_KINDS.aliases.items()})
     return MappingProxyType(handlers)
 
 
-def to_outcome(kind: str, verdict: EngineVerdict) -> Outcome:
-    """The step's outcome for an engine's verdict (the table in the module docstring)."""
+def to_outcome(name: str, verdict: EngineVerdict) -> Outcome:
+    """The step's outcome for an engine's verdict (the table in the module docstring); a
+    failure is classed as the kind declares."""
+    kind = STEP_KINDS.get_kind(name)
     if verdict.status == "ok":
         try:  # writers are strict: what the engine says it did must be ledger events we know
             engine_events(verdict.evidence)
@@ -135,15 +128,13 @@ def to_outcome(kind: str, verdict: EngineVerdict) -> Outcome:
     if verdict.status == "capacity":
         reason = verdict.detail or "the engine reported no capacity"
         return Defer(CAPACITY_DELAY, reason, capacity=True)
-    detail = verdict.detail or f"the engine failed {kind}"
+    detail = verdict.detail or f"the engine failed {kind.name}"
     evidence = _writable(verdict.evidence)
     if verdict.engine_fault:
         stderr = str(verdict.evidence.get("stderr_tail", "")).strip()
         detail = f"{detail}; stderr: {stderr[-1000:]}" if stderr else detail
         return Failure(FailureClass.ENGINE, detail[:DETAIL_LIMIT], evidence=evidence)
-    work = canonical_kind(kind) in WORK_FAILURE_KINDS
-    cls = FailureClass.WORK if work else FailureClass.ENGINE
-    return Failure(cls, detail[:DETAIL_LIMIT], evidence=evidence)
+    return Failure(kind.failure_class, detail[:DETAIL_LIMIT], evidence=evidence)
 
 
 def _writable(evidence: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -170,16 +161,17 @@ class Steps:
         self.handoffs = Handoffs(context.pool)  # build.implement: rotation and handoff
 
     def run(self, job: Job) -> Outcome:
-        kind = canonical_kind(job.kind)
+        step_kind = STEP_KINDS.get_kind(job.kind)
+        kind, bounded = step_kind.name, step_kind.bounded is not None
         try:
             step_input = step_input_of(job)
             engine = self._engine(step_input)
             worktree = self._worktree(job, step_input) if kind == IMPLEMENT else None
-            granted = self._granted(job) if kind in LADDER_KINDS else 0
-            over = self._over_spend_cap(job) if kind in LADDER_KINDS else None
+            granted = self._granted(job, step_kind) if bounded else 0
+            over = self._over_spend_cap(job) if bounded else None
             if over is not None:
                 return over
-            effort = _effort(job, granted)
+            effort = _effort(job, step_kind, granted)
             task = EngineTask(
                 kind,
                 job.project_id,
@@ -199,8 +191,8 @@ class Steps:
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
         outcome = to_outcome(kind, verdict)
-        if isinstance(outcome, Failure) and kind in LADDER_KINDS:
-            return _park_if_exhausted(job, kind, outcome, granted)
+        if isinstance(outcome, Failure) and bounded:
+            return _park_if_exhausted(job, step_kind, outcome, granted)
         return outcome
 
     def _over_spend_cap(self, job: Job) -> Park | None:
@@ -211,7 +203,7 @@ class Steps:
             return None
         with self.context.pool.connection() as conn:
             spent = conn.execute(SPENT, (job.id,)).fetchone() or (0, 0)
-            rows = conn.execute(SPEND_GRANTED, (job.id, SPEND_EXHAUSTED)).fetchall()
+            rows = conn.execute(SPEND_GRANTED, (job.id, SPEND_EXHAUSTED.name)).fetchall()
         granted: dict[str, float] = {str(bound): float(amount) for bound, amount in rows}
         for (bound, cap), used in zip(caps.items(), spent, strict=True):
             limit = None if cap is None else cap + granted.get(bound, 0.0)
@@ -219,15 +211,15 @@ class Steps:
                 return _spend_gate(job, bound, float(used), limit)
         return None
 
-    def _granted(self, job: Job) -> int:
+    def _granted(self, job: Job, kind: StepKind) -> int:
         """The attempts granted so far by answers to this job's ladder gates (the record).
         Grants matter only once the ladder's rungs are spent: before that, no query."""
-        if job.attempts < len(ladder(Phase.BUILD)):
+        if job.attempts < len(kind.effort):
             return 0
         if self.context.pool is None:
-            return max(0, job.max_attempts - LADDER_MAX_ATTEMPTS.get(job.kind, job.max_attempts))
+            return max(0, job.max_attempts - kind.max_attempts)
         with self.context.pool.connection() as conn:
-            row = conn.execute(GRANTED, (job.id, LADDER_EXHAUSTED)).fetchone()
+            row = conn.execute(GRANTED, (job.id, LADDER_EXHAUSTED.name)).fetchone()
         return int(row[0]) if row else 0
 
     def integrate(self, job: Job) -> Outcome:
@@ -272,31 +264,30 @@ class Steps:
         return self.workspace.worktree(job.project_id, job.cycle, item["id"])
 
 
-def _effort(job: Job, granted: int) -> Effort:
-    """This attempt's rung of its phase's ladder (seed 004): BUILD and DEPLOY_EXECUTE climb
-    after failures; BUILD's bounded kinds run granted attempts at the top."""
-    phase = phase_of(job.kind)
-    if canonical_kind(job.kind) not in LADDER_KINDS:
-        return effort_for(phase, max(0, job.attempts - 1))
-    step = next_attempt(phase, max(0, job.attempts - 1), granted)
+def _effort(job: Job, kind: StepKind, granted: int) -> Effort:
+    """This attempt's rung of its kind's effort ladder (seed 004): BUILD and DEPLOY_EXECUTE
+    climb after failures; the bounded kinds run granted attempts at the top."""
+    if kind.bounded is None:
+        return climb(kind.effort, max(0, job.attempts - 1))
+    step = next_rung(kind.effort, max(0, job.attempts - 1), granted)
     return step.effort if isinstance(step, Attempt) else step.top
 
 
-def _park_if_exhausted(job: Job, kind: str, failure: Failure, granted: int) -> Outcome:
+def _park_if_exhausted(job: Job, kind: StepKind, failure: Failure, granted: int) -> Outcome:
     """Bounded ladders park, they do not loop: a failure that exhausts the effort ladder (and
     whatever was granted) parks the job behind a gate whose answer grants more attempts."""
-    after = next_attempt(Phase.BUILD, job.attempts, granted)
+    after = next_rung(kind.effort, job.attempts, granted)
     if not isinstance(after, LadderExhausted):
         return failure
-    bound = "max_rounds" if kind == VERIFY else "max_attempts"
+    bound, subject = kind.bounded, job.payload.get("subject") or job.subject
     prompt = (
-        f"{kind} of {job.payload.get('subject') or job.subject} failed at the top of its effort "
+        f"{kind.name} of {subject} failed at the top of its effort "
         f"ladder ({after.top.name}) after {job.attempts} attempts: {failure.detail[:300]}. "
         f"Answer with a number to grant that many more attempts ({bound}); they run at "
         f"{after.top.name}. Or cancel the workflow."
     )
     context = {
-        "kind": kind,
+        "kind": kind.name,
         "attempts": job.attempts,
         "granted": granted,
         "grant": bound,
@@ -304,7 +295,9 @@ def _park_if_exhausted(job: Job, kind: str, failure: Failure, granted: int) -> O
         "failure_class": failure.failure_class.value,
         "detail": failure.detail[:1000],
     }
-    return Park(GateRequest(LADDER_EXHAUSTED, prompt, context=context, schema=GRANT_SCHEMA))
+    return Park(
+        GateRequest(LADDER_EXHAUSTED.name, prompt, context=context, schema=dict(GRANT_SCHEMA))
+    )
 
 
 def _spend_gate(job: Job, bound: str, used: float, limit: float) -> Park:
@@ -315,7 +308,9 @@ def _spend_gate(job: Job, bound: str, used: float, limit: float) -> Park:
         f"({bound}). Or cancel the workflow."
     )
     context = {"kind": job.kind, "grant": bound, "spent": used, "limit": limit}
-    return Park(GateRequest(SPEND_EXHAUSTED, prompt, context=context, schema=GRANT_SCHEMA))
+    return Park(
+        GateRequest(SPEND_EXHAUSTED.name, prompt, context=context, schema=dict(GRANT_SCHEMA))
+    )
 
 
 def step_input_of(job: Job) -> Mapping[str, Any]:

@@ -89,6 +89,7 @@ from workflows.circuit import (
     Verdict,
     settle_verdict,
 )
+from workflows.gates import HANDOFF
 from workflows.job import FailureClass
 from workflows.ledger import LedgerEvent, NewEvent, UnwritableEvent, engine_events
 from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
@@ -97,7 +98,7 @@ from workflows.queue import GateRequest, Job
 from workflows.rotation import Boundary, Candidate, RotationPolicy, RotationState, Trigger, rotate
 from workflows.steps import Defer, Outcome, Park
 
-HANDOFF_GATE = "handoff"
+HANDOFF_GATE = HANDOFF.name
 CAPACITY_DELAY = timedelta(seconds=60)
 REJECTED = "CapacityRejected"
 ANSWERED = (

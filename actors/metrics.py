@@ -35,9 +35,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 
 from store.operations import OperationsStore
-from workflows.dispatch import lane_of
+from workflows.dispatch import Lane
+from workflows.kinds import StepKinds
 from workflows.queue import Job
-from workflows.steps import Handler, Handlers, Outcome
+from workflows.steps import Handler, Handlers, Outcome, Short
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +77,20 @@ def use_multiprocess_dir() -> str:
     return path
 
 
-def instrument(handlers: Handlers) -> Handlers:
-    """``handlers`` with each call timed (duration by kind and outcome, dispatch latency)."""
-    return {kind: _timed(kind, handler) for kind, handler in handlers.items()}
+def instrument(handlers: Handlers, kinds: StepKinds) -> Handlers:
+    """``handlers`` with each call timed (duration by kind and outcome, dispatch latency by
+    the lane ``kinds`` gives the kind); a :class:`Short` handler stays short."""
+    timed: dict[str, Handler] = {}
+    for kind, handler in handlers.items():
+        lane = kinds[kind].lane.value if kind in kinds else Lane.INTERACTIVE.value
+        if isinstance(handler, Short):
+            timed[kind] = Short(_timed(kind, lane, handler.handler))
+        else:
+            timed[kind] = _timed(kind, lane, handler)
+    return timed
 
 
-def _timed(kind: str, handler: Handler) -> Handler:
-    try:
-        lane = lane_of(kind).value
-    except ValueError:
-        lane = "unknown"
-
+def _timed(kind: str, lane: str, handler: Handler) -> Handler:
     def run(job: Job) -> Outcome:
         started = time.time()
         DISPATCH_LATENCY.labels(lane).observe(max(started - job.run_after.timestamp(), 0.0))

@@ -17,11 +17,11 @@ import pika
 import pika.exceptions
 
 from actors.amqp import parameters
-from actors.worker import WorkerConfig
+from actors.worker import WorkerConfig, load_registry
 from store.db import Pool
-from store.drive import Work, claimable_count
+from store.drive import Work, build_kinds, claimable_count
 from store.operations import OperationsStore
-from workflows.dispatch import lane_of
+from workflows.dispatch import Lane
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -50,13 +50,14 @@ class QueueStats:
 
 def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
     ops = OperationsStore(pool)
+    building = build_kinds(load_registry(config.definitions).kinds)
     leased: dict[str, int] = {lane: 0 for lane in config.lanes}
     for state, kind, n in ops.live_jobs():
         if state == "leased":
-            lane = _lane(kind)
+            lane = (Lane.BUILD if kind in building else Lane.INTERACTIVE).value
             leased[lane] = leased.get(lane, 0) + n
     if config.backend == "postgres":
-        queues = _claimable(config, pool)
+        queues = _claimable(config, pool, building)
         dead_queue = None
     else:
         queues, dead_queue = _broker_queues(config)
@@ -76,19 +77,12 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
     )
 
 
-def _lane(kind: str) -> str:
-    try:
-        return lane_of(kind).value
-    except ValueError:
-        return "unknown"
-
-
-def _claimable(config: WorkerConfig, pool: Pool) -> list[QueueRow]:
+def _claimable(config: WorkerConfig, pool: Pool, building: frozenset[str]) -> list[QueueRow]:
     projects = config.projects or None
     return [
         QueueRow(f"{lane} (claimable rows)", lane, None, True, count, None)
         for lane in config.lanes
-        for count in [claimable_count(pool, Work.for_lanes([lane], projects))]
+        for count in [claimable_count(pool, Work.for_lanes([lane], projects, build_kinds=building))]
     ]
 
 

@@ -29,7 +29,7 @@ from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from workflows.dispatch import DispatchEnvelope, EnvelopeError, Lane, WaitTiers, decode
-from workflows.job import FailureClass, JobState, canonical_kind
+from workflows.job import FailureClass, JobState
 from workflows.queue import (
     AnswerOutcome,
     Enqueued,
@@ -127,7 +127,7 @@ class RabbitMqJobRepository:
         self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
     ) -> list[Job]:
         consumer = self.deliveries(project_id)
-        wanted = None if kinds is None else {canonical_kind(k) for k in kinds}
+        wanted = None if kinds is None else set(kinds)
         claimed: list[Job] = []
         skipped: list[Delivery] = []
         while len(claimed) < limit and (delivery := consumer.take()) is not None:

@@ -25,7 +25,7 @@ from actors.capabilities import detect
 from actors.drive import reap_once
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
-from actors.worker import WorkerConfig, dead_queue_depth
+from actors.worker import WorkerConfig, dead_queue_depth, load_registry
 from store.dispatch import DispatchRecords
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository
@@ -44,19 +44,21 @@ class ReconcileService:
         self.relay: Relay | None = None
         self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
+        kinds = load_registry(config.definitions).kinds
+        leases = config.leases.resolved(kinds.canonical)
         if config.backend == "postgres":
-            self.store = PostgresJobRepository(pool=self.pool, leases=config.leases)
+            self.store = PostgresJobRepository(pool=self.pool, leases=leases)
             return
         records = DispatchRecords(pool=self.pool, relay_id=self.owner)
         dedicated = (*config.dedicated_projects, *config.projects)
         self.relay = Relay(
             url=config.amqp_url,
             records=records,
-            router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated),
+            router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated, kinds=kinds),
         )
         self.store = PostgresJobRepository(
             pool=self.pool,
-            leases=config.leases,
+            leases=leases,
             dispatch=True,
             relay_id=self.owner,
             after_commit=self.relay.submit,

@@ -1,7 +1,8 @@
 """The outbox relay: publishes dispatch pointers with pipelined publisher confirms.
 
 A committing transaction writes its outbox rows already claimed for this process's relay and,
-after the commit, hands their ids to :meth:`Relay.submit`, which returns at once: the step's
+after the commit, hands them (their pointer fields, from the INSERT's ``RETURNING``: the relay
+does not read the outbox again) to :meth:`Relay.submit`, which returns at once: the step's
 thread never waits for the broker. The relay publishes each pointer with ``mandatory`` on a
 confirm-mode channel without waiting for the confirm of the one before (confirms arrive in
 batches), and only when the broker confirmed a message it did not return does it mark the
@@ -38,8 +39,10 @@ import pika.spec
 
 from actors.amqp import parameters
 from actors.topology import QueueNames
-from store.dispatch import DispatchRecords, OutboxRow
-from workflows.dispatch import DispatchEnvelope, WaitTiers, encode, lane_of, tier_name
+from store.dispatch import DispatchRecords
+from store.unit_of_work import OutboxRow
+from workflows.dispatch import DispatchEnvelope, Lane, WaitTiers, encode, tier_name
+from workflows.kinds import StepKinds
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +62,27 @@ class Publication:
 
 
 class Router:
-    """Where a pointer goes: the work exchange when due, else a wait tier's exchange."""
+    """Where a pointer goes: the work exchange when due, else a wait tier's exchange; into the
+    lane its kind declares (``kinds``: the registered definitions'; a kind none declares goes
+    to the interactive lane)."""
 
     def __init__(
-        self, *, names: QueueNames, tiers: WaitTiers, dedicated: Iterable[str] = ()
+        self,
+        *,
+        names: QueueNames,
+        tiers: WaitTiers,
+        dedicated: Iterable[str] = (),
+        kinds: StepKinds | None = None,
     ) -> None:
         self._names = names
         self._tiers = tiers
         self._dedicated = frozenset(dedicated)
+        self._kinds = kinds if kinds is not None else StepKinds()
+
+    def lane(self, kind: str) -> Lane:
+        if kind in self._kinds:
+            return self._kinds[kind].lane
+        return Lane.INTERACTIVE
 
     def publication(self, row: OutboxRow, now: datetime) -> Publication:
         envelope = DispatchEnvelope(
@@ -77,7 +93,7 @@ class Router:
             not_before=row.not_before,
         )
         key = self._names.routing_key(
-            lane_of(row.kind), row.project_id, dedicated=row.project_id in self._dedicated
+            self.lane(row.kind), row.project_id, dedicated=row.project_id in self._dedicated
         )
         tier = self._tiers.route(row.not_before - now)
         exchange = (
@@ -107,7 +123,7 @@ class Relay:
         self._router = router
         self._clock = clock
         self._mark_batch = mark_batch
-        self._inbox: queue.Queue[tuple[int, ...] | None] = queue.Queue()
+        self._inbox: queue.Queue[tuple[OutboxRow | int, ...] | None] = queue.Queue()
         self._results: queue.Queue[tuple[int, bool]] = queue.Queue()
         self._stopping = threading.Event()
         self._ready = threading.Event()
@@ -141,12 +157,13 @@ class Relay:
 
     # -- the two ways rows arrive ----------------------------------------------------------
 
-    def submit(self, ids: Sequence[int]) -> None:
-        """Publish rows this process just committed (already claimed for this relay)."""
-        if ids:
+    def submit(self, rows: Sequence[OutboxRow | int]) -> None:
+        """Publish rows this process just committed (already claimed for this relay): their
+        pointer fields as the commit returned them, or ids to read (unsent ones only)."""
+        if rows:
             with self._lock:
-                self._in_flight += len(ids)
-            self._inbox.put(tuple(ids))
+                self._in_flight += len(rows)
+            self._inbox.put(tuple(rows))
 
     def drain(self, *, limit: int = 500, reclaim_after: timedelta = timedelta(seconds=30)) -> int:
         """Claim unsent rows nobody holds (or a dead relay held) and publish them."""
@@ -154,7 +171,7 @@ class Relay:
         if rows:
             with self._lock:
                 self._in_flight += len(rows)
-            self._inbox.put(tuple(r.id for r in rows))
+            self._inbox.put(tuple(rows))
         return len(rows)
 
     def flush(self, *, timeout: float = 10.0) -> bool:
@@ -176,8 +193,8 @@ class Relay:
                 self._publish(ids)
             self._settle_confirms()
 
-    def _collect(self) -> list[int]:
-        ids: list[int] = []
+    def _collect(self) -> list[OutboxRow | int]:
+        ids: list[OutboxRow | int] = []
         try:
             first = self._inbox.get(timeout=0.01)
         except queue.Empty:
@@ -192,18 +209,18 @@ class Relay:
             if more is not None:
                 ids.extend(more)
 
-    def _publish(self, ids: list[int]) -> None:
+    def _publish(self, items: list[OutboxRow | int]) -> None:
+        rows = [item for item in items if isinstance(item, OutboxRow)]
+        ids = [item for item in items if not isinstance(item, OutboxRow)]
         try:
-            rows = self._records.outbox_rows(ids)
+            rows += self._records.outbox_rows(ids) if ids else []
         except Exception:
             log.exception(
                 "relay: could not read %d outbox rows; the reconciler will resend", len(ids)
             )
-            self._done(len(ids))
-            return
         now = self._clock()
         publications = [self._router.publication(row, now) for row in rows]
-        self._done(len(ids) - len(publications))  # already sent by someone else
+        self._done(len(items) - len(publications))  # already sent by someone else, or unread
         assert self._io is not None
         self._io.publish(publications)
 

@@ -6,34 +6,33 @@ budget bounds), so Dramatiq always acknowledges the delivery after the settle co
 pointer whose claim missed is dropped or re-delayed through a wait tier by
 ``workflows.dispatch.decide_miss``.
 
-While a handler runs, a heartbeat thread extends the lease every third of its timeout, so a
-two-hour step holds its lease however long it takes, and loses it (and any settle) as soon as
-its process stops beating.
+While a handler runs, the process's heartbeat thread (``actors.heartbeat``) extends the lease
+every third of its timeout, so a two-hour step holds its lease however long it takes, and
+loses it (and any settle) as soon as its process stops beating.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from actors.broker import VibeyBroker
+from actors.heartbeat import Heartbeats
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.topology import QueueNames
-from store.db import Conn
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
-from store.workflows import WorkflowStore
+from store.unit_of_work import UnitOfWork
+from store.workflows import Workflow, WorkflowStore
 from workflows.dispatch import DispatchEnvelope, WaitTiers
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.queue import Job, Settled
-from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Success
+from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Short, Success
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ class CrashPoints(Protocol):
 
 def _died_with_its_process(job: Job) -> bool:
     """Its previous attempt's lease expired (the reaper or a takeover says so)."""
-    return job.last_error is not None and job.last_error.startswith("lease expired")
+    return job.lease_expired
 
 
 class StepRunner:
@@ -93,6 +92,11 @@ class StepRunner:
         self._gate = SoloGate()
         self._on_result = on_result
         self._workflows = workflows
+        self._heartbeats = Heartbeats(beat=store.heartbeat)
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (once no step runs)."""
+        self._heartbeats.close()
 
     def run(
         self,
@@ -104,9 +108,49 @@ class StepRunner:
         routing_key: str,
         delivery: int = 0,
         solo: bool = False,
+        redelivered: bool = False,
     ) -> StepResult:
+        """``delivery``: the broker's delivery count before this one; ``redelivered``: the
+        broker delivered this message before (a consumer died holding it)."""
         with self._gate.alone() if solo else self._gate.shared():
+            if not (solo or redelivered or delivery) and self._short(kind):
+                return self._run_short(UUID(job_id), project_id, seq, kind, routing_key)
             return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
+
+    def _short(self, kind: str) -> bool:
+        return kind == TIMER_KIND or isinstance(self._handlers.get(kind), Short)
+
+    def _run_short(
+        self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
+    ) -> StepResult:
+        """A short step's first delivery: the fenced claim, the handler and the settle in one
+        unit of work, one commit. The claim is never committed on its own, so no heartbeat
+        is needed (the row lock holds the job), and a crash before the commit leaves the job
+        as it was at this generation: the broker redelivers the pointer, and a redelivery runs
+        on the two-commit path, whose committed claim counts the attempt (poison stays
+        bounded). A workflow's step locks its workflow first (the store's lock order)."""
+        self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
+        with self._store.units.begin() as unit:
+            locked = (
+                None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
+            )
+            job = self._records.claim_pointer_txn(
+                unit.conn, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+            )
+            workflow = None if locked is None else locked()
+            if job is None:
+                missed = True
+            elif _died_with_its_process(job):
+                missed, result = False, self._alone_next_txn(unit, job)
+            else:
+                missed, outcome = False, self._handle(job)
+                self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
+                result = self._settle_txn(unit, job, outcome, workflow)
+        if missed or job is None:
+            return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
+        self._record(result)
+        self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
+        return result
 
     def _run(
         self,
@@ -126,7 +170,7 @@ class StepRunner:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         if not solo and _died_with_its_process(job):
             return self._record(self._run_alone_next(job))
-        with self._heartbeat(job):
+        with self._heartbeats.holding(job):
             outcome = self._handle(job)
         self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
         result = self._settle(job, outcome)
@@ -137,7 +181,7 @@ class StepRunner:
     def run_claimed(self, job: Job) -> StepResult:
         """A job this process already leased (the postgres backend's claim): the handler
         under a heartbeat, then the one settle, as for a pointer's claim."""
-        with self._heartbeat(job):
+        with self._heartbeats.holding(job):
             outcome = self._handle(job)
         self._reached(CrashPoint.AFTER_WORK, job.id, 0, job.attempts)
         result = self._record(self._settle(job, outcome))
@@ -146,7 +190,12 @@ class StepRunner:
 
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
-        settled = self._store.defer(
+        with self._store.units.begin(one_statement=True) as unit:
+            return self._alone_next_txn(unit, job)
+
+    def _alone_next_txn(self, unit: UnitOfWork, job: Job) -> StepResult:
+        settled = self._store.defer_txn(
+            unit,
             job.lease,
             delay=timedelta(0),
             reason=f"{job.last_error}; running it again alone",
@@ -176,27 +225,24 @@ class StepRunner:
             return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
-        """One transaction: the fenced settle and, for a workflow's step that finished, the
-        workflow's event with everything it decides (``WorkflowStore.settle_txn``)."""
+        """One unit of work: the fenced settle and, for a workflow's step that finished, the
+        workflow's event with everything it decides (``WorkflowStore.settle_txn``). A plain
+        job's nack, defer and park are one statement each: no BEGIN/COMMIT around them."""
+        one = (self._workflows is None or job.workflow_id is None) and not isinstance(
+            outcome, Success
+        )
+        with self._store.units.begin(one_statement=one) as unit:
+            return self._settle_txn(unit, job, outcome, None)
+
+    def _settle_txn(
+        self, unit: UnitOfWork, job: Job, outcome: Outcome, workflow: Workflow | None
+    ) -> StepResult:
         settle, label = _settle_write(self._store, job, outcome)
         if self._workflows is not None and job.workflow_id is not None:
-            result = outcome.result if isinstance(outcome, Success) else {}
-            evidence = outcome.evidence if isinstance(outcome, Failure) else result.get("evidence")
-            failure = (
-                (outcome.failure_class, outcome.detail) if isinstance(outcome, Failure) else None
-            )
-            settled = self._store.dispatching_transaction(
-                self._workflows.settle_txn,
-                job,
-                settle,
-                result={k: v for k, v in result.items() if k != "evidence"},
-                failure=failure,
-                evidence=evidence if isinstance(evidence, Mapping) else None,
-            )
+            facts = _event_facts(outcome)
+            settled = self._workflows.settle_txn(unit, job, settle, locked=workflow, **facts)
         else:
-            # nack, defer and park are one statement each: no BEGIN/COMMIT around them.
-            one = not isinstance(outcome, Success)
-            settled = self._store.dispatching_transaction(_plain, settle, one_statement=one)
+            settled = settle(unit)
         if not settled.applied:
             log.warning("job %s: settle refused, the lease was lost (%s)", job.id, label)
             return StepResult.STALE
@@ -220,59 +266,49 @@ class StepRunner:
         )
         return StepResult.REDELAYED
 
-    @contextmanager
-    def _heartbeat(self, job: Job) -> Iterator[None]:
-        stop = threading.Event()
-        interval = max(job.lease_timeout / 3, timedelta(milliseconds=50)).total_seconds()
 
-        def beat() -> None:
-            while not stop.wait(interval):
-                if not self._store.heartbeat(job.lease).applied:
-                    log.warning("job %s: heartbeat refused, the lease was lost", job.id)
-                    return
-
-        thread = threading.Thread(target=beat, name=f"heartbeat-{job.id}", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
+SettleWrite = Callable[[UnitOfWork], Settled]
 
 
-SettleWrite = Callable[[Conn, list[int] | None], Settled]
+def _event_facts(outcome: Outcome) -> dict[str, Any]:
+    """What the workflow's event needs from an outcome: result, failure and evidence."""
+    match outcome:
+        case Success():
+            return {
+                "result": outcome.decided,
+                "failure": None,
+                "evidence": outcome.ledger_evidence or None,
+            }
+        case Failure(failure_class=cls, detail=detail, evidence=evidence):
+            return {"result": {}, "failure": (cls, detail), "evidence": evidence or None}
+        case _:
+            return {"result": {}, "failure": None, "evidence": None}
 
 
 def _settle_write(
     store: PostgresJobRepository, job: Job, outcome: Outcome
 ) -> tuple[SettleWrite, StepResult]:
-    """The fenced write an outcome asks for, as a function of the caller's transaction."""
+    """The fenced write an outcome asks for, as a function of the caller's unit of work."""
     lease = job.lease
     match outcome:
         case Success(result=result):
             return (
-                lambda conn, outbox: store.ack_txn(conn, lease, result=result, outbox=outbox),
+                lambda unit: store.ack_txn(unit, lease, result=result),
                 StepResult.SUCCEEDED,
             )
         case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
             return (
-                lambda conn, outbox: store.nack_txn(
-                    conn, lease, error=detail, failure_class=cls, retry_in=retry_in, outbox=outbox
+                lambda unit: store.nack_txn(
+                    unit, lease, error=detail, failure_class=cls, retry_in=retry_in
                 ),
                 StepResult.FAILED,
             )
         case Defer(delay=delay, reason=reason, capacity=capacity):
             return (
-                lambda conn, outbox: store.defer_txn(
-                    conn, lease, delay=delay, reason=reason, capacity=capacity, outbox=outbox
+                lambda unit: store.defer_txn(
+                    unit, lease, delay=delay, reason=reason, capacity=capacity
                 ),
                 StepResult.DEFERRED,
             )
         case Park(gate=gate):
-            return (lambda conn, outbox: store.park_txn(conn, lease, gate), StepResult.PARKED)
-
-
-def _plain(
-    conn: Conn, settle: Callable[[Conn, list[int] | None], Settled], *, outbox: list[int]
-) -> Settled:
-    return settle(conn, outbox)
+            return (lambda unit: store.park_txn(unit.conn, lease, gate), StepResult.PARKED)

@@ -147,14 +147,17 @@ class Runtime:
         self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 4)
         self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
         dedicated = (*config.dedicated_projects, *config.projects)
+        registry = load_registry(config.definitions)
         self.relay = Relay(
             url=config.amqp_url,
             records=self.records,
-            router=Router(names=names, tiers=config.tiers, dedicated=dedicated),
+            router=Router(
+                names=names, tiers=config.tiers, dedicated=dedicated, kinds=registry.kinds
+            ),
         )
         self.store = PostgresJobRepository(
             pool=self.pool,
-            leases=config.leases,
+            leases=config.leases.resolved(registry.kinds.canonical),
             dispatch=True,
             relay_id=self.owner,
             after_commit=self.relay.submit,
@@ -162,12 +165,12 @@ class Runtime:
         self.workflows = WorkflowStore(
             pool=self.pool,
             jobs=self.store,
-            registry=load_registry(config.definitions),
+            registry=registry,
             ledger=Ledger(self.pool),
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, self._handler_context())
-        handlers = metrics.instrument(handlers)
+        handlers = metrics.instrument(handlers, registry.kinds)
         topology = config.topology()
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
@@ -253,6 +256,7 @@ class Runtime:
         self.reconciler.stop()
         if self._worker is not None:
             self._worker.stop(timeout=int(timeout * 1000))
+        self.runner.close()
         self.relay.stop()
         self.broker.close()
         self.pool.close()

@@ -3,6 +3,7 @@ transaction scopes, and dict-row fetches of named SQL."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +27,35 @@ def transaction(pool: Pool) -> Iterator[Conn]:
 
 
 @contextmanager
+def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
+    """A transaction in pipeline mode: BEGIN, every statement whose result is not read, and
+    COMMIT travel with the next read (see ``store/unit_of_work.py``). Plain BEGIN/COMMIT
+    commands, not psycopg's ``transaction()``, which syncs a pipeline four times."""
+    with translated(), pool.connection() as conn, conn.pipeline() as pipeline:
+        conn.execute(b"BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            settle_pipeline(conn)
+            conn.execute(b"ROLLBACK")
+            raise
+        conn.execute(b"COMMIT")
+        pipeline.sync()  # the commit's own error, if any, is raised here
+
+
+def settle_pipeline(conn: Conn) -> None:
+    """On an error path in pipeline mode: read every result still in flight (a failed
+    statement's error is dropped: the caller is already handling an exception) and end an
+    aborted pipeline, so that a ROLLBACK sent next is executed."""
+    if conn.pgconn.pipeline_status == pq.PipelineStatus.OFF:
+        return
+    for _ in range(2):  # the first sync may stop at the failed statement's error
+        with contextlib.suppress(psycopg.Error), conn.pipeline() as pipeline:
+            pipeline.sync()
+            return
+
+
+@contextmanager
 def statement(pool: Pool) -> Iterator[Conn]:
     """A connection for one statement: on an autocommit connection the statement is its own
     transaction (one round trip); any other connection wraps it in BEGIN/COMMIT."""
@@ -42,6 +72,11 @@ def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | No
         cur.execute(query.encode(), params)
         # The result's status, not cur.description (which builds a Column per column).
         result = cur.pgresult
+        if result is None and conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:  # pipelined
+            row = cur.fetchone()
+            result = cur.pgresult
+            ok = result is not None and result.status == pq.ExecStatus.TUPLES_OK
+            return row if ok else None
         if result is None or result.status != pq.ExecStatus.TUPLES_OK:
             return None
         return cur.fetchone()

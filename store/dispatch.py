@@ -16,27 +16,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from psycopg.rows import DictRow
-
 from store.db import Conn, Pool, fetch_all, fetch_one, statement
 from store.jobs import job_from_row
 from store.sql import load
+from store.unit_of_work import OutboxRow, outbox_row
 from workflows.job import JobState
 from workflows.queue import DELIVERY_EXHAUSTED_PROMPT, Job
 
 Q = load("dispatch.sql")
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    id: int
-    key: str
-    job_id: UUID
-    project_id: str
-    dispatch_seq: int
-    kind: str
-    not_before: datetime
-    solo: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +124,12 @@ class DispatchRecords:
             "reclaim_s": reclaim_after.total_seconds(),
         }
         with self._conn() as conn:
-            return [_outbox(r) for r in fetch_all(conn, Q["claim_outbox"], params)]
+            return [outbox_row(r) for r in fetch_all(conn, Q["claim_outbox"], params)]
 
     def outbox_rows(self, ids: Sequence[int]) -> list[OutboxRow]:
         """The unsent rows among ``ids`` (rows this process wrote, already claimed for it)."""
         with self._conn() as conn:
-            return [_outbox(r) for r in fetch_all(conn, Q["outbox_rows"], {"ids": list(ids)})]
+            return [outbox_row(r) for r in fetch_all(conn, Q["outbox_rows"], {"ids": list(ids)})]
 
     def mark_sent(self, ids: Sequence[int]) -> None:
         if ids:
@@ -160,16 +147,3 @@ class DispatchRecords:
         return (
             OutboxBacklog(int(row["unsent"]), int(row["claimed"])) if row else OutboxBacklog(0, 0)
         )
-
-
-def _outbox(row: DictRow) -> OutboxRow:
-    return OutboxRow(
-        id=row["id"],
-        key=row["key"],
-        job_id=row["job_id"],
-        project_id=row["project_id"],
-        dispatch_seq=row["dispatch_seq"],
-        kind=row["kind"],
-        not_before=row["not_before"],
-        solo=row["solo"],
-    )

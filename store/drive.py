@@ -22,7 +22,8 @@ from psycopg import sql
 from store.db import Conn, Pool, fetch_all, fetch_one, statement
 from store.jobs import job_from_row
 from store.sql import load
-from workflows.dispatch import BUILD_LANE_KINDS, Lane
+from workflows.dispatch import Lane
+from workflows.kinds import StepKinds
 from workflows.queue import Job
 
 Q = load("drive.sql")
@@ -53,14 +54,22 @@ class Work:
         )
 
     @classmethod
-    def for_lanes(cls, lanes: Collection[str], projects: Collection[str] | None = None) -> Work:
-        """The jobs of ``lanes`` (BUILD: the long unattended kinds; INTERACTIVE: the rest)."""
+    def for_lanes(
+        cls,
+        lanes: Collection[str],
+        projects: Collection[str] | None = None,
+        *,
+        build_kinds: Collection[str],
+    ) -> Work:
+        """The jobs of ``lanes``: BUILD is ``build_kinds`` (the kinds the definitions put in
+        the build lane), INTERACTIVE every other kind (as the relay routes a kind no
+        definition declares)."""
         wanted = {Lane(lane) for lane in lanes}
         if not wanted:
             raise ValueError("a worker serves at least one lane")
         if wanted == set(Lane):
             return cls.of(projects=projects)
-        return cls.of(kinds=BUILD_LANE_KINDS, exclude=Lane.BUILD not in wanted, projects=projects)
+        return cls.of(kinds=build_kinds, exclude=Lane.BUILD not in wanted, projects=projects)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -68,6 +77,13 @@ class Work:
             "exclude": self.exclude,
             "projects": None if self.projects is None else list(self.projects),
         }
+
+
+def build_kinds(kinds: StepKinds) -> frozenset[str]:
+    """The kinds (and aliases) of ``kinds`` that run in the BUILD lane."""
+    canonical = {name for name, kind in kinds.items() if kind.lane is Lane.BUILD}
+    aliases = {alias for alias, name in kinds.aliases.items() if name in canonical}
+    return frozenset(canonical | aliases)
 
 
 def claim_next_txn(conn: Conn, work: Work, *, owner: str, limit: int = 1) -> list[Job]:

@@ -21,6 +21,8 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.sql import load
+from store.unit_of_work import Publish, UnitOfWork, Units
+from workflows.gates import ENGINE_GATES
 from workflows.job import (
     DEFAULT_BACKOFF,
     BackoffPolicy,
@@ -28,11 +30,9 @@ from workflows.job import (
     JobState,
     LeasePolicy,
     backoff,
-    canonical_kind,
     jitter_fraction,
 )
 from workflows.queue import (
-    DELIVERY_EXHAUSTED,
     DELIVERY_EXHAUSTED_PROMPT,
     NOT_APPLIED,
     AnswerOutcome,
@@ -67,18 +67,18 @@ class PostgresJobRepository:
         backoff_policy: BackoffPolicy = DEFAULT_BACKOFF,
         dispatch: bool = False,
         relay_id: str | None = None,
-        after_commit: Callable[[Sequence[int]], None] | None = None,
+        after_commit: Publish | None = None,
     ) -> None:
         """``dispatch`` turns on dispatch generations and the outbox (the RabbitMQ backend):
-        outbox rows written by a public method are claimed for ``relay_id`` and handed to
-        ``after_commit`` once the transaction committed; ``*_txn`` forms append them to the
-        caller's ``outbox`` list instead, for the caller to hand over after its commit."""
+        outbox rows are claimed for ``relay_id`` and kept by the unit of work that wrote them;
+        ``units`` (a public method's, or a caller's composing ``*_txn`` forms) hands them to
+        ``after_commit`` once its transaction committed."""
         self._pool = pool
         self._leases = leases or LeasePolicy()
         self._backoff = backoff_policy
         self._dispatch = dispatch
         self._relay_id = relay_id if dispatch else None
-        self._after_commit = after_commit
+        self.units = Units(pool=pool, publish=after_commit)
 
     @property
     def dispatching(self) -> bool:
@@ -87,42 +87,12 @@ class PostgresJobRepository:
     def _dispatch_params(self) -> dict[str, Any]:
         return {"dispatch": self._dispatch, "relay": self._relay_id}
 
-    def dispatching_transaction(
-        self, fn: Callable[..., R], *args: Any, one_statement: bool = False, **kwargs: Any
-    ) -> R:
-        """Run ``fn(conn, *args, outbox=[...], **kwargs)`` in one transaction (or, when ``fn``
-        issues one statement, as that statement); the outbox rows it wrote go to the relay
-        after the commit. For writers outside this repository (the workflow store, the step
-        actor) that compose ``*_txn`` methods."""
-        return self._run_dispatching(fn, *args, one_statement=one_statement, **kwargs)
-
-    def _run_dispatching(
-        self,
-        fn: Callable[..., R],
-        *args: Any,
-        one_statement: bool = False,
-        **kwargs: Any,
-    ) -> R:
-        """Run a write that may produce outbox rows; hand them to ``after_commit`` after the
-        commit (never before: the relay must not publish what might still roll back)."""
-        outbox: list[int] = []
-        context = self._statement() if one_statement else self.transaction()
-        with context as conn:
-            result = fn(conn, *args, outbox=outbox, **kwargs)
-        if outbox and self._after_commit is not None:
-            self._after_commit(tuple(outbox))
-        return result
-
     def transaction(self) -> AbstractContextManager[Conn]:
         """A connection inside a transaction that commits on success and rolls back on error."""
         return transaction(self._pool)
 
     def _statement(self) -> AbstractContextManager[Conn]:
         return statement(self._pool)
-
-    def _run(self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
-        with self.transaction() as conn:
-            return fn(conn, *args, **kwargs)
 
     def _run_one(
         self, fn: Callable[Concatenate[Conn, P], R], *args: P.args, **kwargs: P.kwargs
@@ -134,19 +104,20 @@ class PostgresJobRepository:
     # -- enqueue ---------------------------------------------------------------------------
 
     def enqueue(self, request: EnqueueRequest) -> Enqueued:
-        return self._run_dispatching(self.enqueue_txn, request)
+        with self.units.begin() as unit:
+            return self.enqueue_txn(unit, request)
 
     def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
-        return self._run_dispatching(self.enqueue_batch_txn, requests)
+        with self.units.begin() as unit:
+            return self.enqueue_batch_txn(unit, requests)
 
-    def enqueue_txn(
-        self, conn: Conn, request: EnqueueRequest, *, outbox: list[int] | None = None
-    ) -> Enqueued:
-        return self.enqueue_batch_txn(conn, [request], outbox=outbox)[0]
+    def enqueue_txn(self, unit: UnitOfWork, request: EnqueueRequest) -> Enqueued:
+        return self.enqueue_batch_txn(unit, [request])[0]
 
     def enqueue_batch_txn(
-        self, conn: Conn, requests: Sequence[EnqueueRequest], *, outbox: list[int] | None = None
+        self, unit: UnitOfWork, requests: Sequence[EnqueueRequest]
     ) -> list[Enqueued]:
+        conn = unit.conn
         resolved: dict[UUID, UUID] = {}
         results: list[Enqueued] = []
         woken: set[str] = set()
@@ -161,7 +132,7 @@ class PostgresJobRepository:
             conn.execute(Q["notify_ready"], {"project_id": project_id})
         created = [r.job.id for r in results if r.created]
         if self._dispatch and created:
-            released = self._dispatch_released(conn, outbox, ids=created)
+            released = self._dispatch_released(unit, ids=created)
             results = [
                 replace(r, job=replace(r.job, dispatch_seq=1)) if r.job.id in released else r
                 for r in results
@@ -169,23 +140,17 @@ class PostgresJobRepository:
         return results
 
     def _dispatch_released(
-        self,
-        conn: Conn,
-        outbox: list[int] | None,
-        *,
-        ids: Sequence[UUID] = (),
-        parent: UUID | None = None,
+        self, unit: UnitOfWork, *, ids: Sequence[UUID] = (), parent: UUID | None = None
     ) -> set[UUID]:
         """Dispatch the jobs (or the parent's dependents) now claimable at generation 0;
         returns the ids of the jobs dispatched."""
         if parent is None:
             params = self._dispatch_params() | {"ids": list(ids)}
-            written = fetch_all(conn, Q["dispatch_released"], params)
+            written = fetch_all(unit.conn, Q["dispatch_released"], params)
         else:
             params = self._dispatch_params() | {"parent": parent}
-            written = fetch_all(conn, Q["dispatch_dependents"], params)
-        if outbox is not None:
-            outbox.extend(int(r["id"]) for r in written)
+            written = fetch_all(unit.conn, Q["dispatch_dependents"], params)
+        unit.wrote(written)
         return {r["job_id"] for r in written}
 
     def _enqueue_one(
@@ -218,7 +183,7 @@ class PostgresJobRepository:
                 "payload": Jsonb(dict(request.payload)),
                 "delay_s": request.delay.total_seconds(),
                 "max_attempts": request.max_attempts,
-                "lease_ms": _millis(self._leases.lease_for(request.kind)),
+                "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
                 "workflow_id": request.workflow_id,
                 "step": request.step,
             },
@@ -261,7 +226,7 @@ class PostgresJobRepository:
     ) -> list[Job]:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
+        wanted = None if kinds is None else sorted(set(kinds))
         rows = fetch_all(
             conn,
             Q["claim"],
@@ -287,21 +252,20 @@ class PostgresJobRepository:
 
     def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
         one = not self._dispatch  # dispatching also releases dependents: three statements
-        return self._run_dispatching(self.ack_txn, lease, result=result, one_statement=one)
+        with self.units.begin(one_statement=one) as unit:
+            return self.ack_txn(unit, lease, result=result)
 
     def ack_txn(
-        self,
-        conn: Conn,
-        lease: Lease,
-        *,
-        result: JsonObject | None = None,
-        outbox: list[int] | None = None,
+        self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
     ) -> Settled:
         params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
-        settled = _settled(fetch_one(conn, Q["ack"], params))
-        if settled.applied and self._dispatch:
-            conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
-            self._dispatch_released(conn, outbox, parent=lease.job_id)
+        row = fetch_one(unit.conn, Q["ack"], params)
+        settled = _settled(row)
+        # ``woken``: the job has dependents (one written by a transaction still open is the
+        # lost-dispatch sweep's, as it always was).
+        if row is not None and row["woken"] and self._dispatch:
+            unit.conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
+            self._dispatch_released(unit, parent=lease.job_id)
         return settled
 
     def nack(
@@ -312,24 +276,19 @@ class PostgresJobRepository:
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
     ) -> Settled:
-        return self._run_dispatching(
-            self.nack_txn,
-            lease,
-            error=error,
-            failure_class=failure_class,
-            retry_in=retry_in,
-            one_statement=True,
-        )
+        with self.units.begin(one_statement=True) as unit:
+            return self.nack_txn(
+                unit, lease, error=error, failure_class=failure_class, retry_in=retry_in
+            )
 
     def nack_txn(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         lease: Lease,
         *,
         error: str,
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
-        outbox: list[int] | None = None,
     ) -> Settled:
         if retry_in is None:
             attempt = max(lease.attempt, 1)
@@ -345,7 +304,7 @@ class PostgresJobRepository:
             }
             | self._dispatch_params()
         )
-        return _settled(fetch_one(conn, Q["nack"], params), outbox)
+        return _settled(fetch_one(unit.conn, Q["nack"], params), unit)
 
     def defer(
         self,
@@ -358,26 +317,20 @@ class PostgresJobRepository:
     ) -> Settled:
         """``solo`` (dispatching only): the next attempt runs with nothing else in flight in
         its worker process."""
-        return self._run_dispatching(
-            self.defer_txn,
-            lease,
-            delay=delay,
-            reason=reason,
-            capacity=capacity,
-            solo=solo,
-            one_statement=True,
-        )
+        with self.units.begin(one_statement=True) as unit:
+            return self.defer_txn(
+                unit, lease, delay=delay, reason=reason, capacity=capacity, solo=solo
+            )
 
     def defer_txn(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         lease: Lease,
         *,
         delay: timedelta,
         reason: str,
         capacity: bool = False,
         solo: bool = False,
-        outbox: list[int] | None = None,
     ) -> Settled:
         params = (
             _fence(lease)
@@ -389,7 +342,7 @@ class PostgresJobRepository:
             }
             | self._dispatch_params()
         )
-        return _settled(fetch_one(conn, Q["defer"], params), outbox)
+        return _settled(fetch_one(unit.conn, Q["defer"], params), unit)
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
         return self._run_one(self.park_txn, lease, gate)
@@ -425,24 +378,21 @@ class PostgresJobRepository:
     def answer_gate(
         self, gate_id: UUID, *, answer: str, answered_by: str, grant_attempts: int = 0
     ) -> AnswerOutcome:
-        return self._run_dispatching(
-            self.answer_gate_txn,
-            gate_id,
-            answer=answer,
-            answered_by=answered_by,
-            grant_attempts=grant_attempts,
-        )
+        with self.units.begin() as unit:
+            return self.answer_gate_txn(
+                unit, gate_id, answer=answer, answered_by=answered_by, grant_attempts=grant_attempts
+            )
 
     def answer_gate_txn(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         gate_id: UUID,
         *,
         answer: str,
         answered_by: str,
         grant_attempts: int = 0,
-        outbox: list[int] | None = None,
     ) -> AnswerOutcome:
+        conn = unit.conn
         if grant_attempts < 0:
             raise ValueError("grant_attempts must not be negative")
         locked = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
@@ -451,7 +401,7 @@ class PostgresJobRepository:
         gate = gate_from_row(locked)
         if not gate.open:
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
-        if gate.answers and answer not in gate.answers:
+        if ENGINE_GATES.problem(gate.kind, answer, answers=gate.answers, schema=gate.schema):
             return AnswerOutcome(AnswerStatus.INVALID_ANSWER, gate)
         answered = fetch_one(
             conn,
@@ -465,13 +415,15 @@ class PostgresJobRepository:
         if answered is None:  # pragma: no cover - the row lock above rules this out
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.job_id is not None:
-            refund = 1 if gate.kind == DELIVERY_EXHAUSTED else 0
-            params = {"job_id": gate.job_id, "more": refund + grant_attempts}
+            # What the answer grants is the gate kind's (a delivery_exhausted answer gives one
+            # attempt back; a ladder_exhausted one the attempts it names).
+            kind = ENGINE_GATES.get(gate.kind)
+            granted = 0 if kind is None else kind.attempts_granted(answer)
+            params = {"job_id": gate.job_id, "more": granted + grant_attempts}
             released = fetch_one(conn, Q["release_parked"], params | self._dispatch_params())
             if released is not None:
                 conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
-                if outbox is not None and released["outbox_ids"]:
-                    outbox.extend(released["outbox_ids"])
+                unit.wrote_json(released["outbox_rows"])
         return AnswerOutcome(AnswerStatus.ANSWERED, gate_from_row(answered))
 
     def reap(self) -> ReapResult:
@@ -526,7 +478,7 @@ class PostgresJobRepository:
         kinds: Collection[str] | None = None,
         exclude: UUID | None = None,
     ) -> int:
-        wanted = None if kinds is None else sorted({canonical_kind(k) for k in kinds})
+        wanted = None if kinds is None else sorted(set(kinds))
         params = {"project_id": project_id, "cycle": cycle, "kinds": wanted, "exclude": exclude}
         with self._statement() as conn:
             row = fetch_one(conn, Q["count_unsettled"], params)
@@ -549,11 +501,11 @@ def _fence(lease: Lease) -> dict[str, Any]:
     return {"job_id": lease.job_id, "owner": lease.owner, "token": lease.token}
 
 
-def _settled(row: DictRow | None, outbox: list[int] | None = None) -> Settled:
+def _settled(row: DictRow | None, unit: UnitOfWork | None = None) -> Settled:
     if row is None:
         return NOT_APPLIED
-    if outbox is not None and row.get("outbox_ids"):
-        outbox.extend(row["outbox_ids"])
+    if unit is not None:
+        unit.wrote_json(row.get("outbox_rows"))
     return Settled(True, JobState(row["state"]))
 
 
@@ -590,6 +542,7 @@ def job_from_row(row: DictRow) -> Job:
         dispatch_seq=row["dispatch_seq"],
         workflow_id=row.get("workflow_id"),
         step=row.get("step"),
+        lease_expired=row.get("lease_expired", False),
     )
 
 

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
@@ -39,6 +40,7 @@ from store.errors import StoreError
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
 from store.sql import load
+from store.unit_of_work import UnitOfWork
 from store.workflow_reads import (
     GateAnswerOutcome,
     HistoryEntry,
@@ -67,17 +69,17 @@ from workflows.engine import (
     TimerFired,
     WorkflowError,
     apply,
-    check_answer,
     decode_event,
     encode_commands,
     encode_event,
     engine_rule,
 )
+from workflows.gates import RETRY_OR_CANCEL
+from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
 from workflows.job import TIMER_KIND, JobState
+from workflows.kinds import StepKinds
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
-    LADDER_EXHAUSTED,
-    SPEND_EXHAUSTED,
     AnswerStatus,
     EnqueueRequest,
     Gate,
@@ -97,9 +99,9 @@ __all__ = [
     "WorkflowStore",
 ]
 
-WORKFLOW_ERROR = "workflow_error"
+WORKFLOW_ERROR = WORKFLOW_ERROR_GATE.name
 REPLAY_CACHE = 10_000
-WORKFLOW_ERROR_ANSWERS = ("retry", "cancel")
+WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 
 
 class WorkflowStore(WorkflowReads):
@@ -131,19 +133,13 @@ class WorkflowStore(WorkflowReads):
     def start(
         self, project_id: str, *, definition: str, input: JsonObject | None = None
     ) -> StartOutcome:
-        return self._jobs.dispatching_transaction(
-            self.start_txn, project_id, definition=definition, input=input or {}
-        )
+        with self._jobs.units.begin() as unit:
+            return self.start_txn(unit, project_id, definition=definition, input=input or {})
 
     def start_txn(
-        self,
-        conn: Conn,
-        project_id: str,
-        *,
-        definition: str,
-        input: JsonObject,
-        outbox: list[int] | None = None,
+        self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
     ) -> StartOutcome:
+        conn = unit.conn
         live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
         if live is not None:
             return StartOutcome(workflow_from_row(live), created=False)
@@ -156,7 +152,7 @@ class WorkflowStore(WorkflowReads):
                 "project_id": project_id,
                 "definition": chosen.name,
                 "version": chosen.version,
-                "phase": "intake",
+                "phase": chosen.first_phase,
                 "cycle": 0,
                 "input": Jsonb(dict(input)),
                 "state": Jsonb(dict(chosen.encode_state(chosen.initial()))),
@@ -167,39 +163,40 @@ class WorkflowStore(WorkflowReads):
             if live is None:  # pragma: no cover - the conflict guarantees it
                 raise StoreError(f"project {project_id}: workflow start conflicted and vanished")
             return StartOutcome(workflow_from_row(live), created=False)
-        started = self._record(conn, workflow_from_row(row), Started(input=dict(input)), outbox)
+        started = self._record(unit, workflow_from_row(row), Started(input=dict(input)))
         return StartOutcome(started, created=True)
 
     def record(self, workflow_id: UUID, event: Event) -> Workflow:
         """Record one event (and carry out what it decides) in its own transaction."""
-        return self._jobs.dispatching_transaction(self.record_txn, workflow_id, event)
+        with self._jobs.units.begin() as unit:
+            return self.record_txn(unit, workflow_id, event)
 
-    def record_txn(
-        self, conn: Conn, workflow_id: UUID, event: Event, *, outbox: list[int] | None = None
-    ) -> Workflow:
-        return self._record(conn, self._lock(conn, workflow_id), event, outbox)
+    def record_txn(self, unit: UnitOfWork, workflow_id: UUID, event: Event) -> Workflow:
+        return self._record(unit, self._lock(unit.conn, workflow_id), event)
 
     def cancel(self, workflow_id: UUID, *, by: str, reason: str = "") -> Workflow:
         return self.record(workflow_id, CancelRequested(by=by, reason=reason))
 
     def settle_txn(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         job: Job,
-        settle: Callable[[Conn, list[int] | None], Settled],
+        settle: Callable[[UnitOfWork], Settled],
         *,
         result: JsonObject | None = None,
         failure: tuple[Any, str] | None = None,
         evidence: JsonObject | None = None,
-        outbox: list[int] | None = None,
+        locked: Workflow | None = None,
     ) -> Settled:
-        """A step's fenced settle and its event, one transaction: lock the workflow, run
-        ``settle`` (the job repository's ack/nack/defer/park ``*_txn``), and when it applied
-        and finished the step, record ``StepSucceeded``/``TimerFired``/``StepFailed``."""
+        """A step's fenced settle and its event, one transaction: lock the workflow (unless
+        the caller did: ``locked``), run ``settle`` (the job repository's ack/nack/defer/park
+        ``*_txn``), and when it applied and finished the step, record
+        ``StepSucceeded``/``TimerFired``/``StepFailed``."""
         if job.workflow_id is None or job.step is None:
-            return settle(conn, outbox)
-        workflow = self._lock(conn, job.workflow_id)
-        settled = settle(conn, outbox)
+            return settle(unit)
+        conn = unit.conn
+        workflow = locked or self._lock(conn, job.workflow_id)
+        settled = settle(unit)
         if not settled.applied:
             return settled
         event: Event | None = None
@@ -223,35 +220,37 @@ class WorkflowStore(WorkflowReads):
                 workflow_id=workflow.id,
             )
         if event is not None:
-            self._record(conn, workflow, event, outbox, cause=str(job.id), job_id=job.id)
+            self._record(unit, workflow, event, cause=str(job.id), job_id=job.id)
         return settled
 
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
-        return self._jobs.dispatching_transaction(self.answer_txn, gate_id, answer, by=by)
+        with self._jobs.units.begin() as unit:
+            return self.answer_txn(unit, gate_id, answer, by=by)
 
     def answer_txn(
-        self, conn: Conn, gate_id: UUID, answer: str, *, by: str, outbox: list[int] | None = None
+        self, unit: UnitOfWork, gate_id: UUID, answer: str, *, by: str
     ) -> GateAnswerOutcome:
-        found = self._jobs.get_gate_txn(conn, gate_id)
+        conn = unit.conn
+        # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
+        locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
+        found = self._jobs.lock_gate_txn(conn, gate_id)
+        workflow = locked()
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
         if found.name is None or found.workflow_id is None:  # a parked job's gate
-            problem = _invalid(found, answer) if found.open else ""
+            problem = self._invalid(found, answer) if found.open else ""
             if problem:
                 return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, found, problem)
-            # A bounded ladder's gate grants the attempts its answer names.
-            # A spend gate parked the job before it ran: its claim's attempt is given back.
-            grant = int(answer) if found.kind == LADDER_EXHAUSTED else 0
-            grant = 1 if found.kind == SPEND_EXHAUSTED else grant
-            outcome = self._jobs.answer_gate_txn(
-                conn, gate_id, answer=answer, answered_by=by, grant_attempts=grant, outbox=outbox
-            )
+            # What the answer grants (attempts, a refund) is the gate kind's: the repository
+            # applies it.
+            outcome = self._jobs.answer_gate_txn(unit, gate_id, answer=answer, answered_by=by)
             return GateAnswerOutcome(outcome.status, outcome.gate)
-        workflow = self._lock(conn, found.workflow_id)
-        gate = self._jobs.lock_gate_txn(conn, gate_id)
-        if gate is None or not gate.open:
-            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate or found)
-        problem = _invalid(gate, answer)
+        gate = found
+        if workflow is None:  # pragma: no cover - a workflow gate's workflow is never deleted
+            raise WorkflowNotFound(f"no workflow {found.workflow_id}")
+        if not gate.open:
+            return GateAnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
+        problem = self._invalid(gate, answer)
         if problem:
             return GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, gate, problem)
         row = fetch_one(
@@ -261,51 +260,51 @@ class WorkflowStore(WorkflowReads):
         )
         answered = gate_from_row(row) if row is not None else gate
         if gate.kind == WORKFLOW_ERROR:
-            self._resolve_block(conn, workflow, answer, by, outbox)
+            self._resolve_block(unit, workflow, answer, by)
         else:
             event = GateAnswered(gate=str(gate.name), answer=answer, by=by)
-            self._record(conn, workflow, event, outbox)
+            self._record(unit, workflow, event)
         return GateAnswerOutcome(AnswerStatus.ANSWERED, answered)
 
     # -- the core: one event through the definition -----------------------------------------
 
     def _record(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         workflow: Workflow,
         event: Event,
-        outbox: list[int] | None,
         *,
         cause: str | None = None,
         job_id: UUID | None = None,
     ) -> Workflow:
         """The event recorded (and decided, unless the workflow is blocked); the workflow
         after it."""
+        conn = unit.conn
         now = self._clock()
         seq = workflow.last_seq + 1
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
             self._append(conn, workflow.id, seq, event, None, now)
             return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
         try:
-            with conn.transaction():  # a savepoint: a failed decision leaves nothing behind
+            with unit.savepoint():  # a failed decision leaves nothing behind
                 return self._decide(
-                    conn, workflow, seq, event, now, outbox, pending=False, cause=(cause, job_id)
+                    unit, workflow, seq, event, now, pending=False, cause=(cause, job_id)
                 )
         except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
             return self._block(conn, workflow, seq, event, now, exc)
 
     def _decide(
         self,
-        conn: Conn,
+        unit: UnitOfWork,
         workflow: Workflow,
         seq: int,
         event: Event,
         now: datetime,
-        outbox: list[int] | None,
         *,
         pending: bool,
         cause: tuple[str | None, UUID | None] = (None, None),
     ) -> Workflow:
+        conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
         if ruled is not None:  # no definition needed (it may be the thing that is broken)
@@ -325,7 +324,7 @@ class WorkflowStore(WorkflowReads):
             )
         else:
             self._append(conn, workflow.id, seq, event, commands, now)
-        self._carry_out(conn, workflow, header, produced, outbox)
+        self._carry_out(unit, workflow, header, produced)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -378,17 +377,13 @@ class WorkflowStore(WorkflowReads):
             self._replayed.popitem(last=False)
 
     def _carry_out(
-        self,
-        conn: Conn,
-        workflow: Workflow,
-        header: Header,
-        commands: Sequence[Command],
-        outbox: list[int] | None,
+        self, unit: UnitOfWork, workflow: Workflow, header: Header, commands: Sequence[Command]
     ) -> None:
+        conn = unit.conn
         steps = [c for c in commands if isinstance(c, ScheduleStep | StartTimer)]
         if steps:
-            requests = self._requests(conn, workflow, steps)
-            self._jobs.enqueue_batch_txn(conn, requests, outbox=outbox)
+            requests = self._requests(conn, workflow, steps, self._registry.kinds)
+            self._jobs.enqueue_batch_txn(unit, requests)
         for command in commands:
             if isinstance(command, OpenGate):
                 self._open_gate(conn, workflow, command)
@@ -396,7 +391,11 @@ class WorkflowStore(WorkflowReads):
             self._wind_down(conn, workflow, header)
 
     def _requests(
-        self, conn: Conn, workflow: Workflow, commands: Sequence[ScheduleStep | StartTimer]
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        commands: Sequence[ScheduleStep | StartTimer],
+        kinds: StepKinds,
     ) -> list[EnqueueRequest]:
         chosen = {_step_name(c): uuid.uuid4() for c in commands}
         wanted = sorted(
@@ -409,7 +408,7 @@ class WorkflowStore(WorkflowReads):
             missing = [w for w in wanted if w not in known]
             if missing:
                 raise WorkflowError(f"a step depends on unknown step(s): {', '.join(missing)}")
-        return [_request(workflow, c, chosen[_step_name(c)], known) for c in commands]
+        return [_request(workflow, c, chosen[_step_name(c)], known, kinds) for c in commands]
 
     def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate) -> None:
         conn.execute(
@@ -467,13 +466,10 @@ class WorkflowStore(WorkflowReads):
         )
         self._open_gate(conn, workflow, gate)
 
-    def _resolve_block(
-        self, conn: Conn, workflow: Workflow, answer: str, by: str, outbox: list[int] | None
-    ) -> None:
+    def _resolve_block(self, unit: UnitOfWork, workflow: Workflow, answer: str, by: str) -> None:
+        conn = unit.conn
         if answer == "cancel":
-            self._record(
-                conn, workflow, CancelRequested(by=by, reason="after a workflow error"), outbox
-            )
+            self._record(unit, workflow, CancelRequested(by=by, reason="after a workflow error"))
             return
         if workflow.status is not Status.BLOCKED:
             return
@@ -488,9 +484,9 @@ class WorkflowStore(WorkflowReads):
         for entry in self._history(conn, workflow.id, after=workflow.applied_seq):
             event = decode_event(entry["event"])
             try:
-                with conn.transaction():
+                with unit.savepoint():
                     current = self._decide(
-                        conn, current, entry["seq"], event, self._clock(), outbox, pending=True
+                        unit, current, entry["seq"], event, self._clock(), pending=True
                     )
             except Exception as exc:  # noqa: BLE001 - blocked again, behind a new gate
                 error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -502,6 +498,25 @@ class WorkflowStore(WorkflowReads):
                 return
 
     # -- rows ------------------------------------------------------------------------------
+
+    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]:
+        """Lock the workflow of job ``job_id`` (none for a plain job), sent now and read when
+        the returned function is called: in pipeline mode the lock travels with the caller's
+        next statement (the step's claim) in one round trip."""
+        return self._lock_of(unit, Q["lock_workflow_of_job"], {"job_id": job_id})
+
+    def _lock_of(
+        self, unit: UnitOfWork, query: str, params: Mapping[str, Any]
+    ) -> Callable[[], Workflow | None]:
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(query.encode(), params)
+
+        def read() -> Workflow | None:
+            with cur:
+                row = cur.fetchone()
+            return None if row is None else workflow_from_row(row)
+
+        return read
 
     def _lock(self, conn: Conn, workflow_id: UUID) -> Workflow:
         row = fetch_one(conn, Q["lock_workflow"], {"id": workflow_id})
@@ -572,6 +587,12 @@ class WorkflowStore(WorkflowReads):
             applied_seq=applied,
         )
 
+    def _invalid(self, gate: Gate, answer: str) -> str:
+        """What is wrong with ``answer`` to ``gate`` ("" if nothing): its answers or schema,
+        else its kind's (the one validator every answer path shares)."""
+        gates = self._registry.gates
+        return gates.problem(gate.kind, answer, answers=gate.answers, schema=gate.schema) or ""
+
     def verify(self, workflow_id: UUID, *, block: bool = False) -> Verification:
         """Replay the history through the definition and compare with the stored state. With
         ``block``, a divergence blocks the workflow behind a ``workflow_error`` gate."""
@@ -590,17 +611,6 @@ class WorkflowStore(WorkflowReads):
         return Verification(workflow, workflow.applied_seq, divergence)
 
 
-def _invalid(gate: Gate, answer: str) -> str:
-    probe = OpenGate(
-        gate=gate.name or str(gate.id),
-        kind=gate.kind,
-        question=gate.prompt,
-        answers=gate.answers,
-        schema=gate.schema,
-    )
-    return check_answer(probe, answer) or ""
-
-
 def _step_name(command: ScheduleStep | StartTimer) -> str:
     return command.step if isinstance(command, ScheduleStep) else f"timer:{command.timer}"
 
@@ -610,6 +620,7 @@ def _request(
     command: ScheduleStep | StartTimer,
     job_id: UUID,
     known: Mapping[str, UUID],
+    kinds: StepKinds,
 ) -> EnqueueRequest:
     name = _step_name(command)
     payload: dict[str, Any] = {"workflow_id": str(workflow.id), "step": name}
@@ -633,4 +644,5 @@ def _request(
         job_id=job_id,
         workflow_id=workflow.id,
         step=name,
+        lease=kinds[kind].lease if kind in kinds else None,
     )

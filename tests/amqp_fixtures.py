@@ -65,7 +65,7 @@ def with_vhost(url: str, vhost: str) -> str:
 
 
 def vhost_of(url: str) -> str:
-    return pika.URLParameters(url).virtual_host
+    return str(pika.URLParameters(url).virtual_host)
 
 
 def _problem(url: str) -> str | None:

@@ -57,7 +57,7 @@ def pg_admin_url() -> Iterator[str]:
         yield url
         return
     try:
-        from testcontainers.community.postgres import PostgresContainer  # type: ignore[import-not-found]
+        from testcontainers.community.postgres import PostgresContainer
     except ImportError:  # pragma: no cover - the community path moved in testcontainers 4.15
         from testcontainers.postgres import PostgresContainer
     try:

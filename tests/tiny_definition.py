@@ -26,6 +26,7 @@ from workflows.engine import (
     TimerFired,
     TransitionPhase,
 )
+from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
 
 BROKEN = {"on": True}  # tests flip it to "deploy a fix"
 
@@ -37,6 +38,11 @@ class TinyState:
 
 
 class Tiny:
+    # The protocol's kinds, declared alike: a test may register both definitions.
+    kinds = STEP_KINDS
+    gates = GATE_KINDS
+    first_phase = "intake"
+
     name = "tiny"
 
     def __init__(self, version: int = 1, *, gate_name: str = "g", chain: bool = False) -> None:

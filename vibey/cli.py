@@ -45,6 +45,7 @@ from vibey.settings import (
     QueueBackendNotConfigured,
     Settings,
     SettingsError,
+    WorkflowSettings,
     load_settings,
     split_list,
 )
@@ -353,6 +354,7 @@ def worker(
     ] = (),
     lanes: str | None = None,
     handlers: str | None = None,
+    definitions: str | None = None,
 ) -> ExitCode:
     """Run the worker fleet until SIGTERM or SIGINT: Dramatiq on the rabbitmq backend, the
     drive loop (SKIP LOCKED claims, LISTEN/NOTIFY wakeups) on the postgres backend.
@@ -378,8 +380,14 @@ def worker(
         Comma-separated lanes to consume, of interactive and build (default: both).
     handlers
         The step handlers, as module:attribute (default: actors.handlers:build_handlers).
+    definitions
+        The workflow definitions, as module:attribute (default: [workflow] definitions,
+        workflows.protocol:DEFINITIONS). Modules are found from the current directory too.
     """
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
+    if definitions is not None:
+        workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
+        settings = replace(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
     from vibey.wiring import worker_config
 
@@ -453,10 +461,31 @@ def completion(shell: Literal["bash", "zsh", "fish", "powershell"], /) -> ExitCo
     return ExitCode.OK
 
 
+def _unknown_command(tokens: Sequence[str]) -> str | None:
+    """The first word when it names no command (cyclopts would print the help for it)."""
+    first = next((t for t in tokens if not t.startswith("-")), None)
+    if first is None or tokens.index(first) != 0 or first in app:
+        return None
+    return first
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script (``vibey = "vibey.cli:main"``): returns the exit code.
 
     A bad argument never gets here: cyclopts prints one line and exits 2 (``ExitCode.USAGE``).
+    An unknown command exits 2 too, whatever follows it (``--help`` included).
     """
-    result = app.meta(list(argv) if argv is not None else None, result_action="return_value")
+    tokens = list(argv) if argv is not None else sys.argv[1:]
+    if os.getcwd() not in sys.path:  # user definitions and handlers, as dramatiq's CLI does
+        sys.path.insert(0, os.getcwd())
+    unknown = _unknown_command(tokens)
+    if unknown is not None:
+        known = ", ".join(name for name in app if not name.startswith("-"))
+        print(
+            f'vibey: Unknown command "{unknown}". Available commands: {known}. '
+            "(see `vibey --help`)",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    result = app.meta(tokens, result_action="return_value")
     return int(result) if isinstance(result, int) else ExitCode.OK

@@ -3,7 +3,7 @@ answer that releases it.
 
 ``gate answer`` commits the answer, the workflow's ``GateAnswered`` event, what the
 definition decides and the next steps' dispatch in one transaction; it then publishes those
-steps at once (see :meth:`vibey.wiring.WorkflowClient.publish`). Answering twice changes
+steps at once (see :meth:`vibey.client.Client.flush`). Answering twice changes
 nothing and exits 1; an answer the gate does not take exits 2 listing the valid ones.
 """
 

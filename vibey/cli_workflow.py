@@ -66,13 +66,37 @@ def read_script(path: Path) -> dict[str, Any]:
     return parsed
 
 
-def workflow_input(project: str, settings: Settings, script: Path | None) -> dict[str, Any]:
-    """``Started.input`` (docs/protocol.md): the project and the engine that runs its steps."""
+def workflow_input(
+    project: str, settings: Settings, script: Path | None, given: str | None = None
+) -> dict[str, Any]:
+    """``Started.input``: ``--input``'s JSON object with the project, for any definition; else
+    (docs/protocol.md) the project and the engine that runs the protocol's steps."""
+    if given is not None:
+        if script is not None:
+            raise CommandError("--input and --script are exclusive: give one", ExitCode.USAGE)
+        return {"project": project, **_json_object(given)}
     if script is not None:
         return {"project": project, "engine": {"name": "scripted", "script": read_script(script)}}
     if settings.engine.name == "command":
         return {"project": project, "engine": {"name": "command"}}
     return {"project": project, "engine": {"name": "scripted", "script": {}}}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``--input``: a JSON object, inline or ``@FILE``."""
+    source = text
+    if text.startswith("@"):
+        try:
+            source = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--input {text}: {exc.strerror}", ExitCode.USAGE) from exc
+    try:
+        parsed = json.loads(source)
+    except ValueError as exc:
+        raise CommandError(f"--input is not JSON ({exc}): give an object", ExitCode.USAGE) from exc
+    if not isinstance(parsed, dict):
+        raise CommandError('--input must be a JSON object, as in {"amount": 120}', ExitCode.USAGE)
+    return parsed
 
 
 def _live(store: WorkflowStore, project: str) -> Workflow:
@@ -91,14 +115,16 @@ def start(
     *,
     script: Path | None = None,
     definition: str | None = None,
+    input: str | None = None,
     json_output: Json = False,
 ) -> ExitCode:
     """Start PROJECT's workflow; when one is live already, print it and change nothing.
 
-    Exits 0 either way. The workflow input is ``{"project", "engine"}``: ``--script`` runs
-    the scripted engine on FILE; without it, ``[engine] name`` chooses (scripted with an
-    empty script by default, or command). The first step is committed with the start and
-    dispatched right after it.
+    Exits 0 either way. For the protocol the workflow input is ``{"project", "engine"}``:
+    ``--script`` runs the scripted engine on FILE; without it, ``[engine] name`` chooses
+    (scripted with an empty script by default, or command). Any other definition takes
+    ``--input`` (a JSON object, or @FILE) plus the project. The first step is committed with
+    the start and dispatched right after it.
 
     JSON: ``{"workflow": {...}, "created": bool}``.
 
@@ -110,12 +136,14 @@ def start(
         The scripted engine's script: TOML, or JSON when it ends in .json (docs/protocol.md).
     definition
         The workflow definition to start (default: [workflow] default_definition).
+    input
+        The workflow's input: a JSON object, or @FILE holding one ("project" is added).
     json_output
         Print one JSON object.
     """
     settings = load_settings()
     project = _project(project)
-    given = workflow_input(project, settings, script)
+    given = workflow_input(project, settings, script, input)
     name = definition or settings.workflow.default_definition
     from vibey.wiring import workflow_client
 

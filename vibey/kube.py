@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from actors.topology import QueueNames
-from store.drive import Work, scaler_query
+from store.drive import Work, build_kinds, scaler_query
 from vibey.kube_config import Engine, Fleet, Pool, Resources
+from vibey.wiring import load_registry
 
 Obj = dict[str, Any]
 IMAGE = "vibey"
@@ -306,7 +307,8 @@ def _pool_scaler(fleet: Fleet, pool: Pool) -> Obj:
         ]
         triggers = [_rabbitmq_trigger(fleet, queue, pool.parallelism) for queue in queues]
     else:
-        work = Work.for_lanes(pool.lanes, pool.projects or None)
+        building = build_kinds(load_registry(fleet.settings).kinds)
+        work = Work.for_lanes(pool.lanes, pool.projects or None, build_kinds=building)
         triggers = [_postgres_trigger(fleet, work, pool.parallelism)]
     return _scaled_object(
         fleet, f"worker-{pool.name}", triggers, low=pool.min_replicas, high=pool.max_replicas

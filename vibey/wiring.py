@@ -8,29 +8,21 @@ worker process is spawned: a child that fails at start would only be respawned.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from actors.rabbitmq_queue import RabbitMqQueueOptions
 from actors.worker import WorkerConfig, load_object
-from store.db import Pool
-from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
-from store.pool import open_pool
-from store.workflows import WorkflowStore
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
+from workflows.job import UnknownJobKindError
+
+if TYPE_CHECKING:
+    from vibey.client import Client
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
-# A command publishes what it committed with a relay of its own, for at most these long; what
-# is not confirmed by then is left to the workers' reconcilers (within reconcile_interval).
-CLI_RELAY_CONNECT_SECONDS = 2.0
-CLI_RELAY_FLUSH_SECONDS = 5.0
-CLI_RELAY_STOP_SECONDS = 1.0
 
 
 def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> WorkerConfig:
@@ -74,7 +66,7 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     )
     _check_names(config)
     _check_handlers(config.handlers)
-    load_registry(settings)
+    _check_leases(settings, load_registry(settings))
     return config
 
 
@@ -112,6 +104,17 @@ def _check_handlers(path: str) -> None:
         ) from exc
 
 
+def _check_leases(settings: Settings, registry: Registry) -> None:
+    """Every kind ``[queue.lease_seconds]`` names is one a registered definition declares."""
+    try:
+        settings.queue.lease.resolved(registry.kinds.canonical)
+    except UnknownJobKindError as exc:
+        raise SettingsError(
+            f"[queue.lease_seconds] names unknown job kind {exc.kind!r}: use default or one of "
+            f"{', '.join(sorted(registry.kinds.names()))}"
+        ) from exc
+
+
 def load_registry(settings: Settings) -> Registry:
     """The workflow definitions ``[workflow] definitions`` names (an iterable of them)."""
     path = settings.workflow.definitions
@@ -124,87 +127,16 @@ def load_registry(settings: Settings) -> Registry:
         ) from exc
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """What a command's commits left for RabbitMQ: ``rows`` outbox rows (dispatch pointers),
-    ``published`` of them confirmed by the broker before the command returned (``tried``:
-    whether it tried; not without an AMQP URL). The others are sent by the workers'
-    reconcilers within ``reconcile_interval``."""
-
-    rows: int
-    published: int
-    tried: bool
-
-
-class WorkflowClient:
-    """The workflow store as one CLI command uses it: a small pool, the job repository with
-    the backend's dispatch, and :meth:`publish` for the outbox rows its commits wrote.
-
-    On the rabbitmq backend with an AMQP URL, the rows a commit writes are claimed for this
-    process and :meth:`publish` sends them at once through a short-lived relay (bounded
-    waits); whatever it could not send is released to the reconcilers. Without an AMQP URL
-    the rows are left unclaimed for the reconcilers. The postgres backend writes none.
-    """
-
-    def __init__(self, settings: Settings, pool: Pool, registry: Registry) -> None:
-        self.settings = settings
-        self._pool = pool
-        dispatching = settings.queue.backend == "rabbitmq"
-        publishing = dispatching and settings.bus.amqp_url is not None
-        self._relay_id = f"vibey-cli:{socket.gethostname()}:{os.getpid()}" if publishing else None
-        self._outbox: list[int] = []
-        self.jobs = PostgresJobRepository(
-            pool=pool,
-            leases=settings.queue.lease,
-            dispatch=dispatching,
-            relay_id=self._relay_id,
-            after_commit=self._outbox.extend,
-        )
-        self.store = WorkflowStore(
-            pool=pool, jobs=self.jobs, registry=registry, ledger=Ledger(pool)
-        )
-
-    def publish(self) -> Dispatch:
-        """Send the outbox rows the commits so far wrote; never raises for the broker."""
-        ids = tuple(dict.fromkeys(self._outbox))
-        self._outbox.clear()
-        if not ids or self._relay_id is None or self.settings.bus.amqp_url is None:
-            return Dispatch(len(ids), 0, tried=False)
-        from actors.relay import Relay, Router  # pika: only a command that publishes
-        from actors.topology import QueueNames
-        from store.dispatch import DispatchRecords
-
-        rabbitmq = self.settings.queue.rabbitmq
-        records = DispatchRecords(pool=self._pool, relay_id=self._relay_id)
-        relay = Relay(
-            url=self.settings.bus.amqp_url,
-            records=records,
-            router=Router(
-                names=QueueNames(self.settings.bus.prefix),
-                tiers=rabbitmq.wait_tiers,
-                dedicated=rabbitmq.dedicated_projects,
-            ),
-        )
-        try:
-            relay.start(timeout=CLI_RELAY_CONNECT_SECONDS)
-            relay.submit(ids)
-            relay.flush(timeout=CLI_RELAY_FLUSH_SECONDS)
-        except TimeoutError:  # RabbitMQ did not answer: the reconcilers send them
-            pass
-        finally:
-            relay.stop(timeout=CLI_RELAY_STOP_SECONDS)
-            records.release(ids)  # only rows still unsent: back to the reconcilers at once
-        return Dispatch(len(ids), relay.published, tried=True)
-
-
 @contextmanager
-def workflow_client(settings: Settings) -> Iterator[WorkflowClient]:
-    """A :class:`WorkflowClient` on a pool of its own, closed on the way out. Checks the
+def workflow_client(settings: Settings) -> Iterator[Client]:
+    """A :class:`vibey.client.Client` for one command, closed on the way out. Checks the
     database URL, then the definitions, then connects (DatabaseUnavailable if it cannot)."""
-    url = settings.require_database_url()
+    from vibey.client import Client
+
+    settings.require_database_url()
     registry = load_registry(settings)
-    pool = open_pool(url, min_size=1, max_size=2, name="vibey-cli")
+    client = Client(settings, registry=registry, pool_size=2, name="vibey-cli")
     try:
-        yield WorkflowClient(settings, pool, registry)
+        yield client
     finally:
-        pool.close()
+        client.close()

@@ -38,7 +38,7 @@ from itertools import pairwise
 from typing import ClassVar, TypeAlias
 from uuid import UUID
 
-from workflows.job import JobState, UnknownJobKindError, canonical_kind
+from workflows.job import JobState, valid_kind_name
 
 SCHEMA = "vibey.job.dispatch/1"
 MESSAGE_TYPE = "job.dispatch"
@@ -90,8 +90,9 @@ class EnvelopeError(ValueError):
 class DispatchEnvelope:
     """A pointer to one dispatch generation of one job.
 
-    Construction validates every field by the rules :func:`decode` applies, stores the
-    canonical kind and normalises ``not_before`` to UTC, so every envelope encodes to a body
+    Construction validates every field by the rules :func:`decode` applies (the kind is a
+    well-formed kind name; the worker that claims it knows what it means) and normalises
+    ``not_before`` to UTC, so every envelope encodes to a body
     that decodes back to an equal envelope.
     """
 
@@ -110,7 +111,7 @@ class DispatchEnvelope:
             )
         _check_project_id(self.project_id)
         _check_dispatch_seq(self.dispatch_seq)
-        object.__setattr__(self, "kind", _canonical_kind(self.kind))
+        object.__setattr__(self, "kind", _kind_name(self.kind))
         object.__setattr__(self, "not_before", _utc(self.not_before))
 
     @property
@@ -150,7 +151,7 @@ def decode(body: bytes) -> DispatchEnvelope:
         job_id=_job_id_from_text(fields["job_id"]),
         project_id=_check_project_id(fields["project_id"]),
         dispatch_seq=_check_dispatch_seq(fields["dispatch_seq"]),
-        kind=_canonical_kind(fields["kind"]),
+        kind=_kind_name(fields["kind"]),
         not_before=_timestamp_from_text(fields["not_before"]),
     )
 
@@ -256,14 +257,12 @@ def _check_dispatch_seq(value: object) -> int:
     return value
 
 
-def _canonical_kind(value: object) -> str:
-    try:
-        if isinstance(value, str):
-            return canonical_kind(value)
-    except UnknownJobKindError:
-        pass
+def _kind_name(value: object) -> str:
+    if isinstance(value, str) and valid_kind_name(value):
+        return value
     raise EnvelopeError(
-        EnvelopeRejection.UNKNOWN_KIND, f"kind {_show(value)} is not a registered job kind"
+        EnvelopeRejection.UNKNOWN_KIND,
+        f"kind {_show(value)} is not a kind name (dot-separated lowercase words)",
     )
 
 
@@ -409,19 +408,6 @@ class Lane(enum.StrEnum):
 
     INTERACTIVE = "interactive"
     BUILD = "build"
-
-
-BUILD_LANE_KINDS: frozenset[str] = frozenset(
-    {"build.decompose", "build.implement", "build.verify", "build.integrate", "deploy.execute"}
-)
-
-
-def lane_of(kind: str) -> Lane:
-    """BUILD for the long unattended kinds, INTERACTIVE for every other registered kind.
-
-    Aliases follow their canonical kind; an unregistered kind raises UnknownJobKindError.
-    """
-    return Lane.BUILD if canonical_kind(kind) in BUILD_LANE_KINDS else Lane.INTERACTIVE
 
 
 # --- The miss policy ---------------------------------------------------------------------

@@ -74,9 +74,15 @@ def base_effort(phase: Phase) -> Effort:
 def effort_for(phase: Phase, failures: int) -> Effort:
     """The effort of the attempt after ``failures`` failed ones; past the ladder's last rung it
     stays there."""
+    return climb(ladder(phase), failures)
+
+
+def climb(rungs: Sequence[Effort], failures: int) -> Effort:
+    """The rung of ``rungs`` after ``failures`` failed attempts (the top once they are spent)."""
     if failures < 0:
         raise ValueError(f"failures is a count, got {failures}")
-    rungs = ladder(phase)
+    if not rungs:
+        raise ValueError("an effort ladder has at least one rung")
     return rungs[min(failures, len(rungs) - 1)]
 
 
@@ -102,9 +108,17 @@ class LadderExhausted:
 def next_attempt(phase: Phase, failures: int, granted: int = 0) -> Attempt | LadderExhausted:
     """What to do after ``failures`` failed attempts, with ``granted`` extra attempts granted
     by gate answers so far (in total)."""
+    return next_rung(ladder(phase), failures, granted)
+
+
+def next_rung(
+    rungs: Sequence[Effort], failures: int, granted: int = 0
+) -> Attempt | LadderExhausted:
+    """:func:`next_attempt` on a step kind's own ladder."""
     if failures < 0 or granted < 0:
         raise ValueError("failures and granted are counts")
-    rungs = ladder(phase)
+    if not rungs:
+        raise ValueError("an effort ladder has at least one rung")
     if failures < len(rungs):
         return Attempt(rungs[failures], granted=False)
     if failures < len(rungs) + granted:

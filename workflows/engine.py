@@ -37,8 +37,9 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
-from workflows.dispatch import Lane, lane_of
-from workflows.job import FailureClass, canonical_kind
+from workflows.gates import ENGINE_GATES, GateKinds, UnknownGateKindError
+from workflows.job import FailureClass, check_kind_name
+from workflows.kinds import TIMER, KindConflictError, StepKinds
 
 JsonObject: TypeAlias = Mapping[str, Any]
 
@@ -131,8 +132,10 @@ Event: TypeAlias = (
 
 @dataclass(frozen=True, slots=True)
 class ScheduleStep:
-    """Run a job of ``kind``. ``step`` names it within the workflow, once for all time; ``after``
-    names earlier (or same-decision) steps that must succeed first. The lane is the kind's."""
+    """Run a job of ``kind`` (one the definition declares: its lane, lease and default attempts
+    are the kind's). ``step`` names it within the workflow, once for all time; ``after`` names
+    earlier (or same-decision) steps that must succeed first. ``max_attempts`` ``None`` takes
+    the kind's."""
 
     step: str
     kind: str
@@ -146,15 +149,11 @@ class ScheduleStep:
     def __post_init__(self) -> None:
         if not self.step:
             raise ValueError("a step needs a name")
-        object.__setattr__(self, "kind", canonical_kind(self.kind))
+        check_kind_name(self.kind)
         if self.delay < timedelta(0):
             raise ValueError("a step's delay must not be negative")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
-
-    @property
-    def lane(self) -> Lane:
-        return lane_of(self.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,13 +204,26 @@ class Decision(Generic[S]):
 
 
 class Definition(Protocol[S]):
-    """A workflow definition. ``decide`` must be a pure function of its arguments."""
+    """A workflow definition. ``decide`` must be a pure function of its arguments.
+
+    ``kinds`` declares every step kind it schedules and ``gates`` every gate kind it opens
+    (beyond the engine's own, :data:`workflows.gates.ENGINE_GATES`); ``first_phase`` is the
+    phase a new workflow starts in (``""``: the definition has no phases)."""
 
     @property
     def name(self) -> str: ...
 
     @property
     def version(self) -> int: ...
+
+    @property
+    def kinds(self) -> StepKinds: ...
+
+    @property
+    def gates(self) -> GateKinds: ...
+
+    @property
+    def first_phase(self) -> str: ...
 
     def initial(self) -> S: ...
 
@@ -231,26 +243,49 @@ class Definition(Protocol[S]):
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    phase: str
+    phase: str = ""
     cycle: int = 0
     status: Status = Status.RUNNING
     completion_mode: str | None = None
     reason: str | None = None
 
 
-INITIAL_HEADER = Header(phase="intake")
+def initial_header(definition: Definition[Any]) -> Header:
+    """A new workflow's header: running, in the definition's first phase."""
+    return Header(phase=definition.first_phase)
 
 
 def apply(
     definition: Definition[S], header: Header, state: S, event: Event, now: datetime
 ) -> tuple[Header, Decision[S]]:
     """One event through the engine's rules and the definition. Raises whatever ``decide``
-    raises (the store turns that into a blocked workflow, never a crash loop)."""
+    raises, and :class:`~workflows.job.UnknownJobKindError` or
+    :class:`~workflows.gates.UnknownGateKindError` for a step or gate of a kind the definition
+    does not declare (the store turns that into a blocked workflow, never a crash loop). A
+    step scheduled under an alias is recorded under its canonical kind."""
     ruled = engine_rule(header, event)
     if ruled is not None:
         return ruled, Decision(state)
     decision = definition.decide(state, event, now)
+    decision = Decision(decision.state, _declared(definition, decision.commands))
     return follow(header, decision.commands), decision
+
+
+def _gate_declared(definition: Definition[Any], kind: str) -> bool:
+    return kind in definition.gates or kind in ENGINE_GATES
+
+
+def _declared(definition: Definition[Any], commands: Iterable[Command]) -> tuple[Command, ...]:
+    checked: list[Command] = []
+    for command in commands:
+        if isinstance(command, ScheduleStep):
+            canonical = definition.kinds.canonical(command.kind)
+            if canonical != command.kind:
+                command = replace(command, kind=canonical)
+        elif isinstance(command, OpenGate) and not _gate_declared(definition, command.kind):
+            raise UnknownGateKindError(command.kind, [*definition.gates, *ENGINE_GATES])
+        checked.append(command)
+    return tuple(checked)
 
 
 def engine_rule(header: Header, event: Event) -> Header | None:
@@ -281,30 +316,10 @@ def follow(header: Header, commands: Iterable[Command]) -> Header:
 # --- answers -----------------------------------------------------------------------------
 
 
-def check_answer(gate: OpenGate, answer: str) -> str | None:
-    """``None`` when ``answer`` is acceptable, else what is wrong with it (one line)."""
-    if gate.answers:
-        if answer in gate.answers:
-            return None
-        return f"{answer!r} is not an answer to this gate; valid: {', '.join(gate.answers)}"
-    kind = gate.schema.get("type", "string")
-    if kind == "integer":
-        try:
-            value = int(answer)
-        except ValueError:
-            return f"{answer!r} is not an integer"
-        low, high = gate.schema.get("minimum"), gate.schema.get("maximum")
-        if low is not None and value < low:
-            return f"{value} is below the minimum {low}"
-        if high is not None and value > high:
-            return f"{value} is above the maximum {high}"
-        return None
-    if not answer.strip():
-        return "the answer must not be empty"
-    limit = gate.schema.get("maxLength")
-    if limit is not None and len(answer) > limit:
-        return f"the answer is longer than {limit} characters"
-    return None
+def check_answer(gate: OpenGate, answer: str, gates: GateKinds = ENGINE_GATES) -> str | None:
+    """``None`` when ``answer`` is acceptable for ``gate``, else what is wrong (one line): the
+    gate's own answers or schema, else its kind's (from ``gates``)."""
+    return gates.problem(gate.kind, answer, answers=gate.answers, schema=gate.schema)
 
 
 # --- replay ------------------------------------------------------------------------------
@@ -330,7 +345,7 @@ class Replayed(Generic[S]):
 def replay(definition: Definition[S], history: Sequence[Recorded], *, upto: int) -> Replayed[S]:
     """Run ``history`` (events with seq <= ``upto``) through ``definition`` from its initial
     state. Raises :class:`NonDeterminismError` where a recorded decision differs."""
-    header, state, last = INITIAL_HEADER, definition.initial(), 0
+    header, state, last = initial_header(definition), definition.initial(), 0
     for entry in history:
         if entry.seq > upto:
             break
@@ -375,14 +390,34 @@ class Registry:
 
     def __init__(self, definitions: Iterable[Definition[Any]] = ()) -> None:
         self._by_key: dict[tuple[str, int], Definition[Any]] = {}
+        self._kinds = StepKinds([TIMER])
+        self._gates = ENGINE_GATES
         for definition in definitions:
             self.add(definition)
 
     def add(self, definition: Definition[Any]) -> None:
+        """Register ``definition``; a kind or gate kind it declares differently from one
+        already registered raises :class:`KindConflictError` (one line: which and how)."""
         key = (definition.name, definition.version)
         if key in self._by_key:
             raise ValueError(f"definition {key[0]} v{key[1]} is registered twice")
+        try:
+            kinds = self._kinds.merged(definition.kinds.values())
+            gates = self._gates.merged(definition.gates.values())
+        except ValueError as exc:
+            raise KindConflictError(f"definition {key[0]} v{key[1]}: {exc}") from None
         self._by_key[key] = definition
+        self._kinds, self._gates = kinds, gates
+
+    @property
+    def kinds(self) -> StepKinds:
+        """Every step kind the registered definitions declare, and the engine's timer."""
+        return self._kinds
+
+    @property
+    def gates(self) -> GateKinds:
+        """Every gate kind the registered definitions declare, and the engine's own."""
+        return self._gates
 
     def get(self, name: str, version: int) -> Definition[Any]:
         try:

@@ -3,10 +3,9 @@
 Nothing here reads a clock, the environment or a random source: every input is an argument,
 so the same inputs always give the same answer (which is what the property tests check).
 
-Kinds. Job kinds are strings registered against handlers. Seed 004 registers 25 names:
-22 canonical kinds plus 3 aliases (``build.plan`` for ``build.decompose``, ``deploy.accept``
-for ``deploy.spec``, ``deploy.graph`` for ``deploy.execute``). An alias is accepted wherever a
-kind is, and is stored, keyed and leased as its canonical kind.
+Kinds. A job's kind is a name; what it means (lane, lease, attempts, result) is declared once
+by the definition that uses it (``workflows.kinds``; the protocol's 22 kinds and 3 aliases are
+in ``workflows.protocol.kinds``). By the time a job is keyed and stored its kind is canonical.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
-
-from workflows.phases import Phase
 
 
 class JobState(enum.StrEnum):
@@ -90,83 +88,47 @@ class FailureClass(enum.StrEnum):
 
 
 class UnknownJobKindError(ValueError):
-    """A kind that no handler is registered for."""
+    """A kind that no registered definition declares."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(
-            f"unknown job kind {kind!r}; registered kinds: {', '.join(sorted(KIND_PHASES))}"
-        )
+    def __init__(self, kind: str, known: Iterable[str] = ()) -> None:
+        names = ", ".join(sorted(known)) or "none"
+        super().__init__(f"unknown job kind {kind!r}; declared kinds: {names}")
         self.kind = kind
 
 
-KIND_PHASES: Mapping[str, Phase] = MappingProxyType(
-    {
-        "design.interview": Phase.DESIGN,
-        "design.research": Phase.DESIGN,
-        "design.synthesize": Phase.DESIGN,
-        "design.spec": Phase.DESIGN,
-        "visual.inventory": Phase.VISUAL_DESIGN,
-        "visual.plan": Phase.VISUAL_DESIGN,
-        "build.decompose": Phase.BUILD,
-        "build.implement": Phase.BUILD,
-        "build.verify": Phase.BUILD,
-        "build.integrate": Phase.BUILD,
-        "review.demo": Phase.REVIEW,
-        "review.collect": Phase.REVIEW,
-        "review.triage": Phase.REVIEW,
-        "review.deployment_choice": Phase.REVIEW,
-        "deploy.design": Phase.DEPLOY_DESIGN,
-        "deploy.interview": Phase.DEPLOY_DESIGN,
-        "deploy.synthesize": Phase.DEPLOY_DESIGN,
-        "deploy.spec": Phase.DEPLOY_DESIGN,
-        "deploy.execute": Phase.DEPLOY_EXECUTE,
-        "deploy.demo": Phase.DEPLOY_REVIEW,
-        "deploy.triage": Phase.DEPLOY_REVIEW,
-        "deploy.route": Phase.DEPLOY_REVIEW,
-    }
-)
+KIND_NAME = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*")
+MAX_KIND_LENGTH = 100
 
-KIND_ALIASES: Mapping[str, str] = MappingProxyType(
-    {
-        "build.plan": "build.decompose",
-        "deploy.accept": "deploy.spec",
-        "deploy.graph": "deploy.execute",
-    }
-)
 
-# Every name a handler can be registered under: 22 canonical kinds and 3 aliases.
-REGISTERED_KINDS: frozenset[str] = frozenset(KIND_PHASES) | frozenset(KIND_ALIASES)
+def valid_kind_name(name: object) -> bool:
+    """A kind name: dot-separated lowercase words (``review.triage``), at most 100 characters."""
+    return (
+        isinstance(name, str)
+        and len(name) <= MAX_KIND_LENGTH
+        and KIND_NAME.fullmatch(name) is not None
+    )
+
+
+def check_kind_name(name: str) -> str:
+    if not valid_kind_name(name):
+        raise ValueError(
+            f"{name!r} is not a kind name: dot-separated lowercase words such as 'review.triage'"
+        )
+    return name
 
 
 TIMER_KIND = "workflow.timer"
 """The engine's own kind: a durable workflow timer (a job with ``run_after``, no handler)."""
 
 
-def canonical_kind(kind: str) -> str:
-    """The canonical name of a registered kind; an alias maps to its target. The engine's
-    :data:`TIMER_KIND` is accepted too (it belongs to no phase)."""
-    if kind == TIMER_KIND:
-        return kind
-    canonical = KIND_ALIASES.get(kind, kind)
-    if canonical not in KIND_PHASES:
-        raise UnknownJobKindError(kind)
-    return canonical
-
-
-def phase_of(kind: str) -> Phase:
-    canonical = canonical_kind(kind)
-    if canonical not in KIND_PHASES:
-        raise UnknownJobKindError(kind)
-    return KIND_PHASES[canonical]
-
-
 def idempotency_key(project_id: str, cycle: int, kind: str, subject: str) -> str:
-    """sha256 over (project, cycle, canonical kind, subject), hex encoded.
+    """sha256 over (project, cycle, kind, subject), hex encoded. ``kind`` is the canonical
+    kind: an alias is resolved by the definition's kinds before a job is keyed.
 
     The four parts are encoded as a JSON array, so no choice of separators inside a part can
     make two different tuples hash alike.
     """
-    parts = [project_id, cycle, canonical_kind(kind), subject]
+    parts = [project_id, cycle, kind, subject]
     canonical = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -224,41 +186,32 @@ def jitter_fraction(*parts: object) -> float:
     return (int.from_bytes(digest[:8], "big") >> 11) / 2.0**53
 
 
-def _default_leases() -> Mapping[str, timedelta]:
-    return MappingProxyType(
-        {
-            "build.implement": timedelta(hours=2),
-            "build.verify": timedelta(hours=2),
-            "build.decompose": timedelta(minutes=15),
-            "build.integrate": timedelta(minutes=15),
-        }
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class LeasePolicy:
-    """How long a claim holds a job, per kind: 2 h for build.implement and build.verify,
-    15 min for build.decompose and build.integrate, ``default`` (2 min) for the rest."""
+    """How long a claim holds a job: a kind's own lease (its declaration's, passed in as
+    ``declared``) unless ``by_kind`` overrides it (``[queue.lease_seconds]``), else
+    ``default`` (2 min)."""
 
     default: timedelta = timedelta(minutes=2)
-    by_kind: Mapping[str, timedelta] = field(default_factory=_default_leases)
+    by_kind: Mapping[str, timedelta] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.default <= timedelta(0):
             raise ValueError("the default lease must be positive")
-        normalised: dict[str, timedelta] = {}
         for kind, duration in self.by_kind.items():
             if duration <= timedelta(0):
                 raise ValueError(f"the lease for {kind!r} must be positive")
-            normalised[canonical_kind(kind)] = duration
-        object.__setattr__(self, "by_kind", MappingProxyType(normalised))
+        object.__setattr__(self, "by_kind", MappingProxyType(dict(self.by_kind)))
 
     def __reduce__(self) -> tuple[type[LeasePolicy], tuple[timedelta, dict[str, timedelta]]]:
         # The read-only mapping does not pickle; worker processes receive the policy pickled.
         return (LeasePolicy, (self.default, dict(self.by_kind)))
 
-    def lease_for(self, kind: str) -> timedelta:
-        return self.by_kind.get(canonical_kind(kind), self.default)
+    def lease_for(self, kind: str, declared: timedelta | None = None) -> timedelta:
+        override = self.by_kind.get(kind)
+        if override is not None:
+            return override
+        return self.default if declared is None else declared
 
     def with_overrides(self, overrides: Mapping[str, timedelta]) -> LeasePolicy:
         """A policy with some kinds' leases replaced; the key ``default`` sets the default."""
@@ -268,5 +221,12 @@ class LeasePolicy:
             if kind == "default":
                 default = duration
             else:
-                merged[canonical_kind(kind)] = duration
+                merged[kind] = duration
         return LeasePolicy(default=default, by_kind=merged)
+
+    def resolved(self, canonical: Callable[[str], str]) -> LeasePolicy:
+        """The overrides keyed by canonical kind (``canonical`` maps an alias to its kind and
+        raises for a name no definition declares)."""
+        return LeasePolicy(
+            default=self.default, by_kind={canonical(k): v for k, v in self.by_kind.items()}
+        )

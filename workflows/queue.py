@@ -34,17 +34,10 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
-from workflows.job import (
-    FailureClass,
-    JobState,
-    UnknownJobKindError,
-    canonical_kind,
-    idempotency_key,
-)
+from workflows.gates import DELIVERY_EXHAUSTED as DELIVERY_EXHAUSTED_GATE
+from workflows.job import FailureClass, JobState, idempotency_key, valid_kind_name
 
-DELIVERY_EXHAUSTED = "delivery_exhausted"
-LADDER_EXHAUSTED = "ladder_exhausted"  # its answer is a number: the attempts it grants
-SPEND_EXHAUSTED = "spend_exhausted"  # its answer is a number: the dollars or turns it grants
+DELIVERY_EXHAUSTED = DELIVERY_EXHAUSTED_GATE.name
 DELIVERY_EXHAUSTED_PROMPT = (
     "This job's lease expired on every one of its attempts (its worker died or stalled each "
     "time). Answer anything to retry it with one more attempt."
@@ -86,16 +79,20 @@ class EnqueueRequest:
     job_id: UUID | None = None
     workflow_id: UUID | None = None  # a workflow's step: the workflow and the step's name
     step: str | None = None
+    lease: timedelta | None = None  # the kind's declared lease (None: the policy's default)
 
     def __post_init__(self) -> None:
         if (self.workflow_id is None) != (self.step is None):
             raise InvalidEnqueueError("a workflow step names both its workflow and its step")
         if not self.project_id:
             raise InvalidEnqueueError("project_id must not be empty")
-        try:
-            object.__setattr__(self, "kind", canonical_kind(self.kind))
-        except UnknownJobKindError as exc:
-            raise InvalidEnqueueError(str(exc)) from exc
+        if not valid_kind_name(self.kind):
+            raise InvalidEnqueueError(
+                f"{self.kind!r} is not a kind name: dot-separated lowercase words such as "
+                "'review.triage'"
+            )
+        if self.lease is not None and self.lease <= timedelta(0):
+            raise InvalidEnqueueError("a declared lease must be positive")
         if self.max_attempts < 1:
             raise InvalidEnqueueError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if self.delay < timedelta(0):
@@ -151,6 +148,7 @@ class Job:
     dispatch_seq: int = 0
     workflow_id: UUID | None = None
     step: str | None = None
+    lease_expired: bool = False  # its previous attempt's lease expired (its worker died)
 
     @property
     def lease(self) -> Lease:

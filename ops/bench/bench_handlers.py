@@ -16,7 +16,7 @@ import time
 from typing import TextIO
 
 from workflows.queue import Job
-from workflows.steps import Handlers, Success
+from workflows.steps import Handlers, Short, Success
 
 ENV = "VIBEY_BENCH_STEP_DIR"
 # One kind per lane: design.interview runs in the INTERACTIVE lane, build.implement in BUILD.
@@ -49,4 +49,4 @@ def noop(job: Job) -> Success:
     return Success()
 
 
-HANDLERS: Handlers = dict.fromkeys(KINDS, noop)
+HANDLERS: Handlers = dict.fromkeys(KINDS, Short(noop))

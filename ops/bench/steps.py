@@ -22,9 +22,13 @@ Prints, from one run (the figures issue 3 asks `just bench` for):
    how many transactions other databases committed meanwhile), and the CPU each party spent
    per step (PostgreSQL's and RabbitMQ's whole servers; "others" is the rest of the box).
 6. where the time goes, in one in-process Runtime (``--threads`` threads, no Supervisor): the
-   light workload with wall-clock timers on the store calls of the step path (each hop cut
-   into segments), then the throughput workload under cProfile measuring CPU time per thread
-   (the pstats file is kept; its path is printed).
+   light workload with wall-clock timers on the step path (each hop cut into segments: the
+   unit of work that claims, runs and settles a short step, the relay, the broker, Dramatiq),
+   then the throughput workload under cProfile measuring CPU time per thread (the pstats
+   file is kept; its path is printed).
+
+The no-op handlers are :class:`~workflows.steps.Short`: each step's first delivery is claimed,
+run and settled in one transaction.
 
 Every workload is enqueued and then ANALYZEd, as a deployed database would have statistics
 (without them the step path's plans differ, and change when autovacuum catches up); each
@@ -708,21 +712,15 @@ def profile_new_threads(profilers: list[cProfile.Profile]) -> Callable[..., None
 
 # The store calls of the step path, each with the job ids a call concerns.
 TIMED: dict[str, tuple[str, Callable[..., list[str]]]] = {
-    "claim_pointer": ("records", lambda a, kw, r: [] if r is None else [str(kw["job_id"])]),
-    "ack": ("store", lambda a, kw, r: [str(a[0].job_id)]),
-    "outbox_rows": ("records", lambda a, kw, r: [str(row.job_id) for row in r]),
+    "claim_pointer_txn": ("records", lambda a, kw, r: [] if r is None else [str(kw["job_id"])]),
     "mark_sent": ("records", lambda a, kw, r: []),
 }
 SEGMENTS = (
-    "handler end → ack starts",
-    "ack: settle + release the next step, one transaction",
-    "→ the relay's thread reads the outbox row",
-    "outbox read",
-    "→ the relay's I/O thread publishes",
+    "handler end → committed: settle + release the next step (the claim's unit of work)",
+    "→ the relay's I/O thread publishes (the pointer fields come from the commit)",
     "→ the consumer receives it: RabbitMQ (quorum queue), pika",
     "→ the fenced claim starts: Dramatiq's work queue and worker thread",
-    "fenced claim",
-    "→ handler start (the heartbeat thread starts first)",
+    "→ handler start: BEGIN + claim, one round trip",
 )
 
 
@@ -736,6 +734,12 @@ def instrumented(runtime: Runtime) -> Iterator[dict[str, Timed]]:
         target = getattr(runtime, part)
         timers[name] = Timed(getattr(target, name), keys)
         setattr(target, name, timers[name])  # StepRunner and Relay share these objects
+    units = runtime.store.units  # private: measuring only
+    timers["committed"] = Timed(
+        units._publish,  # type: ignore[arg-type]
+        lambda a, kw, r: [str(row.job_id) for row in a[0]],
+    )
+    units._publish = timers["committed"]
     publisher = runtime.relay._io  # private: measuring only
     timers["publish"] = Timed(
         publisher._send,
@@ -781,15 +785,14 @@ def in_process_run(
 
 def hop_segments(tally: StepTally, timers: dict[str, Timed]) -> list[list[float]]:
     """For each hop, the wall time of each of SEGMENTS, seconds."""
-    first = {name: timers[name].by_job(last=False) for name in ("outbox_rows", "publish")}
-    last = {name: timers[name].by_job(last=True) for name in ("ack", "receive", "claim_pointer")}
+    first = {name: timers[name].by_job(last=False) for name in ("committed", "publish")}
+    last = {name: timers[name].by_job(last=True) for name in ("receive", "claim_pointer_txn")}
     found = []
-    for (job, _start, end), (following, start, _end) in tally.hop_pairs():
-        ack = last["ack"].get(job)
-        read, publish = first["outbox_rows"].get(following), first["publish"].get(following)
-        receive, claim = last["receive"].get(following), last["claim_pointer"].get(following)
-        if ack and read and publish and receive and claim:  # else a reconciler sent it
-            points = (end, *ack, *read, publish[0], receive[1], *claim, start)
+    for (_job, _start, end), (following, start, _end) in tally.hop_pairs():
+        committed, publish = first["committed"].get(following), first["publish"].get(following)
+        receive, claim = last["receive"].get(following), last["claim_pointer_txn"].get(following)
+        if committed and publish and receive and claim:  # else a reconciler sent it
+            points = (end, committed[0], publish[0], receive[1], claim[0], start)
             found.append([b - a for a, b in itertools.pairwise(points)])
     return found
 

@@ -12,6 +12,7 @@ SET state = 'leased',
     last_error = CASE WHEN state = 'leased'
                       THEN 'lease expired on attempt ' || attempts || ' of ' || max_attempts
                       ELSE last_error END,
+    lease_expired = lease_expired OR state = 'leased',
     lease_owner = %(owner)s,
     lease_token = gen_random_uuid(),
     lease_expires_at = now() + lease_ms * interval '1 millisecond',
@@ -103,7 +104,7 @@ moved AS (
         dispatch_seq = job.dispatch_seq + CASE WHEN t.spent THEN 0 ELSE 1 END,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        last_error = %(reason)s
+        last_error = %(reason)s, lease_expired = false
     FROM target t
     WHERE job.id = t.id
     RETURNING job.id, job.project_id, job.attempts, job.dispatch_seq, job.kind, job.run_after,

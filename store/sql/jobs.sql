@@ -77,7 +77,7 @@ SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispa
        r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
 FROM released r
 ON CONFLICT (key) DO NOTHING
-RETURNING id, job_id
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 
 -- name: dispatch_dependents
 -- (A separate statement from dispatch_released, not an OR of the two: each one is driven by
@@ -104,7 +104,7 @@ SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispa
        r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
 FROM released r
 ON CONFLICT (key) DO NOTHING
-RETURNING id, job_id
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 
 -- name: notify_ready
 SELECT pg_notify('vibey_job_ready', %(project_id)s)
@@ -150,7 +150,7 @@ WITH settled AS (
     UPDATE job
     SET state = 'succeeded', result = %(result)s, settled_at = now(), updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        last_error = NULL, failure_class = NULL
+        last_error = NULL, failure_class = NULL, lease_expired = false
     WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
       AND lease_token = %(token)s AND lease_expires_at > now()
     RETURNING id, project_id, state
@@ -174,6 +174,7 @@ WITH settled AS (
         dispatch_seq = dispatch_seq
             + CASE WHEN %(dispatch)s AND attempts < max_attempts THEN 1 ELSE 0 END,
         last_error = %(error)s,
+        lease_expired = false,
         failure_class = %(failure_class)s,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -189,9 +190,9 @@ outbox AS (
     FROM settled s
     WHERE %(dispatch)s AND s.state = 'ready'
     ON CONFLICT (key) DO NOTHING
-    RETURNING id
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT s.state, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM settled s
+SELECT s.state, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM settled s
 
 -- name: defer
 -- A defer gives back the attempt its claim counted.
@@ -203,6 +204,7 @@ WITH settled AS (
         run_after = now() + make_interval(secs => %(delay_s)s),
         dispatch_seq = dispatch_seq + CASE WHEN %(dispatch)s THEN 1 ELSE 0 END,
         last_error = %(reason)s,
+        lease_expired = false,
         failure_class = CASE WHEN %(capacity)s THEN 'capacity'::failure_class END,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -219,9 +221,9 @@ outbox AS (
     FROM settled s
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT s.state, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM settled s
+SELECT s.state, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM settled s
 
 -- name: park
 WITH parked AS (
@@ -271,6 +273,7 @@ released AS (
         dispatch_seq = job.dispatch_seq
             + CASE WHEN %(dispatch)s AND NOT e.exhausted THEN 1 ELSE 0 END,
         last_error = 'lease expired on attempt ' || job.attempts || ' of ' || job.max_attempts,
+        lease_expired = true,
         updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM expired e
@@ -334,9 +337,9 @@ outbox AS (
     FROM released r
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
 )
-SELECT r.project_id, (SELECT array_agg(id) FROM outbox) AS outbox_ids FROM released r
+SELECT r.project_id, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM released r
 
 -- name: get_job
 SELECT * FROM job WHERE id = %(job_id)s

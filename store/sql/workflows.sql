@@ -18,6 +18,18 @@ RETURNING *
 -- name: lock_workflow
 SELECT * FROM workflow WHERE id = %(id)s FOR UPDATE
 
+-- name: lock_workflow_of_job
+-- A short step's unit of work locks its workflow before it claims the job (the lock order).
+SELECT w.* FROM workflow w
+WHERE w.id = (SELECT j.workflow_id FROM job j WHERE j.id = %(job_id)s)
+FOR UPDATE OF w
+
+-- name: lock_workflow_of_gate
+-- A gate answer locks the gate's workflow (a workflow gate's: it has a name) before the gate.
+SELECT w.* FROM workflow w
+WHERE w.id = (SELECT g.workflow_id FROM gate g WHERE g.id = %(gate_id)s AND g.name IS NOT NULL)
+FOR UPDATE OF w
+
 -- name: get_workflow
 SELECT * FROM workflow WHERE id = %(id)s
 

@@ -50,7 +50,7 @@ class Stack:
     logs: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     config: Path | None = None  # a vibey.toml for every command and worker
-    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the postgres backend
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every command and worker
     _logs: list[Any] = field(default_factory=list)
 
     @property
@@ -91,11 +91,13 @@ class Stack:
     def json(self, *args: str) -> Any:
         return json.loads(self.vibey(*args, "--json").stdout)
 
-    def start_worker(self, *, processes: int = 1, threads: int = 8) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, *args: str, processes: int = 1, threads: int = 8
+    ) -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
         self._logs.append(log)
         proc = subprocess.Popen(
-            [VIBEY, "worker", "--processes", str(processes), "--threads", str(threads)],
+            [VIBEY, "worker", "--processes", str(processes), "--threads", str(threads), *args],
             env=self.env,
             cwd=self.workspace.parent,
             stdout=log,

@@ -81,6 +81,19 @@ def applied_versions(url: str) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+@pytest.mark.parametrize(
+    "args", [("frobnicate",), ("frobnicate", "--help"), ("frobnicate", "-h", "x"), ("wokrer",)]
+)
+def test_an_unknown_command_exits_2_with_one_line_whatever_follows(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    run = vibey(*args, cwd=tmp_path)
+    assert run.code == 2, run
+    assert run.stdout == ""
+    [line] = run.stderr_lines
+    assert line.startswith(f'vibey: Unknown command "{args[0]}". Available commands: workflow')
+
+
 def test_migrate_without_a_database_url_exits_2_with_one_line(tmp_path: Path) -> None:
     run = vibey("migrate", cwd=tmp_path)
     assert run.code == 2

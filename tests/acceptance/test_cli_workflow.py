@@ -106,7 +106,7 @@ class Cli:
         args = ("gate", "list") + (("--project", project) if project else ())
         gates = [g for g in self.json(*args)["gates"] if g["name"] == name]
         assert len(gates) == 1, gates
-        return gates[0]
+        return dict(gates[0])
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from workflows.engine import (
     Started,
     TransitionPhase,
 )
+from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
 
 NAME = "tiny"
 APPROVE = OpenGate(
@@ -39,6 +40,11 @@ RATING = OpenGate(
 
 
 class Tiny:
+    # The protocol's kinds, declared alike: a test may register both definitions.
+    kinds = STEP_KINDS
+    gates = GATE_KINDS
+    first_phase = "intake"
+
     def __init__(self, *, drifted: bool = False) -> None:
         self._drifted = drifted
 

@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from store.jobs import PostgresJobRepository
 from store.notify import PostgresJobReadyNotifier
+from store.unit_of_work import UnitOfWork
 from workflows.job import FailureClass, LeasePolicy
 from workflows.queue import Job
 
@@ -60,7 +61,7 @@ def work(repo: PostgresJobRepository, job: Job, *, seed: int, lease_s: float) ->
         )
         return "NACK" if settled.applied else "STALE"
     with repo.transaction() as conn:
-        settled = repo.ack_txn(conn, lease, result={"attempt": job.attempts})
+        settled = repo.ack_txn(UnitOfWork(conn), lease, result={"attempt": job.attempts})
         if settled.applied:
             conn.execute(
                 "INSERT INTO chaos_commit (job_id, attempt) VALUES (%s, %s)",

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg_pool import ConnectionPool
@@ -237,7 +238,7 @@ def test_sigkilled_workers_lose_nothing_and_commit_once(pg_url: str) -> None:
             fleet.stop()
             supervisor.join(timeout=5)
         with pool.connection() as conn:
-            states = dict(
+            states: dict[Any, Any] = dict(
                 conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
             )
             succeeded = {r[0] for r in conn.execute("SELECT id FROM job WHERE state = 'succeeded'")}

@@ -71,7 +71,7 @@ def test_sigkilled_postgres_backend_workers_lose_nothing_and_commit_once(
             supervisor.stop()
             fleet.join(timeout=120)
         with pool.connection() as conn:
-            states = dict(
+            states: dict[str, int] = dict(
                 conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
             )
         commits = count(pool, "SELECT count(*) FROM audit_commit")

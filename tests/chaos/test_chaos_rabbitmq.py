@@ -26,6 +26,7 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg_pool import ConnectionPool
@@ -149,7 +150,7 @@ def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
             supervisor.stop()
             fleet.join(timeout=120)
         with pool.connection() as conn:
-            states = dict(
+            states: dict[Any, Any] = dict(
                 conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
             )
         commits = count(pool, "SELECT count(*) FROM audit_commit")

@@ -105,7 +105,7 @@ def stop_forkserver() -> None:
 
     server = forkserver._forkserver  # private: no public way to stop it
     with contextlib.suppress(Exception):
-        server._stop()
+        server._stop()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("prefetch", [1, 2 * THREADS], ids=["prefetch-1", "prefetch-default"])

@@ -166,7 +166,7 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
                 supervisor.stop()
                 fleet.join(timeout=120)
             with pool.connection() as conn:
-                states = dict(
+                states: dict[str, int] = dict(
                     conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
                 )
             commits = count(pool, "SELECT count(*) FROM audit_commit")

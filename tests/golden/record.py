@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from workflows.engine import (
-    INITIAL_HEADER,
     Command,
     Definition,
     Event,
@@ -39,6 +38,7 @@ from workflows.engine import (
     check_answer,
     encode_commands,
     encode_event,
+    initial_header,
 )
 from workflows.job import FailureClass
 from workflows.protocol import PROTOCOL, ProtocolState
@@ -58,7 +58,7 @@ class Run:
     record it, and what the commands asked for (steps, gates, timers), tracked like a store."""
 
     definition: Definition[ProtocolState] = PROTOCOL
-    header: Header = INITIAL_HEADER
+    header: Header = field(default_factory=lambda: initial_header(PROTOCOL))
     state: ProtocolState = field(default_factory=PROTOCOL.initial)
     history: list[Recorded] = field(default_factory=list)
     steps: dict[str, ScheduleStep] = field(default_factory=dict)
@@ -86,7 +86,7 @@ class Run:
             case StepFailed(step=step):
                 self.failed.add(step)
             case GateAnswered(gate=gate, answer=answer) if gate in self.gates:
-                if check_answer(self.gates[gate], answer) is None:
+                if check_answer(self.gates[gate], answer, self.definition.gates) is None:
                     del self.gates[gate]
             case TimerFired(timer=timer):
                 self.timers.pop(timer, None)

@@ -24,7 +24,7 @@ def publish(amqp: Amqp, queue: str, n: int) -> None:
 
 
 def ready(amqp: Amqp, queue: str) -> int:
-    return amqp.connect().channel().queue_declare(queue, passive=True).method.message_count
+    return int(amqp.connect().channel().queue_declare(queue, passive=True).method.message_count)
 
 
 def test_wait_wakes_when_a_delivery_is_buffered(amqp: Amqp) -> None:

@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from store.dispatch import DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
+from store.unit_of_work import OutboxRow, UnitOfWork
 from workflows.job import FailureClass, JobState, LeasePolicy
 from workflows.queue import EnqueueRequest, GateRequest, Job
 
@@ -28,8 +29,8 @@ class Handoff:
     def __init__(self) -> None:
         self.batches: list[tuple[int, ...]] = []
 
-    def __call__(self, ids: Sequence[int]) -> None:
-        self.batches.append(tuple(ids))
+    def __call__(self, rows: Sequence[OutboxRow]) -> None:
+        self.batches.append(tuple(row.id for row in rows))
 
     @property
     def ids(self) -> list[int]:
@@ -102,7 +103,7 @@ def test_two_parents_acked_at_once_release_their_child_once(pool, handoff) -> No
     assert held_a is not None and held_b is not None
     first_done = threading.Event()
     with repo.transaction() as conn:  # the first ack holds its transaction open…
-        assert repo.ack_txn(conn, held_a.lease).applied
+        assert repo.ack_txn(UnitOfWork(conn), held_a.lease).applied
 
         def second() -> None:  # …while the second runs and must wait for it
             assert repo.ack(held_b.lease).applied
@@ -207,7 +208,7 @@ def test_the_relay_never_skips_a_row_that_commits_late(pool, handoff) -> None:
     repo = repo_for(pool, handoff)
     records = DispatchRecords(pool=pool, relay_id="relay-9")
     with repo.transaction() as slow:  # takes the lower outbox id, commits last
-        repo.enqueue_txn(slow, req("slow"))
+        repo.enqueue_txn(UnitOfWork(slow), req("slow"))
         repo.enqueue(req("fast"))
         first = records.claim_outbox(limit=10, reclaim_after=timedelta(0))
         records.mark_sent([r.id for r in first])

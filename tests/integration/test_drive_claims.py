@@ -10,9 +10,20 @@ from datetime import timedelta
 
 import pytest
 
-from store.drive import Work, claim_next, claimable_count, scaler_count, scaler_query
+from store.drive import (
+    Work,
+    build_kinds,
+    claim_next,
+    claimable_count,
+    scaler_count,
+    scaler_query,
+)
 from store.jobs import PostgresJobRepository
+from workflows.engine import Registry
+from workflows.protocol import DEFINITIONS
 from workflows.queue import EnqueueRequest
+
+BUILD = build_kinds(Registry(DEFINITIONS).kinds)
 
 
 def _enqueue(repo, project, kind, **extra):
@@ -52,12 +63,12 @@ def mixed(pool):
 
 
 FILTERS = [
-    Work.for_lanes(["interactive", "build"]),
-    Work.for_lanes(["build"]),
-    Work.for_lanes(["interactive"]),
-    Work.for_lanes(["interactive", "build"], projects=["a"]),
-    Work.for_lanes(["build"], projects=["b"]),
-    Work.for_lanes(["interactive"], projects=["a", "b"]),
+    Work.for_lanes(["interactive", "build"], build_kinds=BUILD),
+    Work.for_lanes(["build"], build_kinds=BUILD),
+    Work.for_lanes(["interactive"], build_kinds=BUILD),
+    Work.for_lanes(["interactive", "build"], projects=["a"], build_kinds=BUILD),
+    Work.for_lanes(["build"], projects=["b"], build_kinds=BUILD),
+    Work.for_lanes(["interactive"], projects=["a", "b"], build_kinds=BUILD),
 ]
 
 
@@ -77,15 +88,15 @@ def test_the_trigger_counts_what_the_claim_takes_then_keeps_counting_it_while_le
 
 
 def test_the_lanes_split_the_work_and_together_cover_it(pool, mixed):
-    both = scaler_count(pool, Work.for_lanes(["interactive", "build"]))
-    build = scaler_count(pool, Work.for_lanes(["build"]))
-    interactive = scaler_count(pool, Work.for_lanes(["interactive"]))
+    both = scaler_count(pool, Work.for_lanes(["interactive", "build"], build_kinds=BUILD))
+    build = scaler_count(pool, Work.for_lanes(["build"], build_kinds=BUILD))
+    interactive = scaler_count(pool, Work.for_lanes(["interactive"], build_kinds=BUILD))
     assert both == len(mixed) == build + interactive
     assert build == 3  # build.implement, build.verify, build.decompose (awaiting capacity)
 
 
 def test_an_ack_releasing_a_dependent_makes_it_count(pool, mixed):
-    work = Work.for_lanes(["interactive"], projects=["a"])
+    work = Work.for_lanes(["interactive"], projects=["a"], build_kinds=BUILD)
     taken = claim_next(pool, work, owner="t", limit=100)
     repo = PostgresJobRepository(pool=pool)
     for job in taken:

@@ -47,8 +47,9 @@ from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from tests.commit_audit import COMMIT_AUDIT
 from tests.unit.test_dispatch import MALFORMED, MORE_MALFORMED
-from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, WaitTiers, encode, lane_of
+from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, WaitTiers, encode
 from workflows.job import FailureClass
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Failure, Handlers, Outcome, Success
 
@@ -132,7 +133,7 @@ def consumers_started(runtime: Runtime) -> dict[str, int]:
     """Each lane queue's Dramatiq consumer (its serial: a restart after a crash changes it)."""
     consumers = runtime._worker.consumers  # type: ignore[union-attr]
     wait_for(lambda: all(c.consumer is not None for c in consumers.values()), 10, "the consumers")
-    return {queue: thread.consumer.serial for queue, thread in consumers.items()}
+    return {queue: thread.consumer.serial for queue, thread in consumers.items()}  # type: ignore[union-attr]
 
 
 def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
@@ -200,17 +201,17 @@ def pointer(job_id: uuid.UUID, project: str, seq: int, kind: str) -> bytes:
 
 
 def routing_key(runtime: Runtime, kind: str) -> str:
-    return runtime.config.names.routing_key(lane_of(kind), P)
+    return runtime.config.names.routing_key(STEP_KINDS.get_kind(kind).lane, P)
 
 
 class DropClock:
     """Wraps the runner's result hook: when each DROPPED was counted."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self._inner = runtime.runner._on_result  # type: ignore[attr-defined]
+        self._inner = runtime.runner._on_result
         self._lock = threading.Lock()
         self.dropped_at: list[float] = []
-        runtime.runner._on_result = self  # type: ignore[attr-defined]
+        runtime.runner._on_result = self
 
     def __call__(self, result: StepResult) -> None:
         if result is StepResult.DROPPED:

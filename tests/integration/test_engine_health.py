@@ -162,7 +162,7 @@ def test_every_capacity_state_round_trips(store: EngineHealthStore, pg_url: str)
         AuthenticationFailed("401"),
     ]
     for state in states:
-        circuit = store.record_capacity("claude", state, NOW)
+        circuit = store.record_capacity("claude", state, NOW)  # type: ignore[arg-type]
         assert store.get("claude").circuit == circuit
         assert circuit.capacity == state and circuit.is_open
     with psycopg.connect(pg_url) as conn:

@@ -54,7 +54,7 @@ def superuser(url: str, *statements: str) -> None:
     """Run ``statements`` as the superuser the tests connect as, in one transaction."""
     with psycopg.connect(url) as conn:
         for statement in statements:
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
 
 
 # --- append, read, verify -------------------------------------------------------------------
@@ -287,7 +287,7 @@ def app_role(pg_url: str) -> Iterator[tuple[str, str]]:
 
 def as_role(url: str, statement: str) -> None:
     with psycopg.connect(url) as conn:
-        conn.execute(statement)  # type: ignore[arg-type]
+        conn.execute(statement)
 
 
 def test_the_application_role_appends_but_cannot_update_delete_or_truncate(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pika
 import pytest
@@ -62,7 +63,7 @@ def repo_for(pool: ConnectionPool, relay: Relay | None) -> PostgresJobRepository
 
 def get(amqp: Amqp, queue: str) -> list[tuple[pika.spec.Basic.GetOk, pika.BasicProperties, bytes]]:
     channel = amqp.connect().channel()
-    messages = []
+    messages: list[Any] = []
     while True:
         method, properties, body = channel.basic_get(queue, auto_ack=True)
         if method is None:

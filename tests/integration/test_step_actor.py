@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pika
 import pytest
@@ -115,7 +116,7 @@ def publish(amqp: Amqp, body: bytes, routing_key: str = f"shared.interactive.{P}
 
 def dead_letters(amqp: Amqp) -> list[dict]:
     channel = amqp.connect().channel()
-    found = []
+    found: list[Any] = []
     while True:
         method, properties, _body = channel.basic_get(amqp.names.dead_queue, auto_ack=True)
         if method is None:

@@ -221,7 +221,7 @@ def test_declare_twice_gives_quorum_queues_with_the_planned_arguments(amqp: Amqp
 
 def _arrivals(channel: Any, queues: list[str], timeout: float) -> dict[str, tuple[Any, ...]]:
     """The first message of each queue and the seconds after the call it arrived."""
-    start, found = time.monotonic(), {}
+    start, found = time.monotonic(), dict[str, Any]()
     while len(found) < len(queues) and time.monotonic() - start < timeout:
         for queue in set(queues) - set(found):
             got = _get(channel, queue)
@@ -323,7 +323,7 @@ def test_delivery_limit_counts_closed_channels_then_parks(amqp: Amqp) -> None:
     channel.confirm_delivery()
     _publish(channel, names.work_exchange, "shared.build.demo", b"crasher")
 
-    seen = []
+    seen: list[Any] = []
     for _ in range(3):  # a consumer takes it and dies without an ack, three times
         holder = connection.channel()
         got = _wait_for(holder, queue, timeout=5.0, ack=False)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 import pika
@@ -162,7 +163,7 @@ def settled_states(runtime: Runtime) -> dict[str, int]:
     while True:
         with runtime.pool.connection() as conn:
             query = b"SELECT state::text, count(*) FROM job GROUP BY 1"
-            states = dict(conn.execute(query).fetchall())
+            states: dict[Any, Any] = dict(conn.execute(query).fetchall())
         if states == {"succeeded": JOBS} or time.monotonic() > settle_by:
             return states
         time.sleep(0.1)
@@ -182,7 +183,7 @@ def test_delayed_jobs_wait_in_tiers_and_start_on_time(
     while any(c.consumer is None for c in consumers.values()):
         assert time.monotonic() < deadline, "the Dramatiq consumers did not start"
         time.sleep(0.05)
-    serials = {q: c.consumer.serial for q, c in consumers.items()}
+    serials = {q: c.consumer.serial for q, c in consumers.items()}  # type: ignore[union-attr]
     planned = requests(seed)
     batches = [[r for g, r in planned if g == group] for group in ("long", "short", "spread")]
     started = time.monotonic()
@@ -255,7 +256,7 @@ def test_delayed_jobs_wait_in_tiers_and_start_on_time(
     assert set(declared) == {*work_queues, *tier_queues, names.dead_queue}, sorted(declared)
     assert set(consumers) == set(work_queues), f"consumers: {sorted(consumers)}"
     assert not runtime.broker.delay_queues and set(runtime.broker.queues) == set(work_queues)
-    assert {q: c.consumer.serial for q, c in consumers.items()} == serials, "a consumer restarted"
+    assert {q: c.consumer.serial for q, c in consumers.items()} == serials, "a consumer restarted"  # type: ignore[union-attr]
     assert all(t.is_alive() for t in consumers.values())
     tiers_now = message_counts(amqp, tier_queues)
     assert sum(tiers_now.values()) == 0, f"pointers left in the tiers: {tiers_now}"

@@ -16,12 +16,13 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from store.jobs import PostgresJobRepository
+from store.unit_of_work import UnitOfWork
 from store.workflows import WorkflowNotFound, WorkflowStore
 from tests import tiny_definition
 from tests.tiny_definition import Tiny
 from workflows.engine import Registry, Status, StepSucceeded
 from workflows.job import TIMER_KIND, FailureClass, JobState
-from workflows.queue import AnswerStatus, Job
+from workflows.queue import AnswerStatus, Job, Settled
 
 
 @pytest.fixture
@@ -48,27 +49,24 @@ def claim_one(jobs: PostgresJobRepository, project: str) -> Job:
 
 
 def succeed(store: WorkflowStore, jobs: PostgresJobRepository, job: Job) -> None:
-    def settle(conn: psycopg.Connection, outbox: list[int] | None) -> object:
-        return jobs.ack_txn(conn, job.lease, result={"ok": True}, outbox=outbox)
+    def settle(unit: UnitOfWork) -> Settled:
+        return jobs.ack_txn(unit, job.lease, result={"ok": True})
 
-    settled = jobs.dispatching_transaction(store.settle_txn, job, settle, result={"ok": True})
+    with jobs.units.begin() as unit:
+        settled = store.settle_txn(unit, job, settle, result={"ok": True})
     assert settled.applied
 
 
 def fail(store: WorkflowStore, jobs: PostgresJobRepository, job: Job, detail: str) -> None:
     """A failed attempt (a work failure, retried at once), settled as the step actor does."""
 
-    def settle(conn: psycopg.Connection, outbox: list[int] | None) -> object:
+    def settle(unit: UnitOfWork) -> Settled:
         return jobs.nack_txn(
-            conn,
-            job.lease,
-            error=detail,
-            failure_class=FailureClass.WORK,
-            retry_in=timedelta(0),
-            outbox=outbox,
+            unit, job.lease, error=detail, failure_class=FailureClass.WORK, retry_in=timedelta(0)
         )
 
-    jobs.dispatching_transaction(store.settle_txn, job, settle, failure=(FailureClass.WORK, detail))
+    with jobs.units.begin() as unit:
+        store.settle_txn(unit, job, settle, failure=(FailureClass.WORK, detail))
 
 
 def gate_id(store: WorkflowStore, project: str, name: str = "g") -> UUID:
@@ -254,10 +252,9 @@ def test_cancel_stops_unfinished_steps_and_closes_gates(
     assert jobs.get(running.id).state is JobState.CANCELLED  # type: ignore[union-attr]
 
     # The running step's settle finds its fence gone; the workflow absorbs nothing more.
-    def settle(conn: psycopg.Connection, outbox: list[int] | None) -> object:
-        return jobs.ack_txn(conn, running.lease, outbox=outbox)
-
-    assert not jobs.dispatching_transaction(store.settle_txn, running, settle).applied
+    with jobs.units.begin() as unit:
+        settled = store.settle_txn(unit, running, lambda u: jobs.ack_txn(u, running.lease))
+    assert not settled.applied
     after = store.record(wf.id, StepSucceeded(step="a"))
     assert after.status is Status.CANCELLED and after.last_seq == 3
     assert store.history(wf.id)[-1].commands == []

@@ -63,7 +63,7 @@ SEED_004_KINDS = [
 
 # --- strategies ---------------------------------------------------------------------------
 
-text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+text = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"))
 scalars = (
     st.none()
     | st.booleans()

@@ -66,7 +66,8 @@ def base(name: str) -> str:
 
 
 def test_the_store_collector_reports_the_state_it_read():
-    families = {f.name: f for f in metrics.StoreCollector(FakeOperations()).collect()}
+    collector = metrics.StoreCollector(FakeOperations())  # type: ignore[arg-type]
+    families = {f.name: f for f in collector.collect()}
     assert families["vibey_store_up"].samples[0].value == 1
     assert families["vibey_outbox_oldest_unsent_seconds"].samples[0].value == 12.5
     (circuit,) = families["vibey_engine_circuit"].samples

@@ -146,7 +146,7 @@ def test_a_brief_missing_anything_fails_exactly_the_rule_for_it(
         return
     field = data.draw(st.sampled_from(sorted(carried)))
     dropped = data.draw(st.sampled_from(carried[field]))
-    brief = replace(scenario.brief, **{field: tuple(i for i in carried[field] if i != dropped)})
+    brief = replace(scenario.brief, **{field: tuple(i for i in carried[field] if i != dropped)})  # type: ignore[arg-type]
     report = verify(brief, scenario.events, scenario.spec)
     assert report.failed_rules == {CLOSURE_FIELDS[field]}
     (failure,) = report.failures
@@ -158,7 +158,7 @@ def test_full_transcript_mode_waives_only_the_closure_rules(
     scenario: Scenario, data: st.DataObject
 ) -> None:
     emptied = {field: () for field in CLOSURE_FIELDS}
-    brief = replace(scenario.brief, mode="full_transcript", **emptied)
+    brief = replace(scenario.brief, mode="full_transcript", **emptied)  # type: ignore[arg-type]
     assert verify(brief, scenario.events, scenario.spec).passed
     broken = data.draw(st.sampled_from(["digest", "budget", "negation"]))
     if broken == "digest":

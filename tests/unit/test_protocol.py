@@ -34,7 +34,7 @@ from workflows.engine import (
     TimerFired,
     TransitionPhase,
 )
-from workflows.job import KIND_PHASES, FailureClass
+from workflows.job import FailureClass
 from workflows.protocol import (
     DEFINITIONS,
     PROTOCOL,
@@ -43,6 +43,7 @@ from workflows.protocol import (
     StateCodecError,
     decode_state,
 )
+from workflows.protocol.kinds import STEP_KINDS
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -143,7 +144,7 @@ def test_every_step_input_carries_engine_cycle_phase_and_its_kind_keys() -> None
     for scheduled in run.steps.values():
         assert scheduled.input["engine"] == ENGINE
         assert scheduled.input["cycle"] == scheduled.cycle == 0
-        assert scheduled.input["phase"] == KIND_PHASES[scheduled.kind].value
+        assert scheduled.input["phase"] == STEP_KINDS[scheduled.kind].phase
     assert step(run, "build.decompose.0").input["spec"] == "spec of design.spec.0.0"
     assert step(run, "build.decompose.0").input["findings"] == []
     implement = step(run, "build.implement.0.0")

@@ -136,7 +136,7 @@ def test_open_findings_follow_raises_and_resolutions_in_order(
             events.append(("FindingRaised", {"id": name}))
             expected.add(name)
         else:
-            events.append(("FindingResolved", {"closes": [name]}))
+            events.append(("FindingResolved", {"closes": [name]}))  # type: ignore[dict-item]
             expected.discard(name)
     assert open_finding_ids(events) == expected
 

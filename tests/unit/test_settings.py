@@ -29,6 +29,7 @@ from vibey.settings import (
 from vibey.wiring import rabbitmq_queue_options, worker_config
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy
+from workflows.protocol.kinds import STEP_KINDS
 
 PG = "postgresql://vibey@127.0.0.1:5432/vibey"
 AMQP = "amqp://guest:guest@127.0.0.1:5672/"
@@ -139,7 +140,7 @@ OVERRIDES: list[tuple[str, str, Getter, Any]] = [
     (
         "VIBEY_AMQP_URL",
         "amqps://u:p@mq:5671/",
-        lambda s: s.bus.amqp_url.rsplit("/", 1)[0] + "/",
+        lambda s: str(s.bus.amqp_url).rsplit("/", 1)[0] + "/",
         AMQP,
     ),
     ("VIBEY_BUS_PREFIX", "envprefix", lambda s: s.bus.prefix, "tomlprefix"),
@@ -448,12 +449,14 @@ def test_lease_overrides_reach_the_lease_policy(tmp_path: Path) -> None:
         '"build.implement" = 10\n'
         '"build.plan" = 30.5\n',  # an alias: stored under build.decompose
     )
-    lease = load_settings({}, tmp_path).queue.lease
+    lease = load_settings({}, tmp_path).queue.lease.resolved(STEP_KINDS.canonical)
     assert lease.default == timedelta(seconds=60)
     assert lease.lease_for("design.spec") == timedelta(seconds=60)
     assert lease.lease_for("build.implement") == timedelta(seconds=10)
     assert lease.lease_for("build.decompose") == timedelta(seconds=30.5)
-    assert lease.lease_for("build.verify") == timedelta(hours=2)  # untouched shipped default
+    # An untouched kind keeps its declared lease (the protocol's build.verify: 2 h).
+    declared = STEP_KINDS["build.verify"].lease
+    assert lease.lease_for("build.verify", declared) == timedelta(hours=2)
 
 
 def test_the_environment_sets_the_default_lease_over_toml(tmp_path: Path) -> None:
@@ -462,11 +465,23 @@ def test_the_environment_sets_the_default_lease_over_toml(tmp_path: Path) -> Non
     assert load_settings(env, tmp_path).queue.lease.default == timedelta(seconds=90)
 
 
-def test_an_unknown_job_kind_in_lease_seconds_is_an_error(tmp_path: Path) -> None:
-    write_toml(tmp_path, '[queue.lease_seconds]\n"build.teleport" = 10\n')
+def test_a_lease_for_what_is_not_a_kind_name_is_an_error(tmp_path: Path) -> None:
+    write_toml(tmp_path, '[queue.lease_seconds]\n"Build Teleport" = 10\n')
     message = settings_error({}, tmp_path)
-    assert "'build.teleport'" in message
-    assert "build.implement" in message  # the registered kinds are listed
+    assert "'Build Teleport'" in message and "not a job kind" in message
+
+
+def test_an_undeclared_job_kind_in_lease_seconds_fails_the_worker_start(tmp_path: Path) -> None:
+    # Which kinds exist is the registered definitions' to say: the worker's wiring checks it.
+    from vibey.wiring import worker_config
+
+    write_toml(tmp_path, '[queue.lease_seconds]\n"build.teleport" = 10\n')
+    env = {"VIBEY_PG_URL": "postgresql://x@127.0.0.1/x", "VIBEY_AMQP_URL": "amqp://x@127.0.0.1/"}
+    with pytest.raises(SettingsError) as caught:
+        worker_config(load_settings(env, tmp_path))
+    message = str(caught.value)
+    assert "'build.teleport'" in message and "\n" not in message
+    assert "build.implement" in message  # the declared kinds are listed
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "'long'", "3000000"])

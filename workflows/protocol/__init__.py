@@ -4,6 +4,7 @@ The contract with the step handlers (step kinds, inputs, results, gates, names) 
 docs/protocol.md. Modules:
 
 * :mod:`~workflows.protocol.definition`: :data:`PROTOCOL`, ``decide`` and the step-failure gate;
+* :mod:`~workflows.protocol.kinds`: its step kinds and gate kinds, each declared once;
 * :mod:`~workflows.protocol.product` and :mod:`~workflows.protocol.deploy`: what each step's
   success and each gate's answer does, phase by phase;
 * :mod:`~workflows.protocol.enter`: entering a phase or a round (names are made here);
@@ -20,7 +21,7 @@ from workflows.protocol.definition import (
     ProtocolDefinition,
     describe,
 )
-from workflows.protocol.plan import MAX_ATTEMPTS
+from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
 from workflows.protocol.results import ResultError
 from workflows.protocol.state import (
     Gate,
@@ -33,9 +34,10 @@ from workflows.protocol.state import (
 
 __all__ = [
     "DEFINITIONS",
-    "MAX_ATTEMPTS",
+    "GATE_KINDS",
     "NAME",
     "PROTOCOL",
+    "STEP_KINDS",
     "VERSION",
     "Gate",
     "Pending",

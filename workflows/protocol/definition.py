@@ -32,9 +32,13 @@ from workflows.engine import (
     StepSucceeded,
     TimerFired,
 )
+from workflows.gates import GateKinds
+from workflows.kinds import StepKinds
 from workflows.ledger import NewEvent
+from workflows.phases import Phase
 from workflows.protocol import deploy, product
 from workflows.protocol.enter import enter_design
+from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
 from workflows.protocol.ledger import OpenFindings, events_for
 from workflows.protocol.plan import Out, fail, open_gate, step_command, unchanged
 from workflows.protocol.state import (
@@ -66,6 +70,18 @@ class ProtocolDefinition:
     @property
     def version(self) -> int:
         return VERSION
+
+    @property
+    def kinds(self) -> StepKinds:
+        return STEP_KINDS
+
+    @property
+    def gates(self) -> GateKinds:
+        return GATE_KINDS
+
+    @property
+    def first_phase(self) -> str:
+        return Phase.INTAKE.value
 
     def initial(self) -> ProtocolState:
         return ProtocolState()

@@ -20,17 +20,13 @@ from workflows.engine import (
     ScheduleStep,
     TransitionPhase,
 )
-from workflows.job import KIND_PHASES
 from workflows.phases import Phase
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.protocol.state import Gate, Pending, ProtocolState
 
 Out: TypeAlias = Decision[ProtocolState]
 JsonObject: TypeAlias = Mapping[str, Any]
 
-DEFAULT_MAX_ATTEMPTS = 5
-MAX_ATTEMPTS: Mapping[str, int] = {"build.verify": 3, "deploy.execute": 3}
-"""Attempts per step before it reaches the protocol as ``StepFailed``: 3 for the two steps whose
-failures are usually real (a failing verify, a failed deploy), 5 for the rest."""
 
 APPROVE = ("accept", "revise")
 OPT_IN = ("yes", "no")
@@ -64,10 +60,10 @@ def schedule(state: ProtocolState, *plans: Plan) -> Out:
             kind=plan.kind,
             subject=plan.subject,
             cycle=state.cycle,
-            input={"cycle": state.cycle, "phase": KIND_PHASES[plan.kind].value, **plan.input},
+            input={"cycle": state.cycle, "phase": STEP_KINDS[plan.kind].phase, **plan.input},
             after=plan.after,
             origin=plan.name,
-            max_attempts=MAX_ATTEMPTS.get(plan.kind, DEFAULT_MAX_ATTEMPTS),
+            max_attempts=STEP_KINDS[plan.kind].max_attempts,
         )
         for plan in plans
     )

@@ -1,0 +1,189 @@
+"""Benchmark: three-step workflows through the client, on a supervised fleet.
+
+Prints, from one run (``--processes`` × ``--threads``, default 2 × 8; the workflow is
+``ops/bench/bench_workflow.py``: three no-op short steps, each its own kind):
+
+1. one workflow at a time, nothing else running: ``--samples`` workflows, each started
+   through ``vibey.Client.start`` and waited for (the client polls every millisecond); the
+   latency start → completed, p50/p90, as the client saw it and as the database stamped it
+   (``finished_at − created_at``: the start's transaction to the last step's).
+2. ``--workflows`` workflows (default 2,000) started one by one through the same client,
+   as fast as it can; completed workflows/s over first start → last completed, and the
+   PostgreSQL WAL flushes and commits per workflow step.
+
+VIBEY_TEST_PG_URL is an admin URL (a scratch database is created and dropped);
+VIBEY_TEST_AMQP_URL the broker (every queue and exchange under a unique prefix, deleted
+afterwards).
+
+    .venv/bin/python ops/bench/three_steps.py [--processes 2] [--threads 8] [--workflows 2000]
+        [--samples 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_workflow  # noqa: E402
+import psycopg  # noqa: E402
+from steps import (  # noqa: E402
+    declared_topology,
+    pg_counters,
+    running_fleet,
+    scratch_database,
+    wait_for_consumers,
+)
+
+from actors.worker import WorkerConfig  # noqa: E402
+from store.migrate import migrate  # noqa: E402
+from vibey.client import Client  # noqa: E402
+from vibey.settings import load_settings  # noqa: E402
+from workflows.engine import Registry, Status  # noqa: E402
+
+STEPS = len(bench_workflow.STEPS)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(values: Sequence[float]) -> str:
+    return (
+        f"p50 {statistics.median(values) * 1000:.1f} ms, p90 {percentile(values, 0.9) * 1000:.1f}"
+        f" ms, max {max(values) * 1000:.1f} ms (n={len(values)})"
+    )
+
+
+def wait_completed(client: Client, workflow: uuid.UUID, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        current = client.status(workflow)
+        if current.status is Status.COMPLETED:
+            return
+        if current.status.finished or time.monotonic() > deadline:
+            raise RuntimeError(f"workflow {workflow}: {current.status.value} ({current.reason})")
+        time.sleep(0.001)
+
+
+def one_at_a_time(client: Client, samples: int) -> tuple[list[float], list[float]]:
+    seen, stamped = [], []
+    for n in range(samples):
+        began = time.perf_counter()
+        workflow = client.start(f"one{n:04d}", bench_workflow.NAME)
+        wait_completed(client, workflow.id)
+        seen.append(time.perf_counter() - began)
+        done = client.status(workflow.id)
+        assert done.finished_at is not None
+        stamped.append((done.finished_at - done.created_at).total_seconds())
+    return seen, stamped
+
+
+def many(client: Client, pg_url: str, count: int) -> tuple[float, float]:
+    """(seconds to start them all, seconds first start → last completed)."""
+    began = time.perf_counter()
+    for n in range(count):
+        client.start(f"many{n:05d}", bench_workflow.NAME)
+    started = time.perf_counter() - began
+    deadline = time.monotonic() + 120 + count / 10
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'completed'), count(*), "
+                "extract(epoch FROM max(finished_at) - min(created_at)) "
+                "FROM workflow WHERE project_id LIKE 'many%%'"
+            ).fetchone()
+            assert row is not None
+            if row[0] == count:
+                return started, float(row[2])
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {row[0]} of {count} workflows completed")
+            time.sleep(0.05)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--workflows", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=50)
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
+    token = uuid.uuid4().hex[:8]
+    database = f"vibey_bench_wf3_{token}"
+    with scratch_database(admin, database) as pg_url, tempfile.TemporaryDirectory() as work:
+        migrate(pg_url)
+        config = WorkerConfig(
+            pg_url=pg_url,
+            amqp_url=amqp,
+            prefix=f"bwf3{token}",
+            threads=args.threads,
+            reconcile_interval=timedelta(seconds=1),
+            definitions="bench_workflow:DEFINITIONS",
+            handlers="bench_workflow:HANDLERS",
+            workspace=work,
+        )
+        paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        env = {
+            "VIBEY_PG_URL": pg_url,
+            "VIBEY_AMQP_URL": amqp,
+            "VIBEY_BUS_PREFIX": config.prefix,
+        }
+        settings = load_settings(env, Path(work))
+        registry = Registry(bench_workflow.DEFINITIONS)
+        with declared_topology(config), running_fleet(config, args.processes, Path(work) / "f.log"):
+            wait_for_consumers(amqp, config.queues(), args.processes, timeout=60)
+            with Client(settings, registry=registry, name="bench") as client:
+                seen, stamped = one_at_a_time(client, args.samples)
+                before = pg_counters(admin)
+                started, window = many(client, pg_url, args.workflows)
+                time.sleep(0.5)
+                pg = pg_counters(admin).since(before, database)
+    return {"seen": seen, "stamped": stamped, "started": started, "window": window, "pg": pg}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    admin, amqp = os.environ.get("VIBEY_TEST_PG_URL"), os.environ.get("VIBEY_TEST_AMQP_URL")
+    if not admin or not amqp:
+        print("set VIBEY_TEST_PG_URL and VIBEY_TEST_AMQP_URL (see README)", file=sys.stderr)
+        return 2
+    found = run(args, admin, amqp)
+    n, pg = args.workflows, found["pg"]
+    print(
+        f"one {STEPS}-step workflow at a time, start → completed ({args.processes} processes × "
+        f"{args.threads} threads, nothing else running): client {ms(found['seen'])}; "
+        f"database stamps {ms(found['stamped'])}"
+    )
+    print(
+        f"{n:,} {STEPS}-step workflows started one by one through the client "
+        f"({found['started']:.2f} s to start them = {n / found['started']:,.0f}/s): "
+        f"{n / found['window']:,.0f} completed workflows/s ({n * STEPS / found['window']:,.0f} "
+        f"steps/s; first start → last completed {found['window']:.2f} s)"
+    )
+    steps = n * STEPS
+    print(
+        f"  postgres per workflow step: {pg.wal_sync / steps:.2f} WAL flushes, "
+        f"{pg.commits / steps:.2f} commits (the starts' and the bench's polls included; WAL is "
+        f"cluster-wide: other databases committed {pg.elsewhere:,} transactions meanwhile)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""A unit of work: one transaction and the dispatch pointers it wrote, published after commit.
+
+Every write that may release a job (enqueue, a settle, a gate answer, a workflow event) runs in
+a :class:`UnitOfWork`. The statements that insert ``job_outbox`` rows return the rows' pointer
+fields (``RETURNING``), and :meth:`UnitOfWork.wrote` keeps them; once the transaction has
+committed, :meth:`Units.begin` hands them to the relay (``publish``), which sends them without
+reading the outbox again. Nothing is handed over when the transaction rolls back: the relay
+must never publish what might not exist.
+
+A multi-statement unit runs in psycopg's pipeline mode: statements whose results nobody reads
+(history appends, notifications, gate inserts) travel with the next one that is read, and the
+``COMMIT`` with the last, so a transaction costs about as many round trips as it has reads.
+
+    with units.begin() as unit:
+        jobs.ack_txn(unit, lease)
+        workflows.record_txn(unit, workflow_id, event)
+    # committed; the pointers the two wrote are with the relay
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
+
+# The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
+OUTBOX_RETURNING = "id, key, job_id, project_id, dispatch_seq, kind, not_before, solo"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A dispatch pointer as the outbox holds it: what the relay publishes."""
+
+    id: int
+    key: str
+    job_id: UUID
+    project_id: str
+    dispatch_seq: int
+    kind: str
+    not_before: datetime
+    solo: bool = False
+
+
+def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
+    return OutboxRow(
+        id=row["id"],
+        key=row["key"],
+        job_id=row["job_id"],
+        project_id=row["project_id"],
+        dispatch_seq=row["dispatch_seq"],
+        kind=row["kind"],
+        not_before=row["not_before"],
+        solo=row["solo"],
+    )
+
+
+_SAVEPOINTS = itertools.count(1)
+Publish = Callable[[Sequence[OutboxRow]], None]
+
+
+class UnitOfWork:
+    """One open transaction (``conn``) and the outbox rows written in it so far."""
+
+    __slots__ = ("_pointers", "conn")
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        self._pointers: list[OutboxRow] = []
+
+    def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Keep outbox rows a statement returned (their pointer fields)."""
+        self._pointers.extend(outbox_row(r) for r in rows)
+
+    def wrote_json(self, rows: Iterable[Mapping[str, Any]] | None) -> None:
+        """Outbox rows aggregated by a statement as ``jsonb_agg`` (``None``: none)."""
+        for row in rows or ():
+            self._pointers.append(
+                OutboxRow(
+                    id=int(row["id"]),
+                    key=row["key"],
+                    job_id=UUID(row["job_id"]),
+                    project_id=row["project_id"],
+                    dispatch_seq=int(row["dispatch_seq"]),
+                    kind=row["kind"],
+                    not_before=datetime.fromisoformat(row["not_before"]),
+                    solo=bool(row["solo"]),
+                )
+            )
+
+    @property
+    def pointers(self) -> tuple[OutboxRow, ...]:
+        return tuple(self._pointers)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A savepoint: an exception in the block undoes the block's statements (and their
+        outbox rows) and propagates. Plain ``SAVEPOINT``/``RELEASE`` commands, which travel in
+        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times."""
+        name = f"unit_{next(_SAVEPOINTS)}"
+        kept = len(self._pointers)
+        self.conn.execute(f"SAVEPOINT {name}".encode())
+        try:
+            yield
+        except BaseException:
+            settle_pipeline(self.conn)
+            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}".encode())
+            del self._pointers[kept:]
+            raise
+        self.conn.execute(f"RELEASE SAVEPOINT {name}".encode())
+
+
+class Units:
+    """Opens units of work on a pool; hands each one's pointers to ``publish`` after its
+    commit (no ``publish``: the rows wait for a reconciler's drain)."""
+
+    def __init__(self, *, pool: Pool, publish: Publish | None = None) -> None:
+        self._pool = pool
+        self._publish = publish
+
+    @contextmanager
+    def begin(self, *, one_statement: bool = False) -> Iterator[UnitOfWork]:
+        """A unit in a transaction (pipelined), or, for a write that is one statement, on an
+        autocommit connection where the statement is its own transaction (one round trip)."""
+        scope = statement(self._pool) if one_statement else pipelined_transaction(self._pool)
+        with scope as conn:
+            unit = UnitOfWork(conn)
+            yield unit
+        if unit.pointers and self._publish is not None:
+            self._publish(unit.pointers)

@@ -1,0 +1,277 @@
+"""The Python client: start workflows, read them, wait for them, answer their gates.
+
+::
+
+    from vibey import Client
+
+    with Client() as client:                       # settings from vibey.toml and VIBEY_*
+        run = client.start("acme", "orders", {"order": "A-1", "amount": 120})
+        gate = client.list_gates(project="acme")[0]
+        client.answer(gate.id, "approve", by="ops@acme")
+        done = client.wait(run.id, timeout=30)     # the finished workflow, or a typed error
+
+One client holds a small connection pool and one relay (one AMQP connection, publisher
+confirms) for its whole life: every commit's dispatch pointers are handed to it right after
+the commit, and :meth:`flush` waits until the broker confirmed them. It is safe to share
+across threads. Without RabbitMQ (or when it does not answer at start) pointers are left in
+the outbox for the workers' reconcilers, which send them within their reconcile interval.
+
+Exceptions::
+
+    ClientError
+    ├── WorkflowFailed       wait(): the workflow failed
+    ├── WorkflowCancelled    wait(): the workflow was cancelled
+    ├── WaitTimeout          wait(): still running when the timeout ran out (also a TimeoutError)
+    └── AnswerRefused        answer(): unknown gate, answered already, or an invalid answer
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from actors.relay import Relay, Router
+from actors.topology import QueueNames
+from store.db import Pool
+from store.dispatch import DispatchRecords
+from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
+from store.pool import open_pool
+from store.unit_of_work import OutboxRow
+from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
+from store.workflows import WorkflowStore
+from vibey.settings import Settings, load_settings
+from workflows.engine import Registry, Status
+from workflows.queue import AnswerStatus, Gate
+
+RELAY_CONNECT_SECONDS = 2.0
+FLUSH_SECONDS = 5.0
+STOP_SECONDS = 5.0
+PENDING_LIMIT = 100_000  # ids kept to give back unsent rows at flush (older ones: reclaimed)
+
+
+class ClientError(Exception):
+    """Root of the client's errors."""
+
+
+class WorkflowEnded(ClientError):
+    def __init__(self, workflow: Workflow) -> None:
+        super().__init__(
+            f"workflow {workflow.id} ({workflow.project_id}) {workflow.status.value}: "
+            f"{workflow.reason or 'no reason recorded'}"
+        )
+        self.workflow = workflow
+
+
+class WorkflowFailed(WorkflowEnded):
+    pass
+
+
+class WorkflowCancelled(WorkflowEnded):
+    pass
+
+
+class WaitTimeout(ClientError, TimeoutError):
+    def __init__(self, workflow: Workflow, timeout: float) -> None:
+        super().__init__(
+            f"workflow {workflow.id} is still {workflow.status.value} after {timeout:g}s "
+            f"({workflow.phase or 'no phase'})"
+        )
+        self.workflow = workflow
+
+
+class AnswerRefused(ClientError):
+    def __init__(self, outcome: GateAnswerOutcome) -> None:
+        why = {
+            AnswerStatus.UNKNOWN_GATE: "no such gate",
+            AnswerStatus.ALREADY_ANSWERED: "the gate is answered already",
+            AnswerStatus.INVALID_ANSWER: outcome.detail or "not an answer to this gate",
+        }.get(outcome.status, outcome.status.value)
+        super().__init__(why)
+        self.outcome = outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """What the commits since the last flush left for RabbitMQ: ``rows`` outbox rows,
+    ``published`` of them confirmed by the broker (``tried``: whether a relay was running)."""
+
+    rows: int
+    published: int
+    tried: bool
+
+
+class Client:
+    """A pool, the workflow store and one persistent relay; close it (or use ``with``)."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        registry: Registry | None = None,
+        pool: Pool | None = None,
+        pool_size: int = 4,
+        connect_relay: bool = True,
+        name: str = "vibey-client",
+    ) -> None:
+        """``settings`` default to :func:`vibey.settings.load_settings`; ``registry`` to the
+        definitions they name. ``pool``: share one the caller owns (it is not closed).
+        ``name`` prefixes the relay's id (who holds an outbox row it was handed)."""
+        from vibey.wiring import load_registry
+
+        self.settings = settings if settings is not None else load_settings()
+        self.registry = registry if registry is not None else load_registry(self.settings)
+        url = self.settings.require_database_url()
+        self._owns_pool = pool is None
+        self._pool = pool or open_pool(url, min_size=1, max_size=pool_size, name="vibey-client")
+        self._lock = threading.Lock()
+        self._name = name
+        self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
+        self._relay: Relay | None = None
+        self._records: DispatchRecords | None = None
+        relay_id = self._start_relay() if connect_relay else None
+        self._published_before = 0
+        self.jobs = PostgresJobRepository(
+            pool=self._pool,
+            leases=self.settings.queue.lease.resolved(self.registry.kinds.canonical),
+            dispatch=self.settings.queue.backend == "rabbitmq",
+            relay_id=relay_id,
+            after_commit=self._committed,
+        )
+        self.store = WorkflowStore(
+            pool=self._pool, jobs=self.jobs, registry=self.registry, ledger=Ledger(self._pool)
+        )
+
+    def _start_relay(self) -> str | None:
+        settings = self.settings
+        if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
+            return None
+        relay_id = f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        rabbitmq = settings.queue.rabbitmq
+        records = DispatchRecords(pool=self._pool, relay_id=relay_id)
+        relay = Relay(
+            url=settings.bus.amqp_url,
+            records=records,
+            router=Router(
+                names=QueueNames(settings.bus.prefix),
+                tiers=rabbitmq.wait_tiers,
+                dedicated=rabbitmq.dedicated_projects,
+                kinds=self.registry.kinds,
+            ),
+        )
+        try:
+            relay.start(timeout=RELAY_CONNECT_SECONDS)
+        except TimeoutError:  # RabbitMQ did not answer: the reconcilers send the pointers
+            relay.stop(timeout=STOP_SECONDS)
+            return None
+        self._relay, self._records = relay, records
+        return relay_id
+
+    def _committed(self, rows: Sequence[OutboxRow]) -> None:
+        with self._lock:
+            self._pending.extend(row.id for row in rows)
+        if self._relay is not None:
+            self._relay.submit(rows)
+
+    # -- workflows ---------------------------------------------------------------------------
+
+    def start(
+        self, project: str, definition: str | None = None, input: Mapping[str, Any] | None = None
+    ) -> Workflow:
+        """Start ``definition`` (its newest version; default: the only or first registered)
+        for ``project``, or return the project's live workflow if it has one."""
+        name = definition or self._default_definition()
+        return self.store.start(project, definition=name, input=dict(input or {})).workflow
+
+    def status(self, workflow: UUID | str) -> Workflow:
+        """A workflow by id, or a project's live (else latest) workflow by project id."""
+        if isinstance(workflow, UUID):
+            return self.store.get(workflow)
+        return self.store.for_project(workflow)
+
+    def history(self, workflow: UUID) -> list[HistoryEntry]:
+        return self.store.history(workflow)
+
+    def cancel(self, workflow: UUID, *, by: str, reason: str = "") -> Workflow:
+        return self.store.cancel(workflow, by=by, reason=reason)
+
+    def wait(self, workflow: UUID, timeout: float = 60.0, *, poll: float = 0.002) -> Workflow:
+        """The workflow once completed. Raises :class:`WorkflowFailed`,
+        :class:`WorkflowCancelled`, or :class:`WaitTimeout` when it is still running (or
+        blocked, or waiting at a gate) after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        delay = poll
+        while True:
+            current = self.store.get(workflow)
+            if current.status is Status.COMPLETED:
+                return current
+            if current.status is Status.FAILED:
+                raise WorkflowFailed(current)
+            if current.status is Status.CANCELLED:
+                raise WorkflowCancelled(current)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(current, timeout)
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 1.5, 0.1)
+
+    # -- gates -------------------------------------------------------------------------------
+
+    def list_gates(self, project: str | None = None) -> list[Gate]:
+        """The open gates (workflow questions and parked jobs), oldest first."""
+        return [gate for gate, _ in self.store.inbox(project)]
+
+    def answer(self, gate: UUID | str, value: str | int, *, by: str) -> Gate:
+        """Answer an open gate (validated by its kind); the answered gate. Raises
+        :class:`AnswerRefused` for an unknown gate, a second answer or an invalid one."""
+        gate_id = gate if isinstance(gate, UUID) else UUID(gate)
+        outcome = self.store.answer(gate_id, str(value), by=by)
+        if outcome.status is not AnswerStatus.ANSWERED or outcome.gate is None:
+            raise AnswerRefused(outcome)
+        return outcome.gate
+
+    # -- dispatch and life -------------------------------------------------------------------
+
+    def flush(self, timeout: float = FLUSH_SECONDS) -> Dispatch:
+        """Wait (at most ``timeout``) until the broker confirmed every pointer committed so far;
+        what it did not confirm is left to the reconcilers. Never raises for the broker."""
+        with self._lock:
+            ids = tuple(self._pending)
+            self._pending.clear()
+        if self._relay is None or self._records is None:
+            return Dispatch(len(ids), 0, tried=False)
+        if not self._relay.flush(timeout=timeout) or self._relay.returned:
+            self._records.release(ids)  # only rows still unsent: back to the reconcilers
+        published = self._relay.published - self._published_before
+        self._published_before = self._relay.published
+        return Dispatch(len(ids), published, tried=True)
+
+    publish = flush  # the CLI's name for it
+
+    def close(self) -> None:
+        if self._relay is not None:
+            self.flush(timeout=STOP_SECONDS)
+            self._relay.stop(timeout=STOP_SECONDS)
+            self._relay = None
+        if self._owns_pool:
+            self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _default_definition(self) -> str:
+        names = sorted({name.split(" v")[0] for name in self.registry.known()})
+        if not names:
+            raise ClientError("no workflow definition is registered: fix [workflow] definitions")
+        return names[0]
