@@ -167,14 +167,13 @@ def stack_checks(settings: Settings, caps: Any) -> list[dict[str, Any]]:
     """``vibey doctor``'s whole-stack checks as dicts (:mod:`actors.doctor`)."""
     from actors.doctor import stack_checks as run_checks
     from store.pool import open_pool
-    from vibey.wiring import worker_config
+    from vibey.wiring import longest_lease, worker_config
 
     try:
         config = worker_config(settings)
     except SettingsError as exc:
         return [{"name": "settings", "status": "problem", "detail": str(exc), "fix": None}]
-    lease = settings.queue.lease
-    longest = max([lease.default, *lease.by_kind.values()])
+    longest = longest_lease(settings)
     pool = open_pool(config.pg_url, min_size=1, max_size=2, name="vibey-doctor")
     try:
         return [asdict(check) for check in run_checks(config, pool, caps, longest)]

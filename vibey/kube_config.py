@@ -100,9 +100,9 @@ class Fleet:
 
     @property
     def longest_lease_seconds(self) -> int:
-        lease = self.settings.queue.lease
-        longest = max([lease.default, *lease.by_kind.values()])
-        return int(longest.total_seconds())
+        from vibey.wiring import longest_lease
+
+        return int(longest_lease(self.settings).total_seconds())
 
 
 def load_fleet(path: Path) -> Fleet:

@@ -70,6 +70,15 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     return config
 
 
+def longest_lease(settings: Settings) -> timedelta:
+    """The longest lease a step can hold: every declared kind's lease, with the settings'
+    overrides (``[queue.lease_seconds]``) applied."""
+    policy = settings.queue.lease
+    kinds = load_registry(settings).kinds
+    declared = [policy.lease_for(name, kind.lease) for name, kind in kinds.items()]
+    return max([policy.default, *policy.by_kind.values(), *declared])
+
+
 def rabbitmq_queue_options(settings: Settings) -> RabbitMqQueueOptions:
     """The options of the RabbitMQ job repository (the dedicated-project claim path)."""
     rabbitmq = settings.queue.rabbitmq
