@@ -1,4 +1,4 @@
-"""Row models of the operations tables (migrations/0007_operations.sql)."""
+"""Row models of the operations tables (migrations/0008_operations.sql)."""
 
 from __future__ import annotations
 
