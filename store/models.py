@@ -106,9 +106,6 @@ class JobRow(SQLModel, table=True):
     lease_expires_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
     engine_id: str | None = Field(sa_column=Column(Text, nullable=True))
     last_error: str | None = Field(sa_column=Column(Text, nullable=True))
-    lease_expired: bool = Field(
-        sa_column=Column(Boolean, nullable=False, server_default=text("false"))
-    )
     failure_class: FailureClass | None = Field(sa_column=Column(FAILURE_CLASS, nullable=True))
     created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
     updated_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
@@ -123,6 +120,9 @@ class JobRow(SQLModel, table=True):
         sa_column=Column(Uuid, ForeignKey("workflow.id"), nullable=True)
     )
     step: str | None = Field(sa_column=Column(Text, nullable=True))
+    lease_expired: bool = Field(
+        sa_column=Column(Boolean, nullable=False, server_default=text("false"))
+    )
 
 
 class JobDependencyRow(SQLModel, table=True):

@@ -51,6 +51,15 @@ from store.workflow_reads import (
     WorkflowReads,
     workflow_from_row,
 )
+from workflows.effects import (
+    StepToRun,
+    WindDown,
+    blocked,
+    effects,
+    error_text,
+    settled_event,
+    unblocked,
+)
 from workflows.engine import (
     CancelRequested,
     Command,
@@ -60,13 +69,8 @@ from workflows.engine import (
     Header,
     OpenGate,
     Registry,
-    ScheduleStep,
     Started,
-    StartTimer,
     Status,
-    StepFailed,
-    StepSucceeded,
-    TimerFired,
     WorkflowError,
     apply,
     decode_event,
@@ -76,8 +80,6 @@ from workflows.engine import (
 )
 from workflows.gates import RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
-from workflows.job import TIMER_KIND, JobState
-from workflows.kinds import StepKinds
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     AnswerStatus,
@@ -199,15 +201,11 @@ class WorkflowStore(WorkflowReads):
         settled = settle(unit)
         if not settled.applied:
             return settled
-        event: Event | None = None
-        if settled.state is JobState.SUCCEEDED:
-            if job.kind == TIMER_KIND:
-                event = TimerFired(timer=str(job.payload.get("timer", job.step)))
-            else:
-                event = StepSucceeded(step=job.step, result=dict(result or {}))
-        elif settled.state is JobState.FAILED and failure is not None:
-            event = StepFailed(step=job.step, failure_class=failure[0], detail=failure[1])
-            why = f"cancelled: step {job.step} failed for good"
+        settlement = settled_event(
+            job.kind, job.step, job.payload, settled.state, result=result, failure=failure
+        )
+        if settlement.cancel_dependents is not None:
+            why = settlement.cancel_dependents
             conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
         if evidence and self._ledger is not None:  # what the engine reports it did
             self._ledger.append_txn(
@@ -219,8 +217,8 @@ class WorkflowStore(WorkflowReads):
                 job_id=job.id,
                 workflow_id=workflow.id,
             )
-        if event is not None:
-            self._record(unit, workflow, event, cause=str(job.id), job_id=job.id)
+        if settlement.event is not None:
+            self._record(unit, workflow, settlement.event, cause=str(job.id), job_id=job.id)
         return settled
 
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
@@ -379,28 +377,23 @@ class WorkflowStore(WorkflowReads):
     def _carry_out(
         self, unit: UnitOfWork, workflow: Workflow, header: Header, commands: Sequence[Command]
     ) -> None:
-        conn = unit.conn
-        steps = [c for c in commands if isinstance(c, ScheduleStep | StartTimer)]
-        if steps:
-            requests = self._requests(conn, workflow, steps, self._registry.kinds)
+        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down."""
+        implied = effects(str(workflow.id), workflow.header, header, commands, self._registry.kinds)
+        if implied.steps:
+            requests = self._requests(unit.conn, workflow, implied.steps)
             self._jobs.enqueue_batch_txn(unit, requests)
-        for command in commands:
-            if isinstance(command, OpenGate):
-                self._open_gate(conn, workflow, command)
-        if header.status.finished and not workflow.status.finished:
-            self._wind_down(conn, workflow, header)
+        for gate in implied.gates:
+            self._open_gate(unit.conn, workflow, gate)
+        if implied.wind_down is not None:
+            self._wind_down(unit.conn, workflow, implied.wind_down)
 
     def _requests(
-        self,
-        conn: Conn,
-        workflow: Workflow,
-        commands: Sequence[ScheduleStep | StartTimer],
-        kinds: StepKinds,
+        self, conn: Conn, workflow: Workflow, steps: Sequence[StepToRun]
     ) -> list[EnqueueRequest]:
-        chosen = {_step_name(c): uuid.uuid4() for c in commands}
-        wanted = sorted(
-            {a for c in commands if isinstance(c, ScheduleStep) for a in c.after} - set(chosen)
-        )
+        """The steps as job requests, their ``after`` names resolved to job ids (this batch's,
+        or earlier steps' of the workflow)."""
+        chosen = {step.name: uuid.uuid4() for step in steps}
+        wanted = sorted({a for step in steps for a in step.after} - set(chosen))
         known: dict[str, UUID] = dict(chosen)
         if wanted:
             rows = fetch_all(conn, Q["step_ids"], {"workflow_id": workflow.id, "steps": wanted})
@@ -408,7 +401,7 @@ class WorkflowStore(WorkflowReads):
             missing = [w for w in wanted if w not in known]
             if missing:
                 raise WorkflowError(f"a step depends on unknown step(s): {', '.join(missing)}")
-        return [_request(workflow, c, chosen[_step_name(c)], known, kinds) for c in commands]
+        return [_request(workflow, step, chosen[step.name], known) for step in steps]
 
     def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate) -> None:
         conn.execute(
@@ -427,44 +420,28 @@ class WorkflowStore(WorkflowReads):
             },
         )
 
-    def _wind_down(self, conn: Conn, workflow: Workflow, header: Header) -> None:
-        """A finished workflow stops its unfinished steps and closes its open questions."""
-        why = f"workflow {header.status.value}" + (f": {header.reason}" if header.reason else "")
-        if header.status is not Status.COMPLETED:
-            conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": why})
+    def _wind_down(self, conn: Conn, workflow: Workflow, wind_down: WindDown) -> None:
+        if wind_down.cancel_steps:
+            conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": wind_down.why})
         conn.execute(
             Q["close_open_gates"],
-            {"workflow_id": workflow.id, "answer": f"(closed: {why})", "answered_by": "vibey"},
+            {"workflow_id": workflow.id, "answer": wind_down.closing, "answered_by": "vibey"},
         )
 
     def _block(
         self, conn: Conn, workflow: Workflow, seq: int, event: Event, now: datetime, exc: Exception
     ) -> Workflow:
-        error = f"{type(exc).__name__}: {exc}"[:2000]
         self._append(conn, workflow.id, seq, event, None, now)
-        blocked = self._save(
-            conn,
-            workflow,
-            Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error),
-            None,
-            last_seq=seq,
-            applied_seq=None,
-        )
-        self._open_error_gate(conn, workflow, seq, error)
-        return blocked
+        return self._write_block(conn, workflow, seq, error_text(exc), last_seq=seq)
 
-    def _open_error_gate(self, conn: Conn, workflow: Workflow, seq: int, error: str) -> None:
-        gate = OpenGate(
-            gate=f"{WORKFLOW_ERROR}.{seq}.{uuid.uuid4().hex[:8]}",
-            kind=WORKFLOW_ERROR,
-            question=(
-                f"Event #{seq} could not be applied ({error}). Fix or deploy the definition, "
-                "then answer retry to apply the waiting events, or cancel the workflow."
-            ),
-            answers=WORKFLOW_ERROR_ANSWERS,
-            context={"seq": seq, "error": error},
-        )
-        self._open_gate(conn, workflow, gate)
+    def _write_block(
+        self, conn: Conn, workflow: Workflow, seq: int, error: str, *, last_seq: int
+    ) -> Workflow:
+        """The one block path (``workflows.effects.blocked``): the header and the error gate."""
+        block = blocked(workflow.header, seq, error, nonce=uuid.uuid4().hex[:8])
+        saved = self._save(conn, workflow, block.header, None, last_seq=last_seq, applied_seq=None)
+        self._open_gate(conn, workflow, block.gate)
+        return saved
 
     def _resolve_block(self, unit: UnitOfWork, workflow: Workflow, answer: str, by: str) -> None:
         conn = unit.conn
@@ -476,7 +453,7 @@ class WorkflowStore(WorkflowReads):
         current = self._save(
             conn,
             workflow,
-            Header(workflow.phase, workflow.cycle, Status.RUNNING, None, None),
+            unblocked(workflow.header),
             None,
             last_seq=workflow.last_seq,
             applied_seq=None,
@@ -489,12 +466,8 @@ class WorkflowStore(WorkflowReads):
                         unit, current, entry["seq"], event, self._clock(), pending=True
                     )
             except Exception as exc:  # noqa: BLE001 - blocked again, behind a new gate
-                error = f"{type(exc).__name__}: {exc}"[:2000]
-                blocked = Header(current.phase, current.cycle, Status.BLOCKED, None, error)
-                self._save(
-                    conn, current, blocked, None, last_seq=current.last_seq, applied_seq=None
-                )
-                self._open_error_gate(conn, current, entry["seq"], error)
+                error = error_text(exc)
+                self._write_block(conn, current, entry["seq"], error, last_seq=current.last_seq)
                 return
 
     # -- rows ------------------------------------------------------------------------------
@@ -603,46 +576,26 @@ class WorkflowStore(WorkflowReads):
             running = workflow.status is Status.RUNNING
             if divergence is not None and block and running:
                 error = f"NonDeterminismError: {divergence}"
-                header = Header(workflow.phase, workflow.cycle, Status.BLOCKED, None, error)
-                workflow = self._save(
-                    conn, workflow, header, None, last_seq=workflow.last_seq, applied_seq=None
+                workflow = self._write_block(
+                    conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
-                self._open_error_gate(conn, workflow, workflow.applied_seq, error)
         return Verification(workflow, workflow.applied_seq, divergence)
 
 
-def _step_name(command: ScheduleStep | StartTimer) -> str:
-    return command.step if isinstance(command, ScheduleStep) else f"timer:{command.timer}"
-
-
 def _request(
-    workflow: Workflow,
-    command: ScheduleStep | StartTimer,
-    job_id: UUID,
-    known: Mapping[str, UUID],
-    kinds: StepKinds,
+    workflow: Workflow, step: StepToRun, job_id: UUID, known: Mapping[str, UUID]
 ) -> EnqueueRequest:
-    name = _step_name(command)
-    payload: dict[str, Any] = {"workflow_id": str(workflow.id), "step": name}
-    if isinstance(command, StartTimer):
-        after: tuple[UUID, ...] = ()
-        kind, cycle, attempts = TIMER_KIND, workflow.cycle, 5
-        payload["timer"] = command.timer
-    else:
-        kind, cycle, attempts = command.kind, command.cycle, command.max_attempts
-        after = tuple(known[a] for a in command.after)
-        payload |= {"subject": command.subject, "input": dict(command.input)}
     return EnqueueRequest(
         project_id=workflow.project_id,
-        kind=kind,
-        subject=f"{workflow.id}/{name}",
-        cycle=cycle,
-        payload=payload,
-        delay=command.delay,
-        depends_on=after,
-        max_attempts=attempts,
+        kind=step.kind,
+        subject=step.subject,
+        cycle=step.cycle,
+        payload=step.payload,
+        delay=step.delay,
+        depends_on=tuple(known[a] for a in step.after),
+        max_attempts=step.max_attempts,
         job_id=job_id,
         workflow_id=workflow.id,
-        step=name,
-        lease=kinds[kind].lease if kind in kinds else None,
+        step=step.name,
+        lease=step.lease,
     )

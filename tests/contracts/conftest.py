@@ -28,6 +28,7 @@ from store.notify import PostgresJobReadyNotifier
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import Lane, WaitTiers
 from workflows.job import LeasePolicy
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import Job, JobReadyNotifier, JobRepository
 
 # "postgres+outbox" is the PostgreSQL backend with dispatch generations and the outbox on (what
@@ -97,7 +98,7 @@ class RabbitMqBackend(PostgresBackend):
                 topology.declare_dedicated(channel, caps, lane.value, project)
         self.amqp = amqp
         self.records = DispatchRecords(pool=self.pool, relay_id=f"relay-{uuid.uuid4().hex[:8]}")
-        router = Router(names=amqp.names, tiers=TIERS, dedicated=PROJECTS)
+        router = Router(names=amqp.names, tiers=TIERS, dedicated=PROJECTS, kinds=STEP_KINDS)
         self.relay = Relay(url=amqp.url, records=self.records, router=router)
         self.relay.start()
         stack.callback(self.relay.stop)

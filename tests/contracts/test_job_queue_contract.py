@@ -53,14 +53,18 @@ def test_enqueue_creates_a_ready_job(backend: Backend) -> None:
     assert repo.get(job.id) == job
 
 
-def test_enqueue_is_idempotent_and_aliases_share_a_key(backend: Backend) -> None:
+def test_enqueue_is_idempotent_by_project_cycle_kind_and_subject(backend: Backend) -> None:
+    # (An alias is resolved to its kind by the definition's kinds before a step is enqueued:
+    # tests/unit/test_kinds.py.)
     repo = backend.repo()
     first = repo.enqueue(req("plan", kind="build.decompose"))
-    again = repo.enqueue(req("plan", kind="build.plan", payload={"ignored": True}))
+    again = repo.enqueue(req("plan", kind="build.decompose", payload={"ignored": True}))
     other = repo.enqueue(req("plan", kind="build.decompose", cycle=1))
+    another_kind = repo.enqueue(req("plan", kind="orders.charge"))
     assert not again.created and again.job.id == first.job.id
-    assert again.job.kind == "build.decompose"
+    assert again.job.kind == "build.decompose" and again.job.payload == first.job.payload
     assert other.created and other.job.id != first.job.id
+    assert another_kind.created and another_kind.job.id not in (first.job.id, other.job.id)
 
 
 def test_enqueue_after_completion_returns_the_same_job(backend: Backend) -> None:
@@ -128,7 +132,7 @@ def test_claim_by_kind(backend: Backend) -> None:
     repo = backend.repo()
     repo.enqueue(req("d", kind="design.spec"))
     build = repo.enqueue(req("b", kind="build.decompose")).job
-    (held,) = claim_n(repo, P, owner="w", kinds=["build.plan"])
+    (held,) = claim_n(repo, P, owner="w", kinds=["build.decompose"])
     assert held.id == build.id
 
 

@@ -19,6 +19,7 @@ from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import WaitTiers, decode
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest
 
 P = "proj"
@@ -44,7 +45,11 @@ def declare(amqp: Amqp, lanes: tuple[str, ...] = ("interactive", "build")) -> No
 @pytest.fixture
 def relay(amqp: Amqp, pool: ConnectionPool) -> Iterator[Relay]:
     records = DispatchRecords(pool=pool, relay_id="relay-test")
-    relay = Relay(url=amqp.url, records=records, router=Router(names=amqp.names, tiers=TIERS))
+    relay = Relay(
+        url=amqp.url,
+        records=records,
+        router=Router(names=amqp.names, tiers=TIERS, kinds=STEP_KINDS),
+    )
     relay.start()
     try:
         yield relay
