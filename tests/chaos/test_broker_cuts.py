@@ -58,7 +58,10 @@ def through(url: str, port: int) -> str:
 
 def faults(proxy: TcpProxy, log: list[str], done: threading.Event) -> None:
     try:
-        time.sleep(5)
+        deadline = time.monotonic() + 60
+        while proxy.accepted < WORKERS * 3 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the fleet connected through the proxy
+        time.sleep(3)
         log.append(f"cut {proxy.cut()} connections")
         time.sleep(8)
         proxy.stall(8)
