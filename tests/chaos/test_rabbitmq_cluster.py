@@ -70,7 +70,7 @@ def enqueue(repo: PostgresJobRepository, seed: int) -> int:
 
 
 def leader_of(nodes: list[ClusterNode], queue: str) -> ClusterNode:
-    listing = nodes[0].rabbit.ctl("list_queues", "name", "leader", "members")
+    listing = nodes[0].rabbit.ctl("list_queues", "name", "leader", "members", timeout=240)
     for line in listing.splitlines():
         name, _, rest = line.partition("\t")
         if name == queue:
