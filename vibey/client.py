@@ -137,6 +137,7 @@ class Client:
         self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
         self._relay: Relay | None = None
         self._records: DispatchRecords | None = None
+        self._tried = False  # whether a relay was tried (an AMQP URL on the rabbitmq backend)
         relay_id = self._start_relay() if connect_relay else None
         self._published_before = 0
         self.jobs = PostgresJobRepository(
@@ -154,6 +155,7 @@ class Client:
         settings = self.settings
         if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
             return None
+        self._tried = True
         relay_id = f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         rabbitmq = settings.queue.rabbitmq
         records = DispatchRecords(pool=self._pool, relay_id=relay_id)
@@ -247,7 +249,7 @@ class Client:
             ids = tuple(self._pending)
             self._pending.clear()
         if self._relay is None or self._records is None:
-            return Dispatch(len(ids), 0, tried=False)
+            return Dispatch(len(ids), 0, tried=self._tried)
         if not self._relay.flush(timeout=timeout) or self._relay.returned:
             self._records.release(ids)  # only rows still unsent: back to the reconcilers
         published = self._relay.published - self._published_before

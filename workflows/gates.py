@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from workflows.declared import Declarations
 
 JsonObject = Mapping[str, Any]
 _GATE_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -115,26 +117,14 @@ def _check_integer(answer: str, schema: JsonObject) -> str | None:
     return None
 
 
-class GateKinds(Mapping[str, GateKind]):
+class GateKinds(Declarations[GateKind]):
     def __init__(self, kinds: Iterable[GateKind] = ()) -> None:
-        self._kinds: dict[str, GateKind] = {}
+        super().__init__()
         for kind in kinds:
             known = self._kinds.get(kind.name)
             if known is not None and known != kind:
                 raise GateConflictError(f"gate kind {kind.name!r} is declared twice differently")
             self._kinds[kind.name] = kind
-
-    def __getitem__(self, name: str) -> GateKind:
-        return self._kinds[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._kinds)
-
-    def __len__(self) -> int:
-        return len(self._kinds)
-
-    def __repr__(self) -> str:
-        return f"GateKinds({sorted(self._kinds)})"
 
     def get_kind(self, name: str) -> GateKind:
         try:

@@ -25,12 +25,13 @@ with ``run_after`` and no handler.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
+from workflows.declared import Declarations
 from workflows.dispatch import Lane
 from workflows.effort import Effort
 from workflows.job import FailureClass, UnknownJobKindError, check_kind_name
@@ -90,11 +91,11 @@ TIMER = StepKind("workflow.timer")
 """The engine's own kind: a durable workflow timer (a job with ``run_after``, no handler)."""
 
 
-class StepKinds(Mapping[str, StepKind]):
+class StepKinds(Declarations[StepKind]):
     """Kinds by canonical name; an alias is found too (``get_kind``) but is not a key."""
 
     def __init__(self, kinds: Iterable[StepKind] = ()) -> None:
-        self._kinds: dict[str, StepKind] = {}
+        super().__init__()
         self._aliases: dict[str, str] = {}
         for kind in kinds:
             self._add(kind)
@@ -118,18 +119,6 @@ class StepKinds(Mapping[str, StepKind]):
             )
         self._kinds[kind.name] = kind
         self._aliases.update(dict.fromkeys(kind.aliases, kind.name))
-
-    def __getitem__(self, name: str) -> StepKind:
-        return self._kinds[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._kinds)
-
-    def __len__(self) -> int:
-        return len(self._kinds)
-
-    def __repr__(self) -> str:
-        return f"StepKinds({sorted(self._kinds)})"
 
     @property
     def aliases(self) -> Mapping[str, str]:

@@ -202,6 +202,17 @@ class Stack:
                     done[project] = status
 
 
+def declare_topology(pg_url: str, amqp: Any) -> None:
+    """Declare the fleet's topology in the test's broker namespace (the fixture cleans it up)."""
+    from actors.capabilities import detect
+    from actors.worker import WorkerConfig
+
+    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))
+    connection.close()
+
+
 @contextmanager
 def stack(pg_url: str, amqp_url: str, prefix: str, tmp: Path) -> Iterator[Stack]:
     (tmp / "work").mkdir()

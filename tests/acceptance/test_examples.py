@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.capabilities import detect
-from actors.worker import WorkerConfig
-from tests.acceptance.stack import REPO, Stack, stack
+from tests.acceptance.stack import REPO, Stack, declare_topology, stack
 from tests.amqp_fixtures import Amqp
 from vibey.client import AnswerRefused, Client, WaitTimeout, WorkflowFailed
 from vibey.settings import load_settings
@@ -21,10 +19,7 @@ EXAMPLES = {"VIBEY_WORKFLOW_DEFINITIONS": "examples:DEFINITIONS", "PYTHONPATH": 
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
-    connection = amqp.connect()
-    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
-    connection.close()
+    declare_topology(pg_url, amqp)  # cleaned up by the amqp fixture
     with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
         running.extra_env = dict(EXAMPLES)
         running.start_worker("--handlers", "examples:HANDLERS", threads=4)

@@ -14,9 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from actors.capabilities import detect
-from actors.worker import WorkerConfig
-from tests.acceptance.stack import REPO, Stack, cooperative, stack
+from tests.acceptance.stack import REPO, Stack, cooperative, declare_topology, stack
 from tests.amqp_fixtures import Amqp
 
 HANDOFF_SCRIPT = REPO / "ops" / "demo" / "handoff.toml"
@@ -38,10 +36,7 @@ failing_briefs = 5   # four briefs and a full-transcript one fail; a retry's fir
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
-    connection = amqp.connect()
-    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
-    connection.close()
+    declare_topology(pg_url, amqp)  # cleaned up by the amqp fixture
     with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
         yield running
 

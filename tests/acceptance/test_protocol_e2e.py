@@ -12,9 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from actors.capabilities import detect
-from actors.worker import WorkerConfig
-from tests.acceptance.stack import DEMO_SCRIPT, REPO, Stack, cooperative, stack
+from tests.acceptance.stack import DEMO_SCRIPT, REPO, Stack, cooperative, declare_topology, stack
 from tests.amqp_fixtures import Amqp
 
 DEPLOY_SCRIPT = REPO / "ops" / "demo" / "deploy.toml"
@@ -22,10 +20,7 @@ DEPLOY_SCRIPT = REPO / "ops" / "demo" / "deploy.toml"
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
-    connection = amqp.connect()
-    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
-    connection.close()
+    declare_topology(pg_url, amqp)  # cleaned up by the amqp fixture
     with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
         yield running
 
