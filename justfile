@@ -67,6 +67,25 @@ check: venv
     .venv/bin/mypy
     .venv/bin/lint-imports
 
+# The capacity model (docs/capacity.md): the step benchmark's figures, sized for 10k-1M steps/day.
+capacity *args: venv
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p .vibey
+    {{python}} ops/bench/steps.py --no-profile | tee .vibey/bench.txt
+    {{python}} ops/bench/capacity.py .vibey/bench.txt {{args}}
+
+# Render every Kubernetes overlay (generated/fleet.yaml from fleet.toml and vibey.toml), then
+# print each one as `kubectl kustomize` renders it.
+kube: venv
+    #!/usr/bin/env bash
+    set -euo pipefail
+    {{python}} ops/kubernetes/render.py
+    for overlay in ops/kubernetes/overlays/*/; do
+        echo "# --- $overlay"
+        kubectl kustomize "$overlay"
+    done
+
 # Rewrite formatting and apply safe lint fixes.
 fmt: venv
     .venv/bin/ruff format .

@@ -37,6 +37,7 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _Rabbit
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
+from actors.amqp import with_query
 from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.relay import SOLO_HEADER
 from workflows.dispatch import EnvelopeError, decode
@@ -165,9 +166,8 @@ class VibeyBroker(RabbitmqBroker):
         middleware: list[Middleware] | None = None,
         heartbeat: int = 30,
     ) -> None:
-        separator = "&" if "?" in url else "?"
         super().__init__(
-            url=f"{url}{separator}heartbeat={heartbeat}",
+            url=with_query(url, f"heartbeat={heartbeat}"),  # every node's URL
             confirm_delivery=True,
             middleware=middleware or [],
         )

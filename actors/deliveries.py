@@ -21,6 +21,8 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from actors.amqp import parameters
+
 log = logging.getLogger(__name__)
 
 REASON_HEADER = "x-vibey-reason"
@@ -40,7 +42,7 @@ class ProjectDeliveries:
     """Consumes ``queues`` with ``prefetch`` and buffers what arrives. ``start()`` first."""
 
     def __init__(self, *, url: str, queues: Sequence[str], prefetch: int) -> None:
-        self._params = pika.URLParameters(url)
+        self._params = parameters(url)  # one per node: tried in order
         self._queues = tuple(queues)
         self._prefetch = prefetch
         self._buffer: collections.deque[Delivery] = collections.deque()

@@ -14,6 +14,7 @@ import contextlib
 import pika
 import pika.exceptions
 
+from actors.amqp import parameters
 from actors.capabilities import BrokerCapabilities, detect
 
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -24,14 +25,9 @@ def probe(
 ) -> tuple[BrokerCapabilities | None, str | None]:
     """``(capabilities, None)`` when the broker at ``url`` answered, else ``(None, why not)``."""
     try:
-        params = pika.URLParameters(url)
+        params = parameters(url, timeout=timeout)  # several: tried in order
     except Exception as exc:  # noqa: BLE001 - pika raises anything for a URL it cannot read
         return None, f"the AMQP URL cannot be read ({type(exc).__name__})"
-    params.connection_attempts = 1
-    params.retry_delay = 0
-    params.socket_timeout = timeout
-    params.stack_timeout = timeout
-    params.blocked_connection_timeout = timeout
     try:
         connection = pika.BlockingConnection(params)
     except pika.exceptions.ProbableAuthenticationError:

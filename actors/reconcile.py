@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -22,11 +23,14 @@ import pika
 import pika.exceptions
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from actors.deliveries import REASON_HEADER
+from actors import metrics
+from actors.amqp import parameters
+from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.relay import Relay
 from actors.topology import QueueNames
 from store.dispatch import DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
+from store.operations import OperationsStore
 from workflows.dispatch import EnvelopeError, decode
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,8 @@ class ReconcileReport:
     swept: int
     drained: int
     dead_letters_parked: int
+    dead_letters_kept: int = 0  # malformed or rejected: stored in dead_letter, never dropped
+    pruned: int = 0  # sent outbox rows past their retention
 
 
 class Reconciler:
@@ -54,7 +60,12 @@ class Reconciler:
         names: QueueNames,
         redispatch_after: timedelta = timedelta(minutes=2),
         reclaim_after: timedelta = timedelta(seconds=30),
+        operations: OperationsStore | None = None,
+        outbox_retention: timedelta = timedelta(days=1),
+        owner: str = "reconciler",
     ) -> None:
+        """With ``operations``: dead letters that name no job are kept there, sent outbox
+        rows past ``outbox_retention`` are pruned, and each pass records its heartbeat."""
         self._store = store
         self._records = records
         self._relay = relay
@@ -62,21 +73,35 @@ class Reconciler:
         self._names = names
         self._redispatch_after = redispatch_after
         self._reclaim_after = reclaim_after
+        self._ops = operations
+        self._retention = outbox_retention
+        self._owner = owner
+        self._kept = 0
         self._scheduler: BackgroundScheduler | None = None
         self._connection: pika.BlockingConnection | None = None
         self._dead_channel: Any = None
         self._lock = threading.Lock()
 
     def run_once(self) -> ReconcileReport:
+        started = time.monotonic()
         reaped = self._store.reap()
         swept = self._records.sweep_lost(redispatch_after=self._redispatch_after)
         drained = self._relay.drain(reclaim_after=self._reclaim_after)
+        self._kept = 0
         parked = self.drain_dead_letters()
-        return ReconcileReport(reaped.requeued, reaped.parked, len(swept), drained, parked)
+        pruned = 0 if self._ops is None else self._ops.prune_outbox(retention=self._retention)
+        report = ReconcileReport(
+            reaped.requeued, reaped.parked, len(swept), drained, parked, self._kept, pruned
+        )
+        elapsed = time.monotonic() - started
+        metrics.observe_reconcile(asdict(report), elapsed)
+        if self._ops is not None:
+            self._ops.record_heartbeat(self._owner, timedelta(seconds=elapsed), asdict(report))
+        return report
 
     def drain_dead_letters(self, *, limit: int = 500) -> int:
-        """Park the job of every pointer in the dead-letter queue; count the parks. Pointers
-        rejected as malformed carry their reason and were logged when rejected."""
+        """Park the job of every pointer in the dead-letter queue; count the parks. A message
+        that names no job (rejected as malformed, with its reason) is kept in dead_letter."""
         parked = 0
         with self._lock:
             try:
@@ -85,7 +110,7 @@ class Reconciler:
                     method, properties, body = channel.basic_get(self._names.dead_queue)
                     if method is None:
                         break
-                    parked += self._park(properties, body)
+                    parked += self._park(properties, body, method.routing_key)
                     channel.basic_ack(method.delivery_tag)
             except pika.exceptions.AMQPError:
                 self._close()
@@ -95,7 +120,7 @@ class Reconciler:
     def _channel(self) -> Any:
         """One connection kept open across runs (reopened after an error)."""
         if self._connection is None or not self._connection.is_open:
-            self._connection = pika.BlockingConnection(pika.URLParameters(self._url))
+            self._connection = pika.BlockingConnection(parameters(self._url))
             self._dead_channel = None
         if self._dead_channel is None or not self._dead_channel.is_open:
             self._dead_channel = self._connection.channel()
@@ -107,13 +132,15 @@ class Reconciler:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()
 
-    def _park(self, properties: Any, body: bytes) -> int:
+    def _park(self, properties: Any, body: bytes, routing_key: str) -> int:
         headers: Mapping[str, Any] = properties.headers or {}
         if REASON_HEADER in headers:
+            self._keep(properties, body, routing_key, headers[REASON_HEADER])
             return 0
         try:
             envelope = decode(body)
-        except EnvelopeError:
+        except EnvelopeError as exc:
+            self._keep(properties, body, routing_key, str(exc.reason), str(exc))
             return 0
         outcome = self._records.park_dead_letter(
             job_id=envelope.job_id,
@@ -122,6 +149,29 @@ class Reconciler:
             reason=DEAD_LETTER_REASON,
         )
         return int(outcome is DeadLetterOutcome.PARKED)
+
+    def _keep(
+        self, properties: Any, body: bytes, routing_key: str, reason: Any, detail: str | None = None
+    ) -> None:
+        """Store a dead letter that names no job (before its ack: kept, never only logged)."""
+        headers: Mapping[str, Any] = properties.headers or {}
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", errors="replace")
+        if detail is None and DETAIL_HEADER in headers:
+            detail = str(headers[DETAIL_HEADER])
+        if self._ops is None:
+            log.warning("dead letter dropped (%s): %r", reason, body[:200])
+            return
+        self._ops.keep_dead_letter(
+            queue=self._names.dead_queue,
+            routing_key=routing_key,
+            reason=str(reason),
+            detail=detail,
+            body=body,
+            headers=headers,
+            message_id=properties.message_id,
+        )
+        self._kept += 1
 
     # -- on a schedule ---------------------------------------------------------------------
 
@@ -149,10 +199,12 @@ class Reconciler:
         try:
             report = self.run_once()
         except pika.exceptions.AMQPError as exc:
+            metrics.RECONCILE_FAILURES.inc()
             log.warning("reconcile: RabbitMQ unavailable (%s); retrying next interval", exc)
             return
         except Exception:
+            metrics.RECONCILE_FAILURES.inc()
             log.exception("reconcile failed; it runs again at the next interval")
             return
-        if report.requeued or report.parked or report.swept or report.dead_letters_parked:
+        if any(asdict(report).values()):
             log.info("reconcile: %s", report)

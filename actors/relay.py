@@ -37,6 +37,7 @@ import pika.channel
 import pika.frame
 import pika.spec
 
+from actors.amqp import parameters
 from actors.topology import QueueNames
 from store.dispatch import DispatchRecords
 from store.errors import DatabaseUnavailable
@@ -268,7 +269,7 @@ class _Publisher:
         stopping: threading.Event,
         ready: threading.Event,
     ) -> None:
-        self._params = pika.URLParameters(url)
+        self._params = parameters(url)  # one per node: the next one at each reconnect
         self._results = results
         self._stopping = stopping
         self._ready = ready
@@ -283,7 +284,7 @@ class _Publisher:
         attempt = 0
         while not self._stopping.is_set():
             self._connection = pika.SelectConnection(
-                self._params,
+                self._params[attempt % len(self._params)],
                 on_open_callback=self._on_open,
                 on_open_error_callback=self._on_closed,
                 on_close_callback=self._on_closed,

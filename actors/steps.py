@@ -78,7 +78,7 @@ class StepRunner:
         *,
         store: PostgresJobRepository,
         records: DispatchRecords,
-        broker: VibeyBroker,
+        broker: VibeyBroker | None,  # None on the postgres backend (no pointers to re-delay)
         names: QueueNames,
         tiers: WaitTiers,
         handlers: Handlers,
@@ -127,6 +127,8 @@ class StepRunner:
                 log.warning(
                     "job %s: PostgreSQL did not answer (%s); the pointer waits", job_id, exc
                 )
+                if self._broker is None:  # the postgres backend: the row is the pointer
+                    return self._record(StepResult.WAITED)
                 outage.wait_out(
                     self._broker,
                     self._names,
@@ -222,6 +224,16 @@ class StepRunner:
         self._reached(CrashPoint.AFTER_SETTLE, job.id, seq, job.attempts)
         return result
 
+    def run_claimed(self, job: Job) -> StepResult:
+        """A job this process already leased (the postgres backend's claim): the handler
+        under a heartbeat, then the one settle, as for a pointer's claim."""
+        with self._heartbeats.holding(job):
+            outcome = self._handle(job)
+        self._reached(CrashPoint.AFTER_WORK, job.id, 0, job.attempts)
+        result = self._record(self._settle(job, outcome))
+        self._reached(CrashPoint.AFTER_SETTLE, job.id, 0, job.attempts)
+        return result
+
     def _run_alone_next(self, job: Job) -> StepResult:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
 
@@ -309,7 +321,7 @@ class StepRunner:
             not_before=datetime.now(UTC),
         )
         hop = plan_miss(self._records, self._names, self._tiers, envelope)
-        if hop is None:
+        if hop is None or self._broker is None:
             return StepResult.DROPPED
         self._broker.publish(
             exchange=hop.exchange, routing_key=routing_key, body=hop.body, message_id=hop.message_id

@@ -23,10 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
+from psycopg_pool import ConnectionPool
 
+from actors import metrics
 from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
@@ -37,12 +39,16 @@ from actors.topology import QueueNames, Topology
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
+from store.operations import OperationsStore
 from store.pool import open_pool
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
 from workflows.engine import Registry
 from workflows.job import LeasePolicy
 from workflows.steps import Handlers
+
+if TYPE_CHECKING:
+    from actors.drive import PostgresRuntime
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +78,10 @@ class WorkerConfig:
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
     max_turns: int | None = None
+    backend: str = "rabbitmq"  # or "postgres": the drive loop (actors/drive.py), no broker
+    poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
+    metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
+    outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -113,6 +123,22 @@ def load_registry(path: str) -> Registry:
     return Registry(load_object(path))
 
 
+def handler_context(config: WorkerConfig, pool: Any) -> Any:
+    """What a handlers factory is called with (the engines' workspace, command and caps)."""
+    from actors.handlers import HandlerContext  # the handlers pull in the engines
+
+    return HandlerContext(
+        pool=pool,
+        workspace=Path(config.workspace),
+        command=config.engine_command,
+        command_timeout=config.engine_timeout,
+        roster=config.engines,
+        agent_env=config.agent_env,
+        max_dollars=config.max_dollars,
+        max_turns=config.max_turns,
+    )
+
+
 class Runtime:
     """One worker process's parts, started and stopped together."""
 
@@ -149,6 +175,7 @@ class Runtime:
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, self._handler_context())
+        handlers = metrics.instrument(handlers, registry.kinds)
         topology = config.topology()
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
@@ -173,6 +200,9 @@ class Runtime:
             names=names,
             redispatch_after=config.redispatch_after,
             reclaim_after=config.reclaim_after,
+            operations=OperationsStore(self.pool),
+            outbox_retention=config.outbox_retention,
+            owner=self.owner,
         )
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._results_lock = threading.Lock()
@@ -188,18 +218,7 @@ class Runtime:
         self._worker: dramatiq.Worker | None = None
 
     def _handler_context(self) -> Any:
-        from actors.handlers import HandlerContext  # the handlers pull in the engines
-
-        return HandlerContext(
-            pool=self.pool,
-            workspace=Path(self.config.workspace),
-            command=self.config.engine_command,
-            command_timeout=self.config.engine_timeout,
-            roster=self.config.engines,
-            agent_env=self.config.agent_env,
-            max_dollars=self.config.max_dollars,
-            max_turns=self.config.max_turns,
-        )
+        return handler_context(self.config, self.pool)
 
     def _declarer(self, topology: Topology) -> Any:
         projects = self.config.projects
@@ -217,6 +236,7 @@ class Runtime:
         self.runner.run(**pointer)
 
     def _count(self, result: StepResult) -> None:
+        metrics.STEP_RESULTS.labels(result.value).inc()
         with self._results_lock:
             self.results[result] += 1
         if self.config.tally_dir:  # appended at once: a process killed later keeps its count
@@ -256,7 +276,13 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    runtime = Runtime(config)
+    runtime: Runtime | PostgresRuntime
+    if config.backend == "postgres":
+        from actors.drive import PostgresRuntime
+
+        runtime = PostgresRuntime(config)
+    else:
+        runtime = Runtime(config)
     runtime.start()
     if ready is not None:
         ready.set()
@@ -290,14 +316,37 @@ class Supervisor:
         self._due: list[float | None] = [None] * processes  # when a dead slot respawns
         self._stopping = threading.Event()
         self.respawns = 0
+        self.metrics: metrics.MetricsServer | None = None
+        if config.metrics_port is not None:  # before the forkserver starts: it inherits it
+            metrics.use_multiprocess_dir()
 
     def run(self) -> int:
-        for slot in range(len(self._children)):
-            self._spawn(slot)
-        while not self._stopping.wait(0.25):
-            self._respawn_dead()
-        self._terminate()
+        pool = self._serve_metrics()
+        try:
+            for slot in range(len(self._children)):
+                self._spawn(slot)
+            while not self._stopping.wait(0.25):
+                self._respawn_dead()
+            self._terminate()
+        finally:
+            if self.metrics is not None:
+                self.metrics.stop()
+            if pool is not None:
+                pool.close()
         return self.respawns
+
+    def _serve_metrics(self) -> ConnectionPool[Any] | None:
+        """The fleet's metrics endpoint (every process's events, the store's state)."""
+        if self._config.metrics_port is None:
+            return None
+        pool = open_pool(self._config.pg_url, min_size=1, max_size=2, name="vibey-metrics")
+        collector = metrics.StoreCollector(
+            OperationsStore(pool), dead_queue_depth=dead_queue_depth(self._config)
+        )
+        self.metrics = metrics.MetricsServer(
+            port=self._config.metrics_port, collectors=[collector]
+        ).start()
+        return pool
 
     def stop(self) -> None:
         self._stopping.set()
@@ -350,6 +399,25 @@ class Supervisor:
         for child in self._children:
             if child is not None:
                 child.join()
+
+
+def dead_queue_depth(config: WorkerConfig) -> Any:
+    """A function reading the dead-letter queue's depth (None on the postgres backend)."""
+    if config.backend == "postgres":
+        return None
+    import pika
+
+    from actors.amqp import parameters
+
+    def depth() -> int:
+        connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=3))
+        try:
+            queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
+            return int(queue.method.message_count)
+        finally:
+            connection.close()
+
+    return depth
 
 
 def supervise(config: WorkerConfig, *, processes: int) -> int:

@@ -313,6 +313,7 @@ Index(
     "gate_inbox_by_kind", _gate.c.kind, _gate.c.opened_at, _gate.c.id, postgresql_where=_open_gate
 )
 _outbox = _table(JobOutboxRow)
+Index("job_outbox_sent", _outbox.c.sent_at, postgresql_where=_outbox.c.sent_at.is_not(None))
 Index(
     "job_outbox_unsent",
     _outbox.c.created_at,
@@ -351,3 +352,4 @@ Index(
 
 from store.models_engines import *  # noqa: E402,F403
 from store.models_ledger import *  # noqa: E402,F403
+from store.models_ops import *  # noqa: E402,F403

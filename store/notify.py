@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -36,12 +37,17 @@ class PostgresJobReadyNotifier:
         self._connection()
 
     def wait(self, project_id: str, timeout: float) -> bool:
+        return self.wait_for((project_id,), timeout)
+
+    def wait_for(self, projects: Collection[str] | None, timeout: float) -> bool:
+        """True when one of ``projects`` (None: any project) was notified within ``timeout``
+        seconds, or the listener lost its connection (it may have missed one)."""
         deadline = time.monotonic() + timeout
         try:
             conn = self._connection()
             while (remaining := deadline - time.monotonic()) > 0:
                 for notice in conn.notifies(timeout=remaining):
-                    if notice.payload == project_id:
+                    if projects is None or notice.payload in projects:
                         return True
                     if deadline - time.monotonic() <= 0:
                         break

@@ -121,7 +121,9 @@ def _first_line(exc: BaseException | None) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password, for messages (each of several, ``;``-separated)."""
+    if ";" in url:
+        return ";".join(redact(part) for part in url.split(";"))
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url

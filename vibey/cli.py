@@ -35,12 +35,16 @@ from vibey import __version__
 from vibey.cli_engine import engine_app
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
+from vibey.cli_ops import queue_app, reconcile
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
     from actors.capabilities import BrokerCapabilities
     from vibey.settings import Settings
+
+if TYPE_CHECKING:
+    from actors.worker import WorkerConfig
 
 PROBE_TIMEOUT_SECONDS = 5.0
 
@@ -71,6 +75,8 @@ app.command(workflow_app)
 app.command(gate_app)
 app.command(ledger_app)
 app.command(engine_app)
+app.command(reconcile)
+app.command(queue_app)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )
@@ -173,6 +179,10 @@ class DoctorReport:
     ``broker_version`` and ``broker_capabilities`` (``{name: bool}``, see
     ``actors.capabilities``) are null unless RabbitMQ answered. ``healthy`` is true when
     PostgreSQL answered, no migration is pending and, on the rabbitmq backend, RabbitMQ answered.
+    ``stack`` lists the whole-stack checks run once healthy (``actors.doctor``: topology,
+    consumers, reconcile heartbeat, outbox lag, consumer_timeout, dead letters), each
+    ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``next_command`` is the fix of
+    the first problem (null when there is none).
     """
 
     version: str
@@ -195,6 +205,8 @@ class DoctorReport:
     broker_version: str | None
     broker_capabilities: dict[str, bool] | None
     healthy: bool
+    stack: list[dict[str, Any]]
+    next_command: str | None
 
 
 @app.command
@@ -204,6 +216,8 @@ def doctor(
     conformance: Annotated[bool, Parameter(negative=())] = False,
     engine: str | None = None,
     record: Annotated[bool, Parameter(negative=())] = False,
+    probe: Annotated[bool, Parameter(name="--probe", negative=())] = False,
+    stack: Annotated[bool, Parameter(name="--stack", negative=())] = False,
 ) -> ExitCode:
     """Show the settings in effect and check PostgreSQL, the migrations and RabbitMQ.
 
@@ -224,6 +238,10 @@ def doctor(
     record
         With --conformance: record each result in engine_health; only a recorded pass within
         its TTL makes an engine eligible for rotation.
+    probe
+        Print nothing; only the exit code (a Kubernetes readiness probe; no stack checks).
+    stack
+        Exit 1 also when a whole-stack check finds a problem (printed either way).
     """
     if conformance or engine or record:
         if not conformance:
@@ -233,12 +251,15 @@ def doctor(
         return run_conformance(engine, record=record, json_output=json_output)
     from vibey.settings import load_settings
 
-    report, caps = _diagnose(load_settings())
+    report, caps = _diagnose(load_settings(), stack=not probe)
+    if probe:
+        return ExitCode.OK if report.healthy else ExitCode.FAILURE
     if json_output:
         print(json.dumps(asdict(report), indent=2))
     else:
         _print_report(report, caps)
-    return ExitCode.OK if report.healthy else ExitCode.FAILURE
+    failed = not report.healthy or (stack and report.next_command is not None)
+    return ExitCode.FAILURE if failed else ExitCode.OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +290,9 @@ def _capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
     return {f.name: getattr(caps, f.name) for f in fields(caps) if f.name != "version"}
 
 
-def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | None]:
+def _diagnose(
+    settings: Settings, *, stack: bool = True
+) -> tuple[DoctorReport, BrokerCapabilities | None]:
     from store import migrate as migrations
     from store.errors import DatabaseUnavailable
     from store.pool import redact
@@ -306,7 +329,15 @@ def _diagnose(settings: Settings) -> tuple[DoctorReport, BrokerCapabilities | No
         broker_version=None if amqp.caps is None else amqp.caps.version,
         broker_capabilities=None if amqp.caps is None else _capability_map(amqp.caps),
         healthy=error is None and not pending and rabbitmq_fine,
+        stack=[],
+        next_command=None,
     )
+    if stack and report.healthy:
+        from vibey.cli_ops import stack_checks  # pika, the store: only once the basics pass
+
+        checks = stack_checks(settings, amqp.caps)
+        fixes = [c["fix"] for c in checks if c["status"] == "problem" and c["fix"]]
+        report = replace(report, stack=checks, next_command=fixes[0] if fixes else None)
     return report, amqp.caps
 
 
@@ -328,6 +359,11 @@ def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None
         print(f"{label + ':':<15} {value}")
     for label, value in caps.as_table()[1:] if caps is not None else ():
         print(f"  {label}: {value}")
+    for check in report.stack:
+        mark = {"ok": "ok", "problem": "PROBLEM", "info": "note"}[check["status"]]
+        print(f"{check['name'] + ':':<15} {mark}: {check['detail']}")
+    if report.next_command is not None:
+        print(f"next: {report.next_command}")
     print("healthy" if report.healthy else "not healthy")
 
 
@@ -357,15 +393,17 @@ def worker(
     handlers: str | None = None,
     definitions: str | None = None,
 ) -> ExitCode:
-    """Run the Dramatiq worker fleet (rabbitmq backend) until SIGTERM or SIGINT.
+    """Run the worker fleet until SIGTERM or SIGINT: Dramatiq on the rabbitmq backend, the
+    drive loop (SKIP LOCKED claims, LISTEN/NOTIFY wakeups) on the postgres backend.
 
     Runs PROCESSES worker processes of THREADS threads each under a supervisor that respawns
     a process that dies (at once when it was killed; after a doubling delay, at most 30 s,
     when it keeps failing right after its start). Without --project the fleet serves the
-    shared lane queues (every project); with it, only those projects' dedicated queues. It
-    prints one line saying what it runs; SIGTERM or Ctrl-C lets running steps settle, then
-    exits 0. The flags override [worker] in vibey.toml and VIBEY_WORKER_*; it needs
-    VIBEY_PG_URL and VIBEY_AMQP_URL.
+    shared lane queues (every project); with it, only those projects' dedicated queues (on
+    the postgres backend, only their jobs). It prints one line saying what it runs; SIGTERM
+    or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
+    vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
+    backend.
 
     Parameters
     ----------
@@ -390,7 +428,6 @@ def worker(
         workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
         settings = replace(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
-    from store.pool import redact
     from vibey.wiring import worker_config
 
     config = worker_config(settings, projects=project)
@@ -401,8 +438,7 @@ def worker(
     try:
         print(
             f"vibey worker: {_count(count, 'process')} of {_count(config.threads, 'thread')} "
-            f"each on {', '.join(config.queues())} at {redact(config.amqp_url)}; "
-            "SIGTERM or Ctrl-C stops it",
+            f"each on {_serves(config)}; SIGTERM or Ctrl-C stops it",
             flush=True,
         )
         respawns = supervise(config, processes=count)
@@ -410,6 +446,18 @@ def worker(
         return ExitCode.OK
     print(f"vibey worker: stopped ({_count(respawns, 'respawn')})", flush=True)
     return ExitCode.OK
+
+
+def _serves(config: WorkerConfig) -> str:
+    from store.pool import redact
+
+    if config.backend == "postgres":
+        projects = ", ".join(config.projects) or "every project"
+        return (
+            f"lanes {', '.join(config.lanes)} of {projects} at {redact(config.pg_url)} "
+            "(postgres backend: SKIP LOCKED claims, LISTEN/NOTIFY wakeups)"
+        )
+    return f"{', '.join(config.queues())} at {redact(config.amqp_url)}"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -145,6 +145,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "first_claim_wait_seconds": "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
         "dedicated_projects": "VIBEY_QUEUE_DEDICATED_PROJECTS",
         "prefetch": "VIBEY_QUEUE_PREFETCH",
+        "outbox_retention_seconds": "VIBEY_QUEUE_OUTBOX_RETENTION",
     },
     "bus": {"amqp_url": "VIBEY_AMQP_URL", "prefix": "VIBEY_BUS_PREFIX", "vhost": "VIBEY_BUS_VHOST"},
     "worker": {
@@ -166,6 +167,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "max_turns": "VIBEY_ENGINE_MAX_TURNS",
     },
     "engines": {},  # [engines.<id>] tables, one per engine: actors.agents.roster reads them
+    "metrics": {"port": "VIBEY_METRICS_PORT"},
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
@@ -260,8 +262,14 @@ class RabbitMqSettings:
     first_claim_wait_seconds: float = 2.0
     dedicated_projects: tuple[str, ...] = ()
     prefetch: int | None = None  # None: as many as the worker has threads
+    outbox_retention_seconds: float = 86400.0  # sent outbox rows are pruned after this
 
     def __post_init__(self) -> None:
+        _check_interval(
+            self.outbox_retention_seconds,
+            "VIBEY_QUEUE_OUTBOX_RETENTION",
+            "outbox_retention_seconds",
+        )
         if self.delivery_limit < 0:
             raise SettingsError(
                 f"delivery_limit must be at least 0, got {self.delivery_limit}: "
@@ -332,18 +340,22 @@ class BusSettings:
     vhost: str = "/"
 
     def __post_init__(self) -> None:
-        if self.amqp_url is not None and not self.amqp_url.startswith(_AMQP_SCHEMES):
-            raise SettingsError(
-                f"the AMQP URL must start with amqp:// or amqps://, got {_scheme(self.amqp_url)}: "
-                "fix VIBEY_AMQP_URL (or amqp_url under [bus])"
-            )
+        urls = None if self.amqp_url is None else self.amqp_url.split(";")
+        for url in urls or ():
+            if not url.strip().startswith(_AMQP_SCHEMES):
+                raise SettingsError(
+                    f"the AMQP URL must start with amqp:// or amqps://, got {_scheme(url)}: "
+                    "fix VIBEY_AMQP_URL (or amqp_url under [bus]); several URLs (one per "
+                    "node of a cluster) are separated by ';'"
+                )
         if not self.prefix or _NOT_IN_PREFIX.search(self.prefix):
             raise SettingsError(
                 f"the bus prefix {self.prefix!r} must be non-empty and contain no '*', '#' or "
                 "whitespace: fix VIBEY_BUS_PREFIX (or prefix under [bus])"
             )
-        if self.amqp_url is not None:
-            object.__setattr__(self, "amqp_url", _with_vhost(self.amqp_url, self.vhost))
+        if urls is not None:
+            joined = ";".join(_with_vhost(url.strip(), self.vhost) for url in urls)
+            object.__setattr__(self, "amqp_url", joined)
 
 
 def _with_vhost(url: str, vhost: str) -> str:
@@ -467,6 +479,21 @@ class EngineSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """``[metrics]``: the port a worker, the reconciler or a loop service serves Prometheus
+    metrics and ``/healthz`` on (None: no endpoint)."""
+
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise SettingsError(
+                f"the metrics port must be 1..65535, got {self.port}: "
+                "fix VIBEY_METRICS_PORT (or port under [metrics]), or leave it unset"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
@@ -476,6 +503,7 @@ class Settings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     engines: tuple[AgentSpec, ...] = ()  # the roster: [engines.<id>] tables, in id order
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     config_file: Path | None = None
 
     def roster(self, only: Iterable[str] = ()) -> tuple[AgentSpec, ...]:
@@ -520,6 +548,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         engine=_engine(src["engine"]),
         engines=_roster(table.get("engines", {}), where),
         agent_env={name: env[name] for name in BASE_ENV if name in env},
+        metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
         config_file=path,
     )
 
@@ -733,6 +762,7 @@ def _rabbitmq(src: _Source) -> RabbitMqSettings:
             first_claim_wait_seconds=src.seconds("first_claim_wait_seconds"),
             dedicated_projects=src.words("dedicated_projects"),
             prefetch=src.integer("prefetch"),
+            outbox_retention_seconds=src.seconds("outbox_retention_seconds"),
         )
     )
 

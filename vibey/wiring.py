@@ -28,24 +28,19 @@ if TYPE_CHECKING:
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
 
-WORKER_NEEDS_RABBITMQ = (
-    "vibey worker runs the Dramatiq fleet on the rabbitmq backend; "
-    "set VIBEY_QUEUE_BACKEND=rabbitmq (and VIBEY_AMQP_URL)"
-)
-
 
 def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> WorkerConfig:
-    """The Dramatiq fleet's configuration; ``projects``: serve only their dedicated queues.
+    """The fleet's configuration; ``projects``: serve only their dedicated queues (on the
+    postgres backend: claim only their jobs).
 
-    Checked in this order: the backend is rabbitmq, an AMQP URL is set (else
+    Checked in this order: on the rabbitmq backend an AMQP URL is set (else
     :class:`~vibey.settings.QueueBackendNotConfigured`, naming both fixes), a database URL is
     set, the project ids, then the queue names, the handlers and the workflow definitions.
     """
-    if settings.queue.backend != "rabbitmq":
-        raise SettingsError(WORKER_NEEDS_RABBITMQ)
     from actors.worker import WorkerConfig
 
-    amqp_url = settings.require_amqp_url()
+    postgres = settings.queue.backend == "postgres"
+    amqp_url = "" if postgres else settings.require_amqp_url()
     pg_url = settings.require_database_url()
     rabbitmq, worker = settings.queue.rabbitmq, settings.worker
     config = WorkerConfig(
@@ -72,11 +67,24 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         agent_env=dict(settings.agent_env),
         max_dollars=settings.engine.max_dollars,
         max_turns=settings.engine.max_turns,
+        backend=settings.queue.backend,
+        poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
+        metrics_port=settings.metrics.port,
+        outbox_retention=timedelta(seconds=rabbitmq.outbox_retention_seconds),
     )
     _check_names(config)
     _check_handlers(config.handlers)
     _check_leases(settings, load_registry(settings))
     return config
+
+
+def longest_lease(settings: Settings) -> timedelta:
+    """The longest lease a step can hold: every declared kind's lease, with the settings'
+    overrides (``[queue.lease_seconds]``) applied."""
+    policy = settings.queue.lease
+    kinds = load_registry(settings).kinds
+    declared = [policy.lease_for(name, kind.lease) for name, kind in kinds.items()]
+    return max([policy.default, *policy.by_kind.values(), *declared])
 
 
 def rabbitmq_queue_options(settings: Settings) -> RabbitMqQueueOptions:

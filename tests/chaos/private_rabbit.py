@@ -105,6 +105,28 @@ def _advanced_config(channel_tick_ms: int) -> str:
     return f"[{{rabbit, [{{channel_tick_interval, {channel_tick_ms}}}]}}].\n"
 
 
+def node_env(root: Path, node: str, port: int, dist_port: int) -> dict[str, str]:
+    """The environment of a private node whose files all live under ``root``."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))},
+        "HOME": str(root),  # the Erlang cookie lives here, for the node and rabbitmqctl
+        "RABBITMQ_NODENAME": node,
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_CONFIG_FILE": str(root / "rabbitmq.conf"),
+        "RABBITMQ_ADVANCED_CONFIG_FILE": str(root / "advanced.config"),
+        "RABBITMQ_CONF_ENV_FILE": str(root / "rabbitmq-env.conf"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(root / "enabled_plugins"),
+        "RABBITMQ_MNESIA_BASE": str(root / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(root / "log"),
+        "RABBITMQ_LOGS": str(root / "log" / "node.log"),
+        "RABBITMQ_PID_FILE": str(root / "node.pid"),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+    }
+
+
 @contextlib.contextmanager
 def private_rabbit(
     *, consumer_timeout_ms: int = 10_000, channel_tick_ms: int = 1_000
@@ -122,24 +144,7 @@ def private_rabbit(
     (root / "enabled_plugins").write_text("[].\n", encoding="utf-8")
     (root / "rabbitmq-env.conf").write_text("", encoding="utf-8")
     log_file = root / "log" / "node.log"
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))},
-        "HOME": str(root),  # the Erlang cookie lives here, for the node and rabbitmqctl
-        "RABBITMQ_NODENAME": node,
-        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-        "RABBITMQ_NODE_PORT": str(port),
-        "RABBITMQ_DIST_PORT": str(dist_port),
-        "RABBITMQ_CONFIG_FILE": str(root / "rabbitmq.conf"),
-        "RABBITMQ_ADVANCED_CONFIG_FILE": str(root / "advanced.config"),
-        "RABBITMQ_CONF_ENV_FILE": str(root / "rabbitmq-env.conf"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": str(root / "enabled_plugins"),
-        "RABBITMQ_MNESIA_BASE": str(root / "mnesia"),
-        "RABBITMQ_LOG_BASE": str(root / "log"),
-        "RABBITMQ_LOGS": str(log_file),
-        "RABBITMQ_PID_FILE": str(root / "node.pid"),
-        "ERL_EPMD_ADDRESS": "127.0.0.1",
-        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-    }
+    env = node_env(root, node, port, dist_port)
     rabbit = PrivateRabbit(
         node=node,
         port=port,

@@ -26,7 +26,7 @@ from vibey.settings import (
     load_settings,
     split_list,
 )
-from vibey.wiring import WORKER_NEEDS_RABBITMQ, rabbitmq_queue_options, worker_config
+from vibey.wiring import rabbitmq_queue_options, worker_config
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy
 from workflows.protocol.kinds import STEP_KINDS
@@ -840,15 +840,16 @@ def test_the_worker_without_an_amqp_url_names_both_fixes_before_anything_else(
     assert "VIBEY_QUEUE_BACKEND=postgres" in str(caught.value)
 
 
-def test_the_worker_on_the_postgres_backend_is_refused(empty_dir: Path) -> None:
-    settings = load_settings({"VIBEY_QUEUE_BACKEND": "postgres", "VIBEY_AMQP_URL": AMQP}, empty_dir)
-    with pytest.raises(SettingsError) as caught:
-        worker_config(settings)
-    assert str(caught.value) == WORKER_NEEDS_RABBITMQ
-    assert str(caught.value) == (
-        "vibey worker runs the Dramatiq fleet on the rabbitmq backend; "
-        "set VIBEY_QUEUE_BACKEND=rabbitmq (and VIBEY_AMQP_URL)"
+def test_the_worker_on_the_postgres_backend_needs_no_amqp_url(empty_dir: Path) -> None:
+    settings = load_settings(
+        {"VIBEY_QUEUE_BACKEND": "postgres", "VIBEY_PG_URL": PG, "VIBEY_QUEUE_POLL_INTERVAL": "2"},
+        empty_dir,
     )
+    config = worker_config(settings, projects=["acme"])
+    assert config.backend == "postgres"
+    assert config.amqp_url == ""
+    assert config.projects == ("acme",)
+    assert config.poll_interval == timedelta(seconds=2)
 
 
 def test_the_worker_needs_a_database_url(empty_dir: Path) -> None:

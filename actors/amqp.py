@@ -1,0 +1,34 @@
+"""Several AMQP URLs, one per node of a RabbitMQ cluster.
+
+``[bus] amqp_url`` (``VIBEY_AMQP_URL``) may list several URLs separated by ``;``, as Dramatiq's
+RabbitmqBroker takes them. A connection tries them in order (pika's BlockingConnection takes
+the list), so a client whose node went away reconnects to the next one; the relay's
+asynchronous connection moves to the next URL at each reconnect.
+"""
+
+from __future__ import annotations
+
+import pika
+
+
+def split_urls(url: str) -> list[str]:
+    """The URLs of ``url`` (one, or several separated by ``;``), in order."""
+    return [part.strip() for part in url.split(";") if part.strip()]
+
+
+def parameters(url: str, *, timeout: float | None = None) -> list[pika.URLParameters]:
+    """One ``URLParameters`` per URL; ``timeout``: one attempt each, bounded by it."""
+    params = [pika.URLParameters(part) for part in split_urls(url)]
+    if timeout is not None:
+        for one in params:
+            one.connection_attempts = 1
+            one.retry_delay = 0
+            one.socket_timeout = timeout
+            one.stack_timeout = timeout
+            one.blocked_connection_timeout = timeout
+    return params
+
+
+def with_query(url: str, query: str) -> str:
+    """``query`` (as ``heartbeat=30``) added to every URL of ``url``."""
+    return ";".join(f"{u}{'&' if '?' in u else '?'}{query}" for u in split_urls(url))

@@ -1,0 +1,166 @@
+"""The postgres backend's worker process: the drive loop, no broker.
+
+:class:`PostgresRuntime` is what ``vibey worker`` runs in each process on
+``backend = "postgres"``: ``threads`` drive threads, each claiming one job at a time with
+:func:`store.drive.claim_next` (``FOR UPDATE SKIP LOCKED``, across the projects it serves)
+and running it through the same :class:`actors.steps.StepRunner` as a Dramatiq actor does
+(heartbeat, handler, one settle with the workflow's event). Idle threads sleep on a
+condition that a listener thread wakes on ``NOTIFY vibey_job_ready`` (or after
+``poll_interval``, the backstop); a reaper thread returns expired leases every
+``reconcile_interval``. SIGTERM (``stop``) lets every running step settle, then returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+
+from actors import metrics
+from actors.steps import StepResult, StepRunner
+from actors.worker import WorkerConfig, handler_context, load_handlers, load_object, load_registry
+from store.dispatch import DispatchRecords
+from store.drive import Work, build_kinds, claim_next
+from store.errors import StoreError
+from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
+from store.notify import PostgresJobReadyNotifier
+from store.operations import OperationsStore
+from store.pool import open_pool
+from store.workflows import WorkflowStore
+from workflows.queue import ReapResult
+from workflows.steps import Handlers
+
+log = logging.getLogger(__name__)
+
+ERROR_PAUSE_S = 1.0  # after a store error, before claiming again
+
+
+class PostgresRuntime:
+    """One postgres-backend worker process's parts, started and stopped together."""
+
+    def __init__(
+        self, config: WorkerConfig, *, handlers: Handlers | None = None, owner: str | None = None
+    ) -> None:
+        self.config = config
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 3)
+        registry = load_registry(config.definitions)
+        self.store = PostgresJobRepository(
+            pool=self.pool, leases=config.leases.resolved(registry.kinds.canonical)
+        )
+        self.workflows = WorkflowStore(
+            pool=self.pool,
+            jobs=self.store,
+            registry=registry,
+            ledger=Ledger(self.pool),
+        )
+        if handlers is None:
+            handlers = load_handlers(config.handlers, handler_context(config, self.pool))
+        handlers = metrics.instrument(handlers, registry.kinds)
+        self.operations = OperationsStore(self.pool)
+        self.runner = StepRunner(
+            store=self.store,
+            records=DispatchRecords(pool=self.pool, relay_id=self.owner),
+            broker=None,
+            names=config.names,
+            tiers=config.tiers,
+            handlers=handlers,
+            owner=self.owner,
+            crash=load_object(config.crash_points) if config.crash_points else None,
+            on_result=self._count,
+            workflows=self.workflows,
+        )
+        self.work = Work.for_lanes(
+            config.lanes, config.projects or None, build_kinds=build_kinds(registry.kinds)
+        )
+        self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._notifier = PostgresJobReadyNotifier(url=config.pg_url)
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self._notifier.listen()  # before the first claim: no notification is missed
+        loops = [(f"drive-{n}", self._drive) for n in range(self.config.threads)]
+        loops += [("listen", self._listen), ("reap", self._reap)]
+        for name, target in loops:
+            thread = threading.Thread(target=target, name=f"vibey-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, *, timeout: float = 600.0) -> None:
+        """Stop claiming, let running steps settle, then close everything."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+        self.runner.close()
+        self._notifier.close()
+        self.pool.close()
+
+    def run_one(self) -> StepResult | None:
+        """Claim and run one job; None when nothing was claimable."""
+        jobs = claim_next(self.pool, self.work, owner=self.owner)
+        if not jobs:
+            return None
+        return self.runner.run_claimed(jobs[0])
+
+    def _drive(self) -> None:
+        idle = self.config.poll_interval.total_seconds()
+        while not self._stop.is_set():
+            try:
+                if self.run_one() is not None:
+                    continue
+            except StoreError as exc:
+                log.warning("drive loop: %s; claiming again in %g s", exc, ERROR_PAUSE_S)
+                self._stop.wait(ERROR_PAUSE_S)
+                continue
+            with self._wake:
+                if not self._stop.is_set():
+                    self._wake.wait(timeout=idle)
+
+    def _listen(self) -> None:
+        projects = self.config.projects or None
+        idle = self.config.poll_interval.total_seconds()
+        while not self._stop.is_set():
+            if self._notifier.wait_for(projects, timeout=min(idle, 1.0)):
+                with self._wake:
+                    self._wake.notify_all()
+
+    def _reap(self) -> None:
+        interval = self.config.reconcile_interval.total_seconds()
+        while not self._stop.wait(interval):
+            try:
+                reaped = reap_once(self.store, self.operations, self.owner)
+            except StoreError as exc:
+                metrics.RECONCILE_FAILURES.inc()
+                log.warning("reap: %s; again in %g s", exc, interval)
+                continue
+            if reaped.requeued or reaped.parked:
+                log.info("reap: %s", reaped)
+
+    def _count(self, result: StepResult) -> None:
+        metrics.STEP_RESULTS.labels(result.value).inc()
+        with self._lock:
+            self.results[result] += 1
+        if self.config.tally_dir:  # appended at once: a process killed later keeps its count
+            path = os.path.join(self.config.tally_dir, f"{os.getpid()}.log")
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(f"{result.value}\n")
+
+
+def reap_once(store: PostgresJobRepository, operations: OperationsStore, owner: str) -> ReapResult:
+    """The postgres backend's reconcile: reap expired leases; its metrics and heartbeat."""
+    started = time.monotonic()
+    reaped = store.reap()
+    elapsed = time.monotonic() - started
+    findings = {"requeued": reaped.requeued, "parked": reaped.parked}
+    metrics.observe_reconcile(findings, elapsed)
+    operations.record_heartbeat(owner, timedelta(seconds=elapsed), findings)
+    return reaped

@@ -1,0 +1,130 @@
+"""``vibey reconcile``: the reconciler on its own, without consuming any queue.
+
+Every worker reconciles, but an autoscaled fleet may have no worker running (KEDA scales it
+to zero), and the dispatches a gate answer commits still have to be sent. This process does
+only that, every ``reconcile_interval``: on the rabbitmq backend :class:`actors.reconcile.
+Reconciler` (reap with a redispatch, sweep lost dispatches, drain the outbox, park dead
+letters); on the postgres backend the reaper. Several at once are harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from actors import metrics
+from actors.amqp import parameters
+from actors.capabilities import detect
+from actors.drive import reap_once
+from actors.reconcile import Reconciler
+from actors.relay import Relay, Router
+from actors.worker import WorkerConfig, dead_queue_depth, load_registry
+from store.dispatch import DispatchRecords
+from store.errors import StoreError
+from store.jobs import PostgresJobRepository
+from store.operations import OperationsStore
+from store.pool import open_pool
+
+log = logging.getLogger(__name__)
+
+
+class ReconcileService:
+    def __init__(self, config: WorkerConfig, *, owner: str | None = None) -> None:
+        self.config = config
+        self.owner = owner or f"reconcile:{socket.gethostname()}:{os.getpid()}"
+        self.pool = open_pool(config.pg_url, min_size=1, max_size=3, name="vibey-reconcile")
+        self.last_error: str | None = None
+        self.relay: Relay | None = None
+        self.reconciler: Reconciler | None = None
+        self.operations = OperationsStore(self.pool)
+        kinds = load_registry(config.definitions).kinds
+        leases = config.leases.resolved(kinds.canonical)
+        if config.backend == "postgres":
+            self.store = PostgresJobRepository(pool=self.pool, leases=leases)
+            return
+        records = DispatchRecords(pool=self.pool, relay_id=self.owner)
+        dedicated = (*config.dedicated_projects, *config.projects)
+        self.relay = Relay(
+            url=config.amqp_url,
+            records=records,
+            router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated, kinds=kinds),
+        )
+        self.store = PostgresJobRepository(
+            pool=self.pool,
+            leases=leases,
+            dispatch=True,
+            relay_id=self.owner,
+            after_commit=self.relay.submit,
+        )
+        self.reconciler = Reconciler(
+            store=self.store,
+            records=records,
+            relay=self.relay,
+            url=config.amqp_url,
+            names=config.names,
+            redispatch_after=config.redispatch_after,
+            reclaim_after=config.reclaim_after,
+            operations=self.operations,
+            outbox_retention=config.outbox_retention,
+            owner=self.owner,
+        )
+
+    def run_once(self) -> Any:
+        """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
+        if self.reconciler is None:
+            return reap_once(self.store, self.operations, self.owner)
+        return self.reconciler.run_once()
+
+    def declare(self) -> None:
+        """Declare the topology, as a worker does (the dead-letter queue it drains among it)."""
+        connection = pika.BlockingConnection(parameters(self.config.amqp_url))
+        try:
+            self.config.topology().declare(connection.channel(), detect(connection))
+        finally:
+            connection.close()
+
+    def run(self, stop: threading.Event, *, report: Callable[[Any], None] | None = None) -> int:
+        """Reconcile every interval until ``stop``; returns the passes that failed."""
+        failures = 0
+        server = None
+        if self.config.metrics_port is not None:
+            collector = metrics.StoreCollector(
+                self.operations, dead_queue_depth=dead_queue_depth(self.config)
+            )
+            server = metrics.MetricsServer(port=self.config.metrics_port, collectors=[collector])
+            server.start()
+        try:
+            if self.relay is not None:
+                self.declare()
+                self.relay.start()
+            while True:
+                try:
+                    found = self.run_once()
+                except (StoreError, pika.exceptions.AMQPError) as exc:
+                    metrics.RECONCILE_FAILURES.inc()
+                    failures += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("reconcile: %s; again at the next interval", exc)
+                else:
+                    if report is not None:
+                        report(found)
+                if stop.wait(self.config.reconcile_interval.total_seconds()):
+                    return failures
+        finally:
+            if server is not None:
+                server.stop()
+            self.close()
+
+    def close(self) -> None:
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        if self.relay is not None:
+            self.relay.stop()
+        self.pool.close()

@@ -1,0 +1,187 @@
+"""A three-node RabbitMQ cluster on loopback under a worker fleet: nodes die mid-run.
+
+Three private nodes (own ports, data and cookie) form a cluster; vibey's topology is declared
+on it, so every work, tier and dead-letter queue is a quorum queue replicated on all three.
+A supervised fleet of Dramatiq workers, given all three AMQP URLs, runs chains of dependent
+steps. Mid-run the build queue's leader node is SIGKILLed and later started again (it
+rejoins), then another node is stopped and started (stop_app / start_app).
+
+Invariants: nothing lost (every job terminal), exactly one commit per succeeded job (the
+audit trigger's primary key), at quiescence the work and tier queues are empty on the
+surviving cluster and the outbox has nothing unsent: the fleet reconnected to the surviving
+nodes by itself. It prints its counts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pika
+import pytest
+from psycopg_pool import ConnectionPool
+
+from actors.amqp import parameters
+from actors.capabilities import detect
+from actors.worker import Supervisor, WorkerConfig
+from store.jobs import PostgresJobRepository
+from tests.chaos.fleet import chaos_seed, count
+from tests.chaos.rabbit_cluster import ClusterNode, rabbit_cluster
+from tests.chaos.test_chaos_rabbitmq import STEPS, unsettled
+from tests.commit_audit import COMMIT_AUDIT
+from workflows.dispatch import WaitTiers
+from workflows.job import LeasePolicy
+from workflows.queue import EnqueueRequest
+
+pytestmark = pytest.mark.chaos
+
+CHAINS = int(os.environ.get("VIBEY_CLUSTER_CHAINS", "150"))
+WORKERS = 3
+LEASE = timedelta(seconds=5)
+TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5)))
+DEADLINE_S = 420
+
+
+def enqueue(repo: PostgresJobRepository, seed: int) -> int:
+    rng = random.Random(seed)
+    requests = []
+    for chain in range(CHAINS):
+        previous: tuple[uuid.UUID, ...] = ()
+        for kind in STEPS:
+            job_id = uuid.UUID(int=rng.getrandbits(128), version=4)
+            requests.append(
+                EnqueueRequest(
+                    project_id="cluster",
+                    kind=kind,
+                    subject=f"chain-{chain}",
+                    depends_on=previous,
+                    job_id=job_id,
+                    max_attempts=10,
+                )
+            )
+            previous = (job_id,)
+    repo.enqueue_batch(requests)
+    return len(requests)
+
+
+def leader_of(nodes: list[ClusterNode], queue: str) -> ClusterNode:
+    listing = nodes[0].rabbit.ctl("list_queues", "name", "leader", "members", timeout=240)
+    for line in listing.splitlines():
+        name, _, rest = line.partition("\t")
+        if name == queue:
+            leader = rest.split("\t")[0]
+            assert rest.count("@localhost") == 4, f"{queue} is not on all three nodes: {rest}"
+            return next(node for node in nodes if node.name == leader)
+    raise AssertionError(f"{queue} not found: {listing}")
+
+
+def depths(url: str, queues: list[str]) -> dict[str, int]:
+    connection = pika.BlockingConnection(parameters(url, timeout=5))
+    try:
+        channel = connection.channel()
+        return {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
+    finally:
+        connection.close()
+
+
+def faults(nodes: list[ClusterNode], queue: str, log: list[str], done: threading.Event) -> None:
+    try:
+        time.sleep(6)
+        leader = leader_of(nodes, queue)
+        leader.kill()
+        log.append(f"killed the leader {leader.name}")
+        time.sleep(12)
+        leader.start()
+        log.append(f"restarted {leader.name}")
+        time.sleep(8)
+        other = next(node for node in nodes if node is not leader)
+        other.rabbit.ctl("stop_app")
+        log.append(f"stopped {other.name}")
+        time.sleep(8)
+        other.rabbit.ctl("start_app")
+        log.append(f"started {other.name}")
+    finally:
+        done.set()
+
+
+def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
+    pg_url: str, tmp_path: Path
+) -> None:
+    seed = chaos_seed("rabbitmq cluster")
+    with rabbit_cluster(3) as nodes:
+        url = ";".join(node.rabbit.url for node in nodes)
+        config = WorkerConfig(
+            pg_url=pg_url,
+            amqp_url=url,
+            tiers=TIERS,
+            leases=LeasePolicy(default=LEASE, by_kind={}),
+            threads=2,
+            reconcile_interval=timedelta(seconds=1),
+            redispatch_after=timedelta(seconds=8),
+            reclaim_after=timedelta(seconds=5),
+            handlers="tests.chaos.rabbit_chaos:HANDLERS",
+            tally_dir=str(tmp_path),
+        )
+        connection = pika.BlockingConnection(parameters(url))
+        config.topology().declare(connection.channel(), detect(connection))
+        connection.close()
+        build_queue = config.names.work_queue("build")
+        leader_of(nodes, build_queue)  # replicated on all three before the run
+        started = time.monotonic()
+        with ConnectionPool(
+            pg_url, min_size=1, max_size=4, open=True, kwargs={"autocommit": True}
+        ) as pool:
+            with pool.connection() as conn:
+                conn.execute(COMMIT_AUDIT.encode())
+            repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+            total = enqueue(repo, seed)
+            supervisor = Supervisor(config, processes=WORKERS)
+            fleet = threading.Thread(target=supervisor.run, daemon=True)
+            fleet.start()
+            log: list[str] = []
+            faulted = threading.Event()
+            threading.Thread(
+                target=faults, args=(nodes, build_queue, log, faulted), daemon=True
+            ).start()
+            queues = [config.names.work_queue(lane) for lane in config.lanes]
+            queues += [config.names.tier_queue(name) for name in TIERS.names]
+            try:
+                while (unsettled(pool) or not faulted.is_set()) and (
+                    time.monotonic() - started < DEADLINE_S
+                ):
+                    time.sleep(1.0)
+                quiet = time.monotonic()
+                while (
+                    sum(depths(url, queues).values())
+                    or count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+                ) and time.monotonic() - quiet < 60:
+                    time.sleep(0.5)
+                left = depths(url, queues)
+            finally:
+                supervisor.stop()
+                fleet.join(timeout=120)
+            with pool.connection() as conn:
+                states: dict[str, int] = dict(
+                    conn.execute("SELECT state::text, count(*) FROM job GROUP BY 1").fetchall()
+                )
+            commits = count(pool, "SELECT count(*) FROM audit_commit")
+            succeeded = count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
+            unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+            claims = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")
+    print(
+        f"rabbitmq cluster (seed {seed}): jobs={total} claims={claims} faults={log} "
+        f"commits={commits} lost={total - sum(states.values())} double={commits - succeeded} "
+        f"states={states} queues={left} unsent={unsent} respawns={supervisor.respawns} "
+        f"wall={time.monotonic() - started:.1f}s"
+    )
+    assert len(log) == 4, f"the faults did not all happen: {log}"
+    assert sum(states.values()) == total, "a job was lost"
+    assert states == {"succeeded": total}, states
+    assert commits == succeeded == total, "a succeeded job without exactly one commit"
+    assert sum(left.values()) == 0, f"messages left at quiescence: {left}"
+    assert unsent == 0, "outbox rows left unsent"

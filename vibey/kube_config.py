@@ -1,0 +1,298 @@
+"""The shape of a Kubernetes fleet (``fleet.toml`` in an overlay), read and checked.
+
+``fleet.toml`` says what runs where: the Secret holding the URLs, the worktrees
+volume, the worker pools (which lanes and projects each consumes, processes × threads, the
+replica range KEDA may use) and the loop services per engine. The overlay's ``vibey.toml``
+(named by ``settings``) is the fleet's own settings: it is loaded with
+:func:`vibey.settings.load_settings`, so the same checks apply as at a worker's start, and the
+two files must agree. What cannot work is a :class:`FleetError` naming the fix:
+
+* a pool bound to a project that is not in ``dedicated_projects`` (its queue never gets a
+  message, and its trigger would watch nothing);
+* a lane, or a dedicated project's lane, that no pool consumes (its jobs would never run, and
+  nothing scales for them);
+* unknown keys, names Kubernetes refuses, an empty replica range.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actors.topology import check_token
+from vibey.settings import LANES, Settings, SettingsError, load_settings
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce")
+
+
+class FleetError(ValueError):
+    """A fleet that cannot work; the message says what to change (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cpu: str = "500m"
+    memory: str = "1Gi"
+    cpu_limit: str | None = None
+    memory_limit: str | None = "2Gi"
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """One worker Deployment: ``vibey worker`` on ``lanes`` (of ``projects``' dedicated
+    queues, or the shared ones when empty), ``processes`` × ``threads`` steps at once."""
+
+    name: str
+    lanes: tuple[str, ...]
+    projects: tuple[str, ...] = ()
+    processes: int = 1
+    threads: int = 4
+    min_replicas: int = 0
+    max_replicas: int = 10
+    resources: Resources = field(default_factory=Resources)
+
+    @property
+    def parallelism(self) -> int:
+        return self.processes * self.threads
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One loop service (one per engine; tool issue 10 brings its process): a Deployment on
+    ``vibey.runs.<id>``, scaled by the run queue's length; ``enabled = false`` renders it
+    paused at zero replicas."""
+
+    id: str
+    enabled: bool = False
+    prefetch: int = 1
+    max_replicas: int = 2
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True, slots=True)
+class Worktrees:
+    size: str = "50Gi"
+    access_mode: str = "ReadWriteMany"
+    storage_class: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    name: str
+    settings: Settings
+    settings_file: str
+    secret: str = "vibey-urls"
+    keda: bool = True
+    metrics_port: int = 9108
+    grace_margin_seconds: int = 120
+    pools: tuple[Pool, ...] = ()
+    engines: tuple[Engine, ...] = ()
+    worktrees: Worktrees = field(default_factory=Worktrees)
+
+    @property
+    def backend(self) -> str:
+        return self.settings.queue.backend
+
+    @property
+    def longest_lease_seconds(self) -> int:
+        from vibey.wiring import longest_lease
+
+        return int(longest_lease(self.settings).total_seconds())
+
+
+def load_fleet(path: Path) -> Fleet:
+    """``fleet.toml`` and the settings it names, checked together."""
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise FleetError(f"{path}: {exc}") from exc
+    where = str(path)
+    top = _only(table, {"fleet"}, where)
+    body = _only(top.get("fleet", {}), _FLEET_KEYS, f"{where} [fleet]")
+    settings_file = str(body.get("settings", "vibey.toml"))
+    try:
+        settings = load_settings({"VIBEY_CONFIG": settings_file}, cwd=path.parent)
+    except SettingsError as exc:
+        raise FleetError(f"{path.parent / settings_file}: {exc}") from exc
+    fleet = Fleet(
+        name=_label(str(body.get("name", "vibey")), "name", where),
+        settings=settings,
+        settings_file=settings_file,
+        secret=_label(str(body.get("secret", "vibey-urls")), "secret", where),
+        keda=bool(body.get("keda", True)),
+        metrics_port=int(body.get("metrics_port", 9108)),
+        grace_margin_seconds=int(body.get("grace_margin_seconds", 120)),
+        pools=tuple(_pool(p, f"{where} [[fleet.pools]]") for p in body.get("pools", [])),
+        engines=tuple(_engine(e, f"{where} [[fleet.engines]]") for e in body.get("engines", [])),
+        worktrees=_worktrees(body.get("worktrees", {}), f"{where} [fleet.worktrees]"),
+    )
+    check_fleet(fleet, where)
+    return fleet
+
+
+_FLEET_KEYS = {
+    "name",
+    "settings",
+    "secret",
+    "keda",
+    "metrics_port",
+    "grace_margin_seconds",
+    "pools",
+    "engines",
+    "worktrees",
+}
+
+
+def check_fleet(fleet: Fleet, where: str) -> None:
+    """The cross-checks between the pools, the engines and the settings."""
+    if not fleet.pools:
+        raise FleetError(f"{where}: no [[fleet.pools]]: add one per lane (or one for all)")
+    _unique([p.name for p in fleet.pools], "pool name", where)
+    _unique([e.id for e in fleet.engines], "engine id", where)
+    dedicated = set(fleet.settings.queue.rabbitmq.dedicated_projects)
+    rabbitmq = fleet.backend == "rabbitmq"
+    for pool in fleet.pools:
+        for project in pool.projects:
+            if rabbitmq and project not in dedicated:
+                raise FleetError(
+                    f"{where}: pool {pool.name!r} serves the dedicated queues of project "
+                    f"{project!r}, but {project!r} is not in dedicated_projects under "
+                    f"[queue.rabbitmq] of {fleet.settings_file}, so no job is routed there: "
+                    "add it there, or remove it from the pool's projects"
+                )
+    served = {(lane, project) for p in fleet.pools for lane in p.lanes for project in p.projects}
+    shared = {lane for p in fleet.pools if not p.projects for lane in p.lanes}
+    for lane in LANES:
+        if lane not in shared:
+            raise FleetError(
+                f"{where}: no pool consumes the shared {lane!r} lane, so its jobs never run "
+                f"and no trigger scales for them: add {lane!r} to the lanes of a pool "
+                "without projects"
+            )
+        for project in sorted(dedicated) if rabbitmq else ():
+            if (lane, project) not in served:
+                raise FleetError(
+                    f"{where}: project {project!r} is dedicated (dedicated_projects in "
+                    f"{fleet.settings_file}) but no pool consumes its {lane!r} lane, so its "
+                    f"{lane} jobs never run and no trigger scales for them: add a pool with "
+                    f'lanes = ["{lane}"] and projects = ["{project}"]'
+                )
+
+
+def _pool(raw: Any, where: str) -> Pool:
+    body = _only(raw, {*Pool.__dataclass_fields__, *Resources.__dataclass_fields__}, where)
+    name = _label(_required(body, "name", where), "pool name", where)
+    where = f"{where} {name!r}"
+    lanes = tuple(body.get("lanes", LANES))
+    for lane in lanes:
+        if lane not in LANES:
+            raise FleetError(f"{where}: unknown lane {lane!r}; the lanes are {', '.join(LANES)}")
+    if not lanes:
+        raise FleetError(f"{where}: lanes is empty: name at least one of {', '.join(LANES)}")
+    projects = tuple(str(p) for p in body.get("projects", ()))
+    for project in projects:
+        try:
+            check_token(project, "project id")
+        except ValueError as exc:
+            raise FleetError(f"{where}: {exc}") from exc
+    pool = Pool(
+        name=name,
+        lanes=lanes,
+        projects=projects,
+        processes=_positive(body, "processes", 1, where),
+        threads=_positive(body, "threads", 4, where),
+        min_replicas=int(body.get("min_replicas", 0)),
+        max_replicas=_positive(body, "max_replicas", 10, where),
+        resources=_resources(body, where),
+    )
+    if not 0 <= pool.min_replicas <= pool.max_replicas:
+        raise FleetError(
+            f"{where}: min_replicas {pool.min_replicas} must be between 0 and max_replicas "
+            f"{pool.max_replicas}"
+        )
+    return pool
+
+
+def _engine(raw: Any, where: str) -> Engine:
+    body = _only(raw, {*Engine.__dataclass_fields__, *Resources.__dataclass_fields__}, where)
+    engine_id = _required(body, "id", where)
+    try:
+        check_token(engine_id, "engine id")
+    except ValueError as exc:
+        raise FleetError(f"{where}: {exc}") from exc
+    _label(engine_id, "engine id", where)
+    return Engine(
+        id=engine_id,
+        enabled=bool(body.get("enabled", False)),
+        prefetch=_positive(body, "prefetch", 1, where),
+        max_replicas=_positive(body, "max_replicas", 2, where),
+        resources=_resources(body, where),
+    )
+
+
+def _resources(body: dict[str, Any], where: str) -> Resources:
+    given = {k: str(body[k]) for k in Resources.__dataclass_fields__ if k in body}
+    for key, value in given.items():
+        if not _QUANTITY.match(value):
+            raise FleetError(f"{where}: {key} {value!r} is not a Kubernetes quantity")
+    return Resources(**given)
+
+
+def _worktrees(raw: Any, where: str) -> Worktrees:
+    body = _only(raw, set(Worktrees.__dataclass_fields__), where)
+    access = str(body.get("access_mode", "ReadWriteMany"))
+    if access not in ACCESS_MODES:
+        raise FleetError(f"{where}: access_mode {access!r} is not one of {', '.join(ACCESS_MODES)}")
+    storage_class = body.get("storage_class")
+    return Worktrees(
+        size=str(body.get("size", "50Gi")),
+        access_mode=access,
+        storage_class=None if storage_class is None else str(storage_class),
+    )
+
+
+def _only(raw: Any, keys: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise FleetError(f"{where}: expected a table")
+    unknown = sorted(set(raw) - keys)
+    if unknown:
+        raise FleetError(
+            f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(keys))}"
+        )
+    return raw
+
+
+def _required(body: dict[str, Any], key: str, where: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise FleetError(f"{where}: {key} is missing (a non-empty string)")
+    return value
+
+
+def _positive(body: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise FleetError(f"{where}: {key} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def _label(value: str, what: str, where: str) -> str:
+    if len(value) > 40 or not _DNS_LABEL.match(value):
+        raise FleetError(
+            f"{where}: {what} {value!r} must be a DNS label of at most 40 characters "
+            "(lower-case letters, digits, '-')"
+        )
+    return value
+
+
+def _unique(values: list[str], what: str, where: str) -> None:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise FleetError(f"{where}: {what} {value!r} is used twice")
+        seen.add(value)
