@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 from cyclopts import App, Parameter
 
-from store.pool import redact
 from vibey.render import ExitCode
 from vibey.settings import Settings, SettingsError, load_settings
 
@@ -45,6 +44,8 @@ def reconcile(*, once: Annotated[bool, Parameter(name="--once", negative=())] = 
     else:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
+        from store.pool import redact
+
         where = redact(config.pg_url if config.backend == "postgres" else config.amqp_url)
         print(
             f"vibey reconcile: every {config.reconcile_interval.total_seconds():g} s "

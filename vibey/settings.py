@@ -87,12 +87,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from actors.agents.roster import BASE_ENV, AgentSpec, RosterError, parse_roster
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy, valid_kind_name
+
+if TYPE_CHECKING:  # the roster's parser is imported when a roster is read
+    from actors.agents.roster import AgentSpec
 
 QueueBackend = Literal["rabbitmq", "postgres"]
 QUEUE_BACKENDS: tuple[str, ...] = get_args(QueueBackend)
@@ -547,13 +549,22 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         workflow=_workflow(src["workflow"]),
         engine=_engine(src["engine"]),
         engines=_roster(table.get("engines", {}), where),
-        agent_env={name: env[name] for name in BASE_ENV if name in env},
+        agent_env=_agent_env(env),
         metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
         config_file=path,
     )
 
 
+def _agent_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The base environment every engine gets (``actors.agents.roster.BASE_ENV``)."""
+    from actors.agents.roster import BASE_ENV
+
+    return {name: env[name] for name in BASE_ENV if name in env}
+
+
 def _roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
+    from actors.agents.roster import RosterError, parse_roster
+
     try:
         return parse_roster(tables, where)
     except RosterError as exc:
