@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -73,6 +74,15 @@ def kill_backends(pg_url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def live_sessions(pg_url: str) -> int:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database_of(pg_url),),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def retries(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "store.retry"]
 
@@ -83,6 +93,11 @@ def test_connections_killed_while_idle_are_never_handed_out(
     store = PostgresJobRepository(pool=vibey_pool)
     job = store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
     assert kill_backends(pg_url) >= 2  # both idle pooled connections
+    # pg_terminate_backend only signals: wait until the killed sessions are gone, so that
+    # the connections are dead (not dying) when a caller asks for one.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and live_sessions(pg_url) > 0:
+        time.sleep(0.05)
     caplog.set_level(logging.WARNING)
     for _ in range(5):
         assert store.get(job.id) is not None
