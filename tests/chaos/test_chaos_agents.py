@@ -43,6 +43,7 @@ from workflows.dispatch import WaitTiers
 from workflows.engine import Registry, Status
 from workflows.job import LeasePolicy
 from workflows.protocol import DEFINITIONS
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import Gate
 
 pytestmark = pytest.mark.chaos
@@ -117,7 +118,8 @@ def test_sigkilled_workers_leave_no_agent_and_never_two_in_one_worktree(
         amqp_url=amqp.url,
         prefix=amqp.prefix,
         tiers=WaitTiers((timedelta(seconds=1), timedelta(seconds=5))),
-        leases=LeasePolicy(default=LEASE, by_kind={}),
+        # Every kind's lease short, the protocol's declared ones (2 h for build.implement) too.
+        leases=LeasePolicy(default=LEASE, by_kind=dict.fromkeys(STEP_KINDS, LEASE)),
         threads=2,
         reconcile_interval=timedelta(seconds=1),
         redispatch_after=timedelta(seconds=8),
