@@ -38,6 +38,7 @@ and TranscriptRecorded.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import re
@@ -77,7 +78,7 @@ class Reading:
     session: str | None = None
 
 
-class CliAdapter:
+class CliAdapter(abc.ABC):
     """The shared run (see the module docstring); subclasses give ``invocation`` and
     ``read``."""
 
@@ -101,11 +102,13 @@ class CliAdapter:
 
     # -- what an adapter says ---------------------------------------------------------------
 
+    @abc.abstractmethod
     def invocation(self, task: EngineTask, plan: Plan, prompt: str) -> list[str]:
-        raise NotImplementedError
+        """The CLI's argv for this attempt (each adapter's own flags)."""
 
+    @abc.abstractmethod
     def read(self, stdout: str, stderr: str, returncode: int) -> Reading:
-        raise NotImplementedError
+        """What the CLI's output says: verdict, evidence, capacity (each adapter's format)."""
 
     def version_argv(self) -> list[str]:
         return ["--version"]
