@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
-from psycopg_pool import ConnectionPool
 
 from actors import metrics
 from actors.agents.roster import AgentSpec
@@ -36,6 +35,7 @@ from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
 from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames, Topology
+from store.db import Pool
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
@@ -335,7 +335,7 @@ class Supervisor:
                 pool.close()
         return self.respawns
 
-    def _serve_metrics(self) -> ConnectionPool[Any] | None:
+    def _serve_metrics(self) -> Pool | None:
         """The fleet's metrics endpoint (every process's events, the store's state)."""
         if self._config.metrics_port is None:
             return None
