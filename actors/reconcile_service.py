@@ -16,11 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from actors import metrics
-from actors.amqp import parameters
+from actors import amqp, metrics
 from actors.capabilities import detect
 from actors.drive import reap_once
 from actors.reconcile import Reconciler
@@ -84,7 +80,7 @@ class ReconcileService:
 
     def declare(self) -> None:
         """Declare the topology, as a worker does (the dead-letter queue it drains among it)."""
-        connection = pika.BlockingConnection(parameters(self.config.amqp_url))
+        connection = amqp.connect(self.config.amqp_url)
         try:
             self.config.topology().declare(connection.channel(), detect(connection))
         finally:
@@ -107,7 +103,7 @@ class ReconcileService:
             while True:
                 try:
                     found = self.run_once()
-                except (StoreError, pika.exceptions.AMQPError) as exc:
+                except (StoreError, amqp.AMQPError) as exc:
                     metrics.RECONCILE_FAILURES.inc()
                     failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"

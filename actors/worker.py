@@ -405,12 +405,10 @@ def dead_queue_depth(config: WorkerConfig) -> Any:
     """A function reading the dead-letter queue's depth (None on the postgres backend)."""
     if config.backend == "postgres":
         return None
-    import pika
-
-    from actors.amqp import parameters
+    from actors import amqp
 
     def depth() -> int:
-        connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=3))
+        connection = amqp.connect(config.amqp_url, timeout=3)
         try:
             queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
             return int(queue.method.message_count)
