@@ -50,7 +50,7 @@ class Reconciler:
     def __init__(
         self,
         *,
-        store: PostgresJobRepository,
+        jobs: PostgresJobRepository,
         records: DispatchRecords,
         relay: Relay,
         url: str,
@@ -63,7 +63,7 @@ class Reconciler:
     ) -> None:
         """With ``operations``: dead letters that name no job are kept there, sent outbox
         rows past ``outbox_retention`` are pruned, and each pass records its heartbeat."""
-        self._store = store
+        self._jobs = jobs
         self._records = records
         self._relay = relay
         self._url = url
@@ -81,7 +81,7 @@ class Reconciler:
 
     def run_once(self) -> ReconcileReport:
         started = time.monotonic()
-        reaped = self._store.reap()
+        reaped = self._jobs.reap()
         swept = self._records.sweep_lost(redispatch_after=self._redispatch_after)
         drained = self._relay.drain(reclaim_after=self._reclaim_after)
         self._kept = 0

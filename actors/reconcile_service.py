@@ -43,7 +43,7 @@ class ReconcileService:
         kinds = load_registry(config.definitions).kinds
         leases = config.leases.resolved(kinds.canonical)
         if config.backend == "postgres":
-            self.store = PostgresJobRepository(pool=self.pool, leases=leases)
+            self.jobs = PostgresJobRepository(pool=self.pool, leases=leases)
             return
         records = DispatchRecords(pool=self.pool, relay_id=self.owner)
         dedicated = (*config.dedicated_projects, *config.projects)
@@ -52,7 +52,7 @@ class ReconcileService:
             records=records,
             router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated, kinds=kinds),
         )
-        self.store = PostgresJobRepository(
+        self.jobs = PostgresJobRepository(
             pool=self.pool,
             leases=leases,
             dispatch=True,
@@ -60,7 +60,7 @@ class ReconcileService:
             after_commit=self.relay.submit,
         )
         self.reconciler = Reconciler(
-            store=self.store,
+            jobs=self.jobs,
             records=records,
             relay=self.relay,
             url=config.amqp_url,
@@ -75,7 +75,7 @@ class ReconcileService:
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
         if self.reconciler is None:
-            return reap_once(self.store, self.operations, self.owner)
+            return reap_once(self.jobs, self.operations, self.owner)
         return self.reconciler.run_once()
 
     def declare(self) -> None:

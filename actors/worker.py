@@ -1,6 +1,6 @@
 """The worker fleet: Dramatiq workers on vibey's lane queues, under a supervisor.
 
-:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job store, the outbox
+:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job repository, the outbox
 relay, the adapted Dramatiq broker, one step actor per consumed queue, the reconciler on
 APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` runs several
 such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
@@ -160,7 +160,7 @@ class Runtime:
                 names=names, tiers=config.tiers, dedicated=dedicated, kinds=registry.kinds
             ),
         )
-        self.store = PostgresJobRepository(
+        self.jobs = PostgresJobRepository(
             pool=self.pool,
             leases=config.leases.resolved(registry.kinds.canonical),
             dispatch=True,
@@ -169,7 +169,7 @@ class Runtime:
         )
         self.workflows = WorkflowStore(
             pool=self.pool,
-            jobs=self.store,
+            jobs=self.jobs,
             registry=registry,
             ledger=Ledger(self.pool),
         )
@@ -181,7 +181,7 @@ class Runtime:
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
         )
         self.runner = StepRunner(
-            store=self.store,
+            jobs=self.jobs,
             records=self.records,
             broker=self.broker,
             names=names,
@@ -193,7 +193,7 @@ class Runtime:
             workflows=self.workflows,
         )
         self.reconciler = Reconciler(
-            store=self.store,
+            jobs=self.jobs,
             records=self.records,
             relay=self.relay,
             url=config.amqp_url,
