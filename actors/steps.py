@@ -23,17 +23,16 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from actors import outage
-from actors.broker import VibeyBroker
 from actors.heartbeat import Heartbeats
 from actors.miss import plan_miss
 from actors.solo import SoloGate
+from actors.stub_broker import Publisher
 from actors.topology import QueueNames
-from store.dispatch import DispatchRecords
 from store.errors import CommitUnknown, DatabaseUnavailable
-from store.jobs import PostgresJobRepository
+from store.ports import PointerClaims, SettlingJobRepository, StepWorkflows
 from store.retry import retrying
 from store.unit_of_work import UnitOfWork
-from store.workflows import Workflow, WorkflowStore
+from store.workflow_reads import Workflow
 from workflows.dispatch import DispatchEnvelope, WaitTiers
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.queue import Job, Settled
@@ -76,16 +75,16 @@ class StepRunner:
     def __init__(
         self,
         *,
-        jobs: PostgresJobRepository,
-        records: DispatchRecords,
-        broker: VibeyBroker | None,  # None on the postgres backend (no pointers to re-delay)
+        jobs: SettlingJobRepository,
+        records: PointerClaims,
+        broker: Publisher | None,  # None on the postgres backend (no pointers to re-delay)
         names: QueueNames,
         tiers: WaitTiers,
         handlers: Handlers,
         owner: str,
         crash: CrashPoints | None = None,
         on_result: Callable[[StepResult], None] | None = None,
-        workflows: WorkflowStore | None = None,
+        workflows: StepWorkflows | None = None,
     ) -> None:
         self._jobs = jobs
         self._records = records
@@ -346,7 +345,7 @@ def _event_facts(outcome: Outcome) -> dict[str, Any]:
 
 
 def _settle_write(
-    jobs: PostgresJobRepository, job: Job, outcome: Outcome
+    jobs: SettlingJobRepository, job: Job, outcome: Outcome
 ) -> tuple[SettleWrite, StepResult]:
     """The fenced write an outcome asks for, as a function of the caller's unit of work."""
     lease = job.lease
