@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -57,8 +58,8 @@ class Harness:
             workflows=self.workflows if workflows else None,
         )
 
-    def enqueue(self, **kw: object) -> Job:
-        request = EnqueueRequest(project_id=P, kind=KIND, subject=uuid.uuid4().hex, **kw)  # type: ignore[arg-type]
+    def enqueue(self, **kw: Any) -> Job:
+        request = EnqueueRequest(project_id=P, kind=KIND, subject=uuid.uuid4().hex, **kw)
         return self.jobs.enqueue(request).job
 
     def run(self, runner: StepRunner, job: Job, seq: int, **kw: bool) -> StepResult:
