@@ -55,8 +55,8 @@ causation and correlation ids).
 
 Without a pool (unit tests) there is no ``engine_health`` and no ledger: the roster is
 selected from scratch each time (every engine authenticated, circuits closed) and the range is
-empty; gate answers are read from the ``records`` given (``store.memory.MemoryStepRecords``),
-and with none, never.
+empty; gate answers are read from the ``records`` given
+(``store.memory_records.MemoryStepRecords``), and with none, never.
 """
 
 from __future__ import annotations

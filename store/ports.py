@@ -1,5 +1,5 @@
 """The store's seams as the step path sees them: small Protocols the PostgreSQL classes
-satisfy and the fakes of :mod:`store.memory` implement too.
+satisfy and the fakes of :mod:`store.memory` and :mod:`store.memory_records` implement too.
 
 * :class:`SettlingJobRepository`: :class:`workflows.queue.JobRepository` with the ``*_txn``
   forms a step's settle joins (``PostgresJobRepository``; ``MemoryJobRepository``);

@@ -5,7 +5,7 @@ The step handlers (``actors.handlers``) and the handoff flow (``actors.handoff``
 whether a claim still holds its job (the workdir lease's fence), for the workflow's spec and
 answers (a configured engine's plan), for a bounded job's recorded spend and the grants its
 gates' answers made, for the last answer to a gate of a kind, and for the advisory lock that
-serialises one cycle's merges. ``store.memory.MemoryStepRecords`` is the fake beside it.
+serialises one cycle's merges. ``store.memory_records.MemoryStepRecords`` is the fake beside it.
 """
 
 from __future__ import annotations

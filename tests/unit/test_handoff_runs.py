@@ -1,5 +1,5 @@
 """build.implement's handoff (actors/handoff.py) on the in-memory fakes: the handoff gate's
-answer is read through ``store.memory.MemoryStepRecords`` from a ``MemoryJobRepository``
+answer is read through ``store.memory_records.MemoryStepRecords`` from a ``MemoryJobRepository``
 where the job parked and was answered (tests/integration/test_handoff.py runs the same flows
 on PostgreSQL, with engine_health and the ledger)."""
 
@@ -13,7 +13,8 @@ import pytest
 from actors.agents import EngineTask, EngineVerdict, ScriptedEngine
 from actors.handoff import Handoffs
 from actors.worktrees import Workspace
-from store.memory import ManualClock, MemoryJobRepository, MemoryStepRecords
+from store.memory import ManualClock, MemoryJobRepository
+from store.memory_records import MemoryStepRecords
 from store.step_records import GateAnswer
 from workflows.phases import Phase
 from workflows.queue import EnqueueRequest, Job

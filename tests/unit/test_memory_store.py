@@ -1,6 +1,6 @@
-"""The in-memory fakes (store/memory.py) keep the promises the unit tests lean on: a unit of
-work is all or nothing, enqueue is idempotent, dependencies hold a job back, writes are
-fenced on the lease, and the records read answers as the named SQL does."""
+"""The in-memory fakes (store/memory.py, store/memory_records.py) keep the promises the unit
+tests lean on: a unit of work is all or nothing, enqueue is idempotent, dependencies hold a job
+back, writes are fenced on the lease, and the records read answers as the named SQL does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from store.memory import ManualClock, MemoryJobRepository, MemoryStepRecords
+from store.memory import ManualClock, MemoryJobRepository
+from store.memory_records import MemoryStepRecords
 from store.unit_of_work import OutboxRow
 from workflows.gates import GRANT_SCHEMA, SPEND_EXHAUSTED
 from workflows.job import FailureClass, JobState

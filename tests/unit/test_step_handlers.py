@@ -1,5 +1,5 @@
 """The protocol's handlers (actors/handlers.py) reading the record store through
-``store.memory.MemoryStepRecords``: the workdir lease's fence, the spend cap and what its
+``store.memory_records.MemoryStepRecords``: the workdir lease's fence, the spend cap and what its
 gates grant, the effort ladder's grants, and the integration lock (no PostgreSQL; the real
 queries run in tests/integration/test_handlers.py and tests/acceptance)."""
 
@@ -17,7 +17,8 @@ import pytest
 
 from actors.agents import EngineVerdict, FakeEngine
 from actors.handlers import BUSY_DELAY, HandlerContext, Steps
-from store.memory import ManualClock, MemoryJobRepository, MemoryStepRecords
+from store.memory import ManualClock, MemoryJobRepository
+from store.memory_records import MemoryStepRecords
 from workflows.gates import LADDER_EXHAUSTED, SPEND_EXHAUSTED
 from workflows.job import FailureClass
 from workflows.queue import EnqueueRequest, Job

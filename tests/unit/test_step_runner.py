@@ -15,13 +15,8 @@ from actors.steps import StepResult, StepRunner
 from actors.stub_broker import StubPublisher
 from actors.topology import QueueNames
 from store.errors import DatabaseUnavailable
-from store.memory import (
-    ManualClock,
-    MemoryDispatchRecords,
-    MemoryJobRepository,
-    MemoryWorkflowStore,
-    StepEvent,
-)
+from store.memory import ManualClock, MemoryJobRepository
+from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore, StepEvent
 from workflows.dispatch import DEFAULT_WAIT_TIERS, decode, tier_name
 from workflows.job import FailureClass, JobState
 from workflows.queue import EnqueueRequest, GateRequest, Job
