@@ -197,14 +197,14 @@ def feed(runtime: Runtime, t0: float) -> tuple[list[UUID], list[UUID]]:
     short_ids: list[UUID] = []
     for at, kind, subject in sorted(schedule):
         time.sleep(max(0.0, t0 + at - time.monotonic()))
-        job = runtime.store.enqueue(EnqueueRequest(project_id=PROJECT, kind=kind, subject=subject))
+        job = runtime.jobs.enqueue(EnqueueRequest(project_id=PROJECT, kind=kind, subject=subject))
         (long_ids if kind == LONG_KIND else short_ids).append(job.job.id)
     return long_ids, short_ids
 
 
 def wait_terminal(runtime: Runtime, ids: list[UUID], deadline: float) -> dict[UUID, Job]:
     while True:
-        jobs = {i: j for i in ids if (j := runtime.store.get(i)) is not None}
+        jobs = {i: j for i in ids if (j := runtime.jobs.get(i)) is not None}
         done = len(jobs) == len(ids) and all(j.state.terminal for j in jobs.values())
         if done or time.monotonic() > deadline:
             return jobs
