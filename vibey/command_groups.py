@@ -20,6 +20,10 @@ GROUPS: dict[str, tuple[str, str]] = {
         "Run the reconciler alone until SIGTERM or SIGINT (or one pass with --once).",
     ),
     "queue": ("vibey.cli_ops:queue_app", "The dispatch queues: depths, lag and dead letters."),
+    "console": (
+        "vibey.cli_console:console_app",
+        "The web console: workflows, gates, health, live.",
+    ),
 }
 
 

@@ -54,6 +54,17 @@ The file, every key optional (unknown sections and keys are errors)::
     # max_dollars = 20             # a bounded BUILD job's spend cap; VIBEY_ENGINE_MAX_DOLLARS
     # max_turns = 200              # turn cap of one; VIBEY_ENGINE_MAX_TURNS (unset: no cap)
 
+    [console]                        # `vibey console`: the web console (docs/console.md)
+    host = "127.0.0.1"               # VIBEY_CONSOLE_HOST; anything but loopback needs allow_remote
+    port = 8377                      # VIBEY_CONSOLE_PORT
+    allow_remote = false             # VIBEY_CONSOLE_ALLOW_REMOTE=1: may bind beyond loopback
+    username = "admin"               # who signs in with password_hash; VIBEY_CONSOLE_USERNAME
+    password_hash = "scrypt$..."     # `vibey console hash`; VIBEY_CONSOLE_PASSWORD_HASH
+    token_hash = "scrypt$..."        # a token's hash (sign in with it, or Bearer); ..._TOKEN_HASH
+    read_only = false                # a shared screen: no form, no write; VIBEY_CONSOLE_READ_ONLY
+    anonymous_read = false           # pages without signing in (never writes); ..._ANONYMOUS_READ
+    poll_seconds = 0.5               # how often it looks for a change; VIBEY_CONSOLE_POLL
+
     [engines.claude]                 # the roster: one table per engine (docs/engines.md)
     adapter = "claude-code"          # claude-code, codex, gemini, aider, command, scripted
     weight = 3                       # binary, args, local, capabilities, phases, effort, env,
@@ -170,6 +181,17 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
     },
     "engines": {},  # [engines.<id>] tables, one per engine: actors.agents.roster reads them
     "metrics": {"port": "VIBEY_METRICS_PORT"},
+    "console": {
+        "host": "VIBEY_CONSOLE_HOST",
+        "port": "VIBEY_CONSOLE_PORT",
+        "allow_remote": "VIBEY_CONSOLE_ALLOW_REMOTE",
+        "username": "VIBEY_CONSOLE_USERNAME",
+        "password_hash": "VIBEY_CONSOLE_PASSWORD_HASH",
+        "token_hash": "VIBEY_CONSOLE_TOKEN_HASH",
+        "read_only": "VIBEY_CONSOLE_READ_ONLY",
+        "anonymous_read": "VIBEY_CONSOLE_ANONYMOUS_READ",
+        "poll_seconds": "VIBEY_CONSOLE_POLL",
+    },
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
@@ -495,6 +517,56 @@ class MetricsSettings:
             )
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """``[console]``: where `vibey console` listens and who may use it. The hashes are
+    ``scrypt$N$r$p$salt$digest`` (`vibey console hash` prints one); with neither, the console
+    is read-only and needs no sign-in."""
+
+    host: str = "127.0.0.1"
+    port: int = 8377
+    allow_remote: bool = False
+    username: str = "admin"
+    password_hash: str | None = None
+    token_hash: str | None = None
+    read_only: bool = False
+    anonymous_read: bool = False
+    poll_seconds: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise SettingsError(
+                f"the console port must be 1..65535, got {self.port}: "
+                + _fix("VIBEY_CONSOLE_PORT", "port", "console")
+            )
+        if not self.allow_remote and not is_loopback(self.host):
+            raise SettingsError(
+                f"the console binds only to loopback, not {self.host!r}: use 127.0.0.1, or set "
+                "allow_remote = true under [console] (VIBEY_CONSOLE_ALLOW_REMOTE=1), with a "
+                "password_hash or token_hash"
+            )
+        for key, value in (("password_hash", self.password_hash), ("token_hash", self.token_hash)):
+            if value is not None and not value.startswith("scrypt$"):
+                raise SettingsError(
+                    f"the console's {key} is not a scrypt hash: make one with "
+                    f"`vibey console hash` and set VIBEY_CONSOLE_{key.upper()} (or {key} "
+                    "under [console])"
+                )
+        _check_interval(self.poll_seconds, "VIBEY_CONSOLE_POLL", "poll_seconds")
+
+    @property
+    def signs_in(self) -> bool:
+        """Whether anyone can sign in (a password or a token hash is set)."""
+        return self.password_hash is not None or self.token_hash is not None
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
@@ -506,6 +578,7 @@ class Settings:
     engines: tuple[AgentSpec, ...] = ()  # the roster: [engines.<id>] tables, in id order
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
     config_file: Path | None = None
 
     def roster(self, only: Iterable[str] = ()) -> tuple[AgentSpec, ...]:
@@ -551,6 +624,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         engines=_roster(table.get("engines", {}), where),
         agent_env=_agent_env(env),
         metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
+        console=_console(src["console"]),
         config_file=path,
     )
 
@@ -682,6 +756,20 @@ class _Source:
         ):
             raise self._wrong_type(key, value, "a list of strings")
         return None if value is None else tuple(value)
+
+    def flag(self, key: str) -> bool | None:
+        """A boolean: true/false in TOML; 1/0, true/false, yes/no in the environment."""
+        variable, value = self._lookup(key)
+        if variable is not None:
+            word = value.strip().lower()
+            if word in ("1", "true", "yes", "on"):
+                return True
+            if word in ("0", "false", "no", "off"):
+                return False
+            raise SettingsError(f"{variable} must be 1 or 0 (true or false), got {value!r}")
+        if value is not None and not isinstance(value, bool):
+            raise self._wrong_type(key, value, "true or false")
+        return value
 
     def argv(self, key: str) -> tuple[str, ...] | None:
         """A command line: shell words in the environment, a list of strings in TOML."""
@@ -867,5 +955,21 @@ def _engine(src: _Source) -> EngineSettings:
             workspace=src.text("workspace"),
             max_dollars=src.seconds("max_dollars"),
             max_turns=src.integer("max_turns"),
+        )
+    )
+
+
+def _console(src: _Source) -> ConsoleSettings:
+    return ConsoleSettings(
+        **_given(
+            host=src.text("host"),
+            port=src.integer("port"),
+            allow_remote=src.flag("allow_remote"),
+            username=src.text("username"),
+            password_hash=src.text("password_hash"),
+            token_hash=src.text("token_hash"),
+            read_only=src.flag("read_only"),
+            anonymous_read=src.flag("anonymous_read"),
+            poll_seconds=src.seconds("poll_seconds"),
         )
     )
