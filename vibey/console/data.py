@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from workflows.queue import Gate
 
 WORKFLOWS_SHOWN = 50
-ROWS_SHOWN = 100  # history and ledger rows on a workflow's page, newest first
+ROWS_SHOWN = 30  # history and ledger rows on a workflow's page, newest first
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,33 @@
       if (focused && fresh.dataset.liveKey === old.dataset.liveKey) return;
       if (fresh.innerHTML !== old.innerHTML) old.replaceWith(fresh);
     });
-    var flash = next.querySelector(".flash");
     document.body.dataset.marker = next.body.dataset.marker || marker;
-    document.dispatchEvent(new CustomEvent("vibey:updated", { detail: { flash: !!flash } }));
+    document.dispatchEvent(new CustomEvent("vibey:updated"));
   }
+
+  // An answer form is sent in the background: the page is not reloaded. (Without this
+  // script the same form posts and the server redirects back: it works either way.)
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (!form.classList || !form.classList.contains("answer")) return;
+    e.preventDefault();
+    var body = new FormData(form);
+    if (e.submitter && e.submitter.name) body.append(e.submitter.name, e.submitter.value);
+    form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+    fetch(form.action, { method: "POST", body: body, credentials: "same-origin" })
+      .then(function (r) { return r.text().then(function (t) { return [r, t]; }); })
+      .then(function (rt) {
+        if (!rt[0].ok) throw new Error(rt[1]);
+        if (document.activeElement) document.activeElement.blur();
+        swap(rt[1]);
+      })
+      .catch(function (err) {
+        var flash = document.getElementById("flash");
+        if (flash) flash.innerHTML = '<p class="flash error" role="alert"></p>';
+        if (flash) flash.firstChild.textContent = String(err.message || err);
+        form.querySelectorAll("button").forEach(function (b) { b.disabled = false; });
+      });
+  });
 
   function refresh() {
     if (busy) { again = true; return; }
