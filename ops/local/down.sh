@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # `just down`: stop exactly what `just up` started, as recorded in $VIBEY_STATE_DIR/pids
 # (default .vibey/pids), newest first: the worker fleet (SIGTERM to its process group, SIGKILL
-# after VIBEY_DOWN_TIMEOUT seconds, default 30), then any service up started (natively, through
+# after VIBEY_DOWN_TIMEOUT seconds, default 30) and the web console (the same way), then any service up started (natively, through
 # the machine's service commands, or with Docker compose). Services that were already running
 # when `just up` found them were never recorded and are left alone. Running it again is harmless.
 #
 # The state file has one tab-separated line per thing started:
-#   worker      group    PGID
+#   worker      group    PGID                     console   group    PGID
 #   postgresql  native   DATADIR BINDIR RUNAS     rabbitmq  native   ROOT NODE PGID EPMD_STARTED
 #   postgresql  service  VERSION CLUSTER          rabbitmq  service  -
 #   postgresql  docker   COMPOSE_FILE             rabbitmq  docker   COMPOSE_FILE
@@ -36,6 +36,13 @@ stop_one() {  # the fields of one line; 0 once that thing is stopped (or was alr
                 return 0
             fi
             "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the worker fleet (process group $1)"
+            ;;
+        console/group)
+            if ! "$here/native.sh" group-has "$1" "$repo/.venv/bin/vibey console"; then
+                echo "console: pid $1 had already stopped"
+                return 0
+            fi
+            "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the web console (process group $1)"
             ;;
         postgresql/native)
             "$here/native.sh" stop-postgresql "$@" && echo "stopped PostgreSQL (native, data $1)"

@@ -6,7 +6,11 @@
 #  3. The worker fleet (`vibey worker`, with the reconciler) in the background, in a process
 #     group of its own, logging to $VIBEY_STATE_DIR/logs/worker.log. A fleet a previous
 #     `just up` started is reused while it runs with the same settings.
-#  4. `vibey workflow start demo --script ops/demo/demo.toml` (idempotent), then it waits for
+#  4. The web console (`vibey console`) in the background, in a process group of its own, logging
+#     to $VIBEY_STATE_DIR/logs/console.log; its URL is printed. With no [console] password_hash
+#     or token_hash configured, up makes a token (kept in $VIBEY_STATE_DIR/console.token) and
+#     starts the console with its hash. A console a previous `just up` started is reused.
+#  5. `vibey workflow start demo --script ops/demo/demo.toml` (idempotent), then it waits for
 #     the demo's first open gate and prints the `vibey gate answer` commands that continue it.
 #
 # Everything it starts is recorded in $VIBEY_STATE_DIR/pids, for ops/local/down.sh. Running it
@@ -17,6 +21,8 @@
 #   VIBEY_UP_DEMO            1 (default): start the demo; 0: the stack only
 #   VIBEY_UP_WORKER_TIMEOUT  seconds for the worker to be consuming (default 60)
 #   VIBEY_UP_DEMO_TIMEOUT    seconds for the demo to reach a gate (default 60)
+#   VIBEY_UP_CONSOLE         1 (default): start the web console; 0: do not
+#   VIBEY_CONSOLE_PORT       the console's port (default 8377; see [console] in vibey.toml)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -226,6 +232,70 @@ PY
     exit 1
 fi
 
+# 4. The web console ---------------------------------------------------------------------------
+CONSOLE_LOG=$STATE/logs/console.log
+console_line="not started (VIBEY_UP_CONSOLE=0)"
+recorded_console() {
+    [ -f "$PIDS" ] && awk -F'\t' '$1 == "console" && $2 == "group" { pid = $3 } END { if (pid) print pid }' "$PIDS"
+}
+read -r console_url signs_in < <("$PY" -c 'from vibey.settings import load_settings as s; c = s().console; h = f"[{c.host}]" if ":" in c.host else c.host; print(f"http://{h}:{c.port}/", int(c.signs_in))')
+if [ "${VIBEY_UP_CONSOLE:-1}" != 0 ]; then
+    sign_in="sign in with your [console] password or token"
+    if [ "$signs_in" = 0 ]; then
+        if [ ! -s "$STATE/console.token" ] || [ ! -s "$STATE/console.token_hash" ]; then
+            (umask 077 && "$VIBEY" console hash --token >"$STATE/console.made")
+            awk '$1 == "token:" { print $2 }' "$STATE/console.made" >"$STATE/console.token"
+            awk '$1 == "token_hash:" { print $2 }' "$STATE/console.made" >"$STATE/console.token_hash"
+            rm -f "$STATE/console.made"
+        fi
+        export VIBEY_CONSOLE_TOKEN_HASH
+        VIBEY_CONSOLE_TOKEN_HASH=$(cat "$STATE/console.token_hash")
+        sign_in="sign in with the token in $STATE/console.token (no username)"
+    fi
+    console_pid=$(recorded_console || true)
+    if [ -n "$console_pid" ] && ops/local/native.sh group-has "$console_pid" "$VIBEY console"; then
+        echo "console: reusing the console a previous \`just up\` started (pid $console_pid)"
+    else
+        if [ -n "$console_pid" ]; then
+            kept=$(awk -F'\t' -v p="$console_pid" '!($1 == "console" && $3 == p)' "$PIDS")
+            if [ -n "$kept" ]; then printf '%s\n' "$kept" >"$PIDS"; else rm -f "$PIDS"; fi
+        fi
+        echo "--- $(date '+%Y-%m-%d %H:%M:%S') started by ops/local/up.sh ---" >>"$CONSOLE_LOG"
+        console_pid=$(ops/local/native.sh spawn "$CONSOLE_LOG" "$VIBEY" console 9>&-)
+        printf 'console\tgroup\t%s\n' "$console_pid" >>"$PIDS"
+    fi
+    if "$PY" - "$console_url" "$console_pid" <<'PY'; then
+import os
+import sys
+import time
+import urllib.request
+
+url, pid = sys.argv[1], int(sys.argv[2])
+# Ours: the console that answers names its pid (another one may hold the port).
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit(1)
+    try:
+        with urllib.request.urlopen(url + "healthz", timeout=2) as answer:
+            if answer.read() == b"ok" and answer.headers.get("X-Vibey-Pid") == str(pid):
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.3)
+sys.exit(1)
+PY
+        console_line="$console_url  (pid $console_pid, log $CONSOLE_LOG; $sign_in)"
+        echo "console: serving $console_url"
+    else
+        console_line="did not start: see $CONSOLE_LOG (is port ${console_url##*:} taken? set VIBEY_CONSOLE_PORT)"
+        echo "console: $console_line; its log ends:" >&2
+        tail -n 5 "$CONSOLE_LOG" >&2 || true
+    fi
+fi
+
 stack_summary() {
     local env_shown=$ENV_FILE
     [[ $env_shown == /* ]] || env_shown=./$env_shown
@@ -235,6 +305,7 @@ vibey's local stack:
   PostgreSQL  $PG_URL  (migrated)
   RabbitMQ    $AMQP_URL
   worker      pid $worker_pid, log $WORKER_LOG  (\`just down\` stops it)
+  console     $console_line
   settings    $ENV_FILE (loaded by just); to use vibey in a shell:
               source .venv/bin/activate; set -a; . $env_shown; set +a
 MSG
@@ -243,7 +314,7 @@ MSG
 stack_summary
 if [ "${VIBEY_UP_DEMO:-1}" = 0 ]; then exit 0; fi
 
-# 4. The demo ----------------------------------------------------------------------------------
+# 5. The demo ----------------------------------------------------------------------------------
 if [ ! -f "$DEMO_SCRIPT" ]; then
     echo "the demo script $DEMO_SCRIPT is missing: the demo was not started" >&2
     exit 1
@@ -338,7 +409,7 @@ fi
 if [ "$demo_rc" -ne 0 ]; then exit "$demo_rc"; fi
 cat <<MSG
 
-Follow it (in a shell with the settings above):
+Follow it in the web console ($console_url), or in a shell with the settings above:
   vibey workflow status $DEMO_PROJECT      the phase, what it waits on, the gates and their answer commands
   vibey workflow history $DEMO_PROJECT     every event so far
   vibey gate list                  every gate waiting for an answer

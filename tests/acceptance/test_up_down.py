@@ -18,9 +18,11 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
@@ -41,7 +43,7 @@ from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane
 REPO = Path(__file__).resolve().parents[2]
 UP, DOWN = REPO / "ops" / "local" / "up.sh", REPO / "ops" / "local" / "down.sh"
 VIBEY = str(Path(sys.executable).with_name("vibey"))
-BUDGET_S = 85.0
+BUDGET_S = 100.0  # up starts the web console too
 DOWN_S = 15.0  # kept back for down, whatever the steps before it took
 ANSWER_LINE = re.compile(r"^\s*vibey gate answer ([0-9a-f-]{36}) (.+)$", re.MULTILINE)
 ENDED = ("completed", "failed", "cancelled")
@@ -88,15 +90,22 @@ def group_members(pgid: int) -> list[str]:
     return members
 
 
-def recorded_worker(state: Path) -> int | None:
+def recorded_worker(state: Path, what: str = "worker") -> int | None:
     pids = state / "pids"
     if not pids.exists():
         return None
     for line in pids.read_text().splitlines():
         fields = line.split("\t")
-        if fields[:2] == ["worker", "group"]:
+        if fields[:2] == [what, "group"]:
             return int(fields[2])
     return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def with_database(url: str, database: str) -> str:
@@ -156,14 +165,16 @@ def up_env(tmp_path: Path, pg_admin_url: str, amqp: Amqp) -> Iterator[dict[str, 
         "VIBEY_UP_WORKER_TIMEOUT": "30",
         "VIBEY_UP_DEMO_TIMEOUT": "20",
         "VIBEY_DOWN_TIMEOUT": "10",
+        "VIBEY_CONSOLE_PORT": str(free_port()),
     }
     try:
         yield env
     finally:
-        worker = recorded_worker(tmp_path / "state")
-        if worker is not None:  # the test failed before down: end what up started
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(worker, signal.SIGKILL)
+        for what in ("worker", "console"):
+            group = recorded_worker(tmp_path / "state", what)
+            if group is not None:  # the test failed before down: end what up started
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
         drop_database(pg_admin_url, database)
         delete_topology(amqp.url, amqp.prefix)
 
@@ -186,6 +197,13 @@ def test_up_waits_at_the_first_gate_and_down_stops_what_up_started(
     assert worker is not None, (state / "pids").read_text()
     members = group_members(worker)
     assert any(m.endswith("vibey worker") for m in members), members
+    # The web console: started, its URL printed, signed in with the token up made.
+    console = recorded_worker(state, "console")
+    url = f"http://127.0.0.1:{up_env['VIBEY_CONSOLE_PORT']}/"
+    assert console is not None and f"console     {url}" in up.stdout, up.stdout[-3000:]
+    assert (state / "console.token").read_text().strip()
+    with urllib.request.urlopen(f"{url}healthz", timeout=5) as healthz:
+        assert healthz.headers["X-Vibey-Pid"] == str(console)
 
     # A second up reuses the fleet and the demo: nothing new runs.
     again = run(UP, up_env, budget.left(keep=DOWN_S + 5))
@@ -193,6 +211,7 @@ def test_up_waits_at_the_first_gate_and_down_stops_what_up_started(
     assert f"reusing the fleet a previous `just up` started (pid {worker})" in again.stdout
     assert "already there" in again.stdout
     assert recorded_worker(state) == worker
+    assert f"reusing the console a previous `just up` started (pid {console})" in again.stdout
     assert (state / "pids").read_text().count("worker\t") == 1
 
     # The printed command continues the demo; answering every gate brings it to its end.
@@ -213,6 +232,8 @@ def test_up_waits_at_the_first_gate_and_down_stops_what_up_started(
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"stopped the worker fleet (process group {worker})" in down.stdout
     assert group_members(worker) == []
+    assert f"stopped the web console (process group {console})" in down.stdout
+    assert group_members(console) == []
     assert not (state / "pids").exists()
     assert answers_at_postgres(pg_admin_url)
     assert answers_at_rabbitmq(amqp.url)

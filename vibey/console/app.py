@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -79,7 +80,7 @@ def create_app(
         Route("/login", pages.login, methods=["GET", "POST"]),
         Route("/logout", pages.logout, methods=["POST"]),
         Route("/events", pages.events),
-        Route("/healthz", lambda request: PlainTextResponse("ok")),
+        Route("/healthz", _healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     middleware = [
@@ -240,6 +241,11 @@ class _Pages:
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+async def _healthz(request: Request) -> Response:
+    """``ok``, to anyone, with the serving process's pid (`just up` checks it is its own)."""
+    return PlainTextResponse("ok", headers={"X-Vibey-Pid": str(os.getpid())})
 
 
 def _local(target: str) -> str:
