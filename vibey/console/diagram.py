@@ -114,8 +114,9 @@ def _svg(path: PhasePath, width: int, height: int, parts: Sequence[str], compact
         f'height="{height * scale:.0f}" data-phase="{escape(path.phase)}" '
         f'data-cycle="{path.cycle}" data-status="{escape(path.status)}">'
         f"<title>phase {escape(path.phase)}, cycle {path.cycle}, {escape(path.status)}</title>"
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
+        'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M0,0 L10,5 L0,10 z" '
         'fill="context-stroke"/></marker></defs>' + "".join(parts) + "</svg>"
     )
 
