@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from vibey.console.app import create_app
 from vibey.console.auth import Access, hash_secret, verify_secret
-from vibey.console.fake import FakeData, gate
+from vibey.console.fake import FakeData, gate, workflow
 from vibey.settings import ConsoleSettings, SettingsError, load_settings
 
 PASSWORD = "correct horse"
@@ -88,6 +88,19 @@ def test_a_wrong_password_signs_no_one_in(web: TestClient) -> None:
     assert sign_in(web, password="wrong") == 401
     assert sign_in(web, username="root") == 401
     assert web.get("/gates").status_code == 303
+
+
+def test_every_page_renders_for_a_signed_in_person(web: TestClient, data: FakeData) -> None:
+    entered = ("design", "build", "review", "build", "review")
+    run = data.add_workflow(workflow("acme", "review", 1), entered).summary.workflow
+    sign_in(web)
+    for path in ("/", "/gates", "/health", f"/workflows/{run.id}"):
+        page = web.get(path)
+        assert page.status_code == 200 and 'data-marker="' in page.text, path
+    overview = web.get("/").text
+    assert '<tr data-project="acme">' in overview and 'class="phases"' in overview
+    assert 'data-phase="review" data-current="true"' in web.get(f"/workflows/{run.id}").text
+    assert web.get("/workflows/00000000-0000-0000-0000-000000000000").status_code == 404
 
 
 def test_a_signed_in_person_sees_the_gate_and_its_form(web: TestClient, data: FakeData) -> None:

@@ -8,9 +8,34 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
+from store.workflow_reads import Workflow
 from vibey.console.data import Answered, Health, OpenGate, WorkflowDetail, WorkflowSummary
+from vibey.console.diagram import PhasePath
+from workflows.engine import Status
 from workflows.gates import check_answer
 from workflows.queue import Gate
+
+
+def workflow(project: str = "demo", phase: str = "review", cycle: int = 1) -> Workflow:
+    now = datetime.now(UTC)
+    return Workflow(
+        id=uuid4(),
+        project_id=project,
+        definition="vibey-protocol",
+        version=1,
+        phase=phase,
+        cycle=cycle,
+        status=Status.RUNNING,
+        completion_mode=None,
+        reason=None,
+        input={},
+        state={},
+        last_seq=1,
+        applied_seq=1,
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+    )
 
 
 def gate(prompt: str = "Ship it?", answers: tuple[str, ...] = ("yes", "no")) -> Gate:
@@ -34,6 +59,7 @@ def gate(prompt: str = "Ship it?", answers: tuple[str, ...] = ("yes", "no")) -> 
 class FakeData:
     open: dict[UUID, Gate] = field(default_factory=dict)
     answered: list[tuple[UUID, str, str]] = field(default_factory=list)  # (gate, answer, by)
+    runs: dict[UUID, WorkflowDetail] = field(default_factory=dict)
     marker: int = 0
 
     def add(self, new: Gate) -> Gate:
@@ -41,11 +67,19 @@ class FakeData:
         self.marker += 1
         return new
 
+    def add_workflow(self, run: Workflow, entered: tuple[str, ...] = ()) -> WorkflowDetail:
+        """A workflow with no gate, step, history nor ledger (``entered``: its phases)."""
+        path = PhasePath(run.phase, run.cycle, run.status.value, entered)
+        detail = WorkflowDetail(WorkflowSummary(run, "running", path), [], [], 0, [], [], 0, None)
+        self.runs[run.id] = detail
+        self.marker += 1
+        return detail
+
     def workflows(self) -> list[WorkflowSummary]:
-        return []
+        return [detail.summary for detail in self.runs.values()]
 
     def workflow(self, workflow_id: UUID) -> WorkflowDetail | None:
-        return None
+        return self.runs.get(workflow_id)
 
     def gates(self) -> list[OpenGate]:
         return [OpenGate(g, 1.0) for g in self.open.values()]
