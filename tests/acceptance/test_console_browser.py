@@ -176,7 +176,9 @@ def test_every_demo_gate_is_answered_in_the_browser_and_the_diagram_reaches_done
 
     # The demo waits at its first gate (DESIGN's question): on the overview, then its page.
     page.locator("article.workflow[data-project=demo]").wait_for()
-    page.locator("article.workflow[data-project=demo] svg.phases[data-phase=design]").wait_for()
+    demo = page.locator("article.workflow[data-project=demo]")
+    demo.locator("svg.phases[data-phase=design] g.phase.current.waiting").wait_for()
+    assert "waiting on gate design.q.0.audience" in demo.inner_text()
     shoot(page, shots, "workflows")
     page.goto(f"{console.url}gates")
     page.locator("#inbox article.gate").first.wait_for()
