@@ -48,6 +48,7 @@ from vibey.settings import ConsoleSettings
 HERE = Path(__file__).parent
 SESSION_COOKIE = "vibey_console"
 SESSION_SECONDS = 12 * 3600
+FAILED_SIGN_IN_S = 0.5  # a failed sign-in waits this long: guessing is slow
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -212,6 +213,7 @@ class _Pages:
         username, secret = str(form.get("username", "")), str(form.get("password", ""))
         user = await run_in_threadpool(self.access.sign_in, username, secret)
         if user is None:
+            await asyncio.sleep(FAILED_SIGN_IN_S)
             problem = "wrong username or password (or token)"
             return self._render(request, "login.html", 401, next=nxt, problem=problem, page="login")
         request.session.clear()  # a new session: a new CSRF token
