@@ -4,7 +4,9 @@ hashes its settings take. See docs/console.md."""
 from __future__ import annotations
 
 import getpass
+import os
 import secrets
+import socket
 import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
@@ -70,20 +72,32 @@ def serve(
             app = create_app(
                 settings=console, data=StoreData(settings=settings, client=client, pool=pool)
             )
+            listening = listen(console.host, console.port)
+            server = uvicorn.Server(
+                uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+            )
             shown = f"[{console.host}]" if ":" in console.host else console.host
             print(
                 f"vibey console: http://{shown}:{console.port}/ ({app_mode(console)})", flush=True
             )
-            uvicorn.run(
-                app,
-                host=console.host,
-                port=console.port,
-                log_level="warning",
-                timeout_graceful_shutdown=SHUTDOWN_SECONDS,
-            )
+            server.run(sockets=[listening])
     finally:
         pool.close()
     return ExitCode.OK
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The console's listening socket, bound before its address is printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CommandError(
+            f"the console cannot listen on {host}:{port} ({why}): stop what holds it, "
+            "or pick another port with --port (VIBEY_CONSOLE_PORT)",
+            ExitCode.UNAVAILABLE,
+        ) from exc
 
 
 def app_mode(console: ConsoleSettings) -> str:

@@ -159,6 +159,40 @@ if [ -z "$worker_pid" ]; then
     echo "worker: started \`vibey worker\` (pid $worker_pid, log $WORKER_LOG)"
 fi
 
+# 4. The web console (started now, so that it starts while the fleet does) -----------------
+CONSOLE_LOG=$STATE/logs/console.log
+console_line="not started (VIBEY_UP_CONSOLE=0)"
+recorded_console() {
+    [ -f "$PIDS" ] && awk -F'\t' '$1 == "console" && $2 == "group" { pid = $3 } END { if (pid) print pid }' "$PIDS"
+}
+read -r console_url signs_in < <("$PY" -c 'from vibey.settings import load_settings as s; c = s().console; h = f"[{c.host}]" if ":" in c.host else c.host; print(f"http://{h}:{c.port}/", int(c.signs_in))')
+if [ "${VIBEY_UP_CONSOLE:-1}" != 0 ]; then
+    sign_in="sign in with your [console] password or token"
+    if [ "$signs_in" = 0 ]; then
+        if [ ! -s "$STATE/console.token" ] || [ ! -s "$STATE/console.token_hash" ]; then
+            (umask 077 && "$VIBEY" console hash --token >"$STATE/console.made")
+            awk '$1 == "token:" { print $2 }' "$STATE/console.made" >"$STATE/console.token"
+            awk '$1 == "token_hash:" { print $2 }' "$STATE/console.made" >"$STATE/console.token_hash"
+            rm -f "$STATE/console.made"
+        fi
+        export VIBEY_CONSOLE_TOKEN_HASH
+        VIBEY_CONSOLE_TOKEN_HASH=$(cat "$STATE/console.token_hash")
+        sign_in="sign in with the token in $STATE/console.token (no username)"
+    fi
+    console_pid=$(recorded_console || true)
+    if [ -n "$console_pid" ] && ops/local/native.sh group-has "$console_pid" "$VIBEY console"; then
+        echo "console: reusing the console a previous \`just up\` started (pid $console_pid)"
+    else
+        if [ -n "$console_pid" ]; then
+            kept=$(awk -F'\t' -v p="$console_pid" '!($1 == "console" && $3 == p)' "$PIDS")
+            if [ -n "$kept" ]; then printf '%s\n' "$kept" >"$PIDS"; else rm -f "$PIDS"; fi
+        fi
+        echo "--- $(date '+%Y-%m-%d %H:%M:%S') started by ops/local/up.sh ---" >>"$CONSOLE_LOG"
+        console_pid=$(ops/local/native.sh spawn "$CONSOLE_LOG" "$VIBEY" console 9>&-)
+        printf 'console\tgroup\t%s\n' "$console_pid" >>"$PIDS"
+    fi
+fi
+
 # Ready: the fleet said what it runs and every queue it serves has a consumer.
 if ! "$PY" - "$worker_pid" "$WORKER_TIMEOUT" <<'PY'; then
 import os
@@ -232,38 +266,8 @@ PY
     exit 1
 fi
 
-# 4. The web console ---------------------------------------------------------------------------
-CONSOLE_LOG=$STATE/logs/console.log
-console_line="not started (VIBEY_UP_CONSOLE=0)"
-recorded_console() {
-    [ -f "$PIDS" ] && awk -F'\t' '$1 == "console" && $2 == "group" { pid = $3 } END { if (pid) print pid }' "$PIDS"
-}
-read -r console_url signs_in < <("$PY" -c 'from vibey.settings import load_settings as s; c = s().console; h = f"[{c.host}]" if ":" in c.host else c.host; print(f"http://{h}:{c.port}/", int(c.signs_in))')
+# The console started above (in the meantime): it answers, as itself, or it says why not.
 if [ "${VIBEY_UP_CONSOLE:-1}" != 0 ]; then
-    sign_in="sign in with your [console] password or token"
-    if [ "$signs_in" = 0 ]; then
-        if [ ! -s "$STATE/console.token" ] || [ ! -s "$STATE/console.token_hash" ]; then
-            (umask 077 && "$VIBEY" console hash --token >"$STATE/console.made")
-            awk '$1 == "token:" { print $2 }' "$STATE/console.made" >"$STATE/console.token"
-            awk '$1 == "token_hash:" { print $2 }' "$STATE/console.made" >"$STATE/console.token_hash"
-            rm -f "$STATE/console.made"
-        fi
-        export VIBEY_CONSOLE_TOKEN_HASH
-        VIBEY_CONSOLE_TOKEN_HASH=$(cat "$STATE/console.token_hash")
-        sign_in="sign in with the token in $STATE/console.token (no username)"
-    fi
-    console_pid=$(recorded_console || true)
-    if [ -n "$console_pid" ] && ops/local/native.sh group-has "$console_pid" "$VIBEY console"; then
-        echo "console: reusing the console a previous \`just up\` started (pid $console_pid)"
-    else
-        if [ -n "$console_pid" ]; then
-            kept=$(awk -F'\t' -v p="$console_pid" '!($1 == "console" && $3 == p)' "$PIDS")
-            if [ -n "$kept" ]; then printf '%s\n' "$kept" >"$PIDS"; else rm -f "$PIDS"; fi
-        fi
-        echo "--- $(date '+%Y-%m-%d %H:%M:%S') started by ops/local/up.sh ---" >>"$CONSOLE_LOG"
-        console_pid=$(ops/local/native.sh spawn "$CONSOLE_LOG" "$VIBEY" console 9>&-)
-        printf 'console\tgroup\t%s\n' "$console_pid" >>"$PIDS"
-    fi
     if "$PY" - "$console_url" "$console_pid" <<'PY'; then
 import os
 import sys
