@@ -51,9 +51,7 @@ class ProjectTenantRow(SQLModel, table=True):
     )
 
     project_id: str = Field(sa_column=Column(Text, primary_key=True))
-    tenant_id: str = Field(
-        sa_column=Column(Text, nullable=False, server_default=text("'default'"))
-    )
+    tenant_id: str = Field(sa_column=Column(Text, nullable=False, server_default=text("'default'")))
     created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
 
 

@@ -133,13 +133,7 @@ class GateExpired:
 
 
 Event: TypeAlias = (
-    Started
-    | StepSucceeded
-    | StepFailed
-    | GateAnswered
-    | TimerFired
-    | CancelRequested
-    | GateExpired
+    Started | StepSucceeded | StepFailed | GateAnswered | TimerFired | CancelRequested | GateExpired
 )
 
 
@@ -624,7 +618,9 @@ def _decode(data: Any, types: Mapping[str, type[Any]], what: str) -> Any:
         raise CodecError(f"{what} {tag}: missing field(s) {', '.join(sorted(missing))}")
     try:
         values = {
-            name: _DECODE[annotation](data[name]) for name, annotation in spec.items() if name in data
+            name: _DECODE[annotation](data[name])
+            for name, annotation in spec.items()
+            if name in data
         }
         return cls(**values)
     except CodecError as exc:

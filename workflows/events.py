@@ -323,13 +323,18 @@ def recorded(event: Event) -> tuple[Draft, ...]:
     answered)."""
     match event:
         case StepSucceeded(step=step, result=result):
-            return (Draft(EventType.STEP_SETTLED, {"step": step, "outcome": "succeeded"} | {"result": dict(result)}),)
+            return (
+                Draft(
+                    EventType.STEP_SETTLED,
+                    {"step": step, "outcome": "succeeded"} | {"result": dict(result)},
+                ),
+            )
         case StepFailed(step=step, failure_class=cls, detail=detail):
-            payload = {"step": step, "outcome": "failed", "failure_class": cls.value}
-            return (Draft(EventType.STEP_SETTLED, payload | {"detail": detail}),)
+            failed = {"step": step, "outcome": "failed", "failure_class": cls.value}
+            return (Draft(EventType.STEP_SETTLED, failed | {"detail": detail}),)
         case GateAnswered(gate=gate, answer=answer, by=by):
-            payload = {"gate": gate, "answer": answer, "by": by, "default": by == DEFAULT_BY}
-            return (Draft(EventType.GATE_ANSWERED, payload),)
+            answered = {"gate": gate, "answer": answer, "by": by, "default": by == DEFAULT_BY}
+            return (Draft(EventType.GATE_ANSWERED, answered),)
     return ()
 
 

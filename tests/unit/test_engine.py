@@ -138,9 +138,7 @@ SAMPLES: list[Event | Command] = [
     GateExpired("g"),
     ScheduleStep("s", "a.b", "subj", {"i": 1}, ("x",), timedelta(seconds=1), 2, 3),
     OpenGate("g", "k", "q?", ("a",), {"type": "string"}, {"c": 1}, {"e": 1}),
-    OpenGate(
-        "g", "k", "q?", deadline=timedelta(seconds=2), default="a", reminders=(timedelta(1),)
-    ),
+    OpenGate("g", "k", "q?", deadline=timedelta(seconds=2), default="a", reminders=(timedelta(1),)),
     StartTimer("t", timedelta(seconds=2)),
     TransitionPhase("p", 1),
     Complete("m"),
@@ -155,7 +153,13 @@ FIELD_CASES = [
 
 
 EVENT_TYPES = (
-    Started, StepSucceeded, StepFailed, GateAnswered, TimerFired, CancelRequested, GateExpired
+    Started,
+    StepSucceeded,
+    StepFailed,
+    GateAnswered,
+    TimerFired,
+    CancelRequested,
+    GateExpired,
 )
 
 

@@ -46,7 +46,9 @@ from workflows.job import FailureClass
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 payloads = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
@@ -149,7 +151,9 @@ def test_a_timestamp_keeps_its_offset() -> None:
 def test_routing_and_binding_keys() -> None:
     assert _sample().routing_key == "default.demo.gate.opened"
     assert routing_key("acme", "a.b", "step.settled") == "acme.a_b.step.settled"
-    assert routing_key("default", "", "engine.circuit_changed") == "default._.engine.circuit_changed"
+    assert (
+        routing_key("default", "", "engine.circuit_changed") == "default._.engine.circuit_changed"
+    )
     assert binding_key() == "*.*.#"
     assert binding_key(project="demo", event_type="gate") == "*.demo.gate.*"
     assert binding_key(tenant="acme", event_type="gate.opened") == "acme.*.gate.opened"
@@ -166,7 +170,12 @@ def test_a_decision_implies_start_transitions_and_finish() -> None:
         EventType.WORKFLOW_COMPLETED,
     ]
     assert drafts[2].payload == {"from": "review", "to": "build", "cycle": 1}
-    failed = implied(GateAnswered("g", "x", "me"), before, Header("design", 0, Status.FAILED, reason="r"), (Fail("r"),))
+    failed = implied(
+        GateAnswered("g", "x", "me"),
+        before,
+        Header("design", 0, Status.FAILED, reason="r"),
+        (Fail("r"),),
+    )
     assert [d.event_type for d in failed] == [EventType.WORKFLOW_FAILED]
     assert implied(GateAnswered("g", "x", "me"), before, before, ()) == ()
 
