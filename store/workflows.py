@@ -133,6 +133,10 @@ class WorkflowStore(WorkflowReads):
     def registry(self) -> Registry:
         return self._registry
 
+    @property
+    def jobs(self) -> PostgresJobRepository:
+        return self._jobs
+
     # -- writes ----------------------------------------------------------------------------
 
     @retried("start a workflow", idempotent=False)
@@ -345,8 +349,8 @@ class WorkflowStore(WorkflowReads):
             )
         else:
             self._append(conn, workflow.id, seq, event, commands, now)
-        self._carry_out(unit, workflow, header, produced, now)
         self._emit(conn, workflow, implied(event, workflow.header, header, produced), cause[0])
+        self._carry_out(unit, workflow, header, produced, now)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
