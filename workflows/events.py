@@ -121,6 +121,11 @@ class DomainEvent:
         return routing_key(self.tenant_id, self.project_id, self.event_type)
 
 
+def exchange_for(prefix: str) -> str:
+    """The events exchange under a deployment's name prefix (``vibey``: ``vibey.events``)."""
+    return f"{prefix}.events"
+
+
 def routing_key(tenant_id: str, project_id: str, event_type: str) -> str:
     """``<tenant>.<project>.<event_type>``; a dot in a name becomes ``_`` (a topic separator)."""
     project = _SEGMENT.sub("_", project_id) if project_id else NO_PROJECT
