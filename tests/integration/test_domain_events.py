@@ -63,7 +63,7 @@ def probe(amqp: Amqp, exchange: str, key: str) -> tuple[Any, str]:
 
 
 def drain(channel: Any, queue: str) -> list[tuple[Any, Any, bytes]]:
-    got = []
+    got: list[tuple[Any, Any, bytes]] = []
     while True:
         method, properties, body = channel.basic_get(queue, auto_ack=True)
         if method is None:
