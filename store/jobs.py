@@ -591,4 +591,8 @@ def gate_from_row(row: DictRow) -> Gate:
         name=row.get("name"),
         schema=row.get("schema") or {},
         evidence=row.get("evidence") or {},
+        deadline_at=row.get("deadline_at"),
+        on_deadline=row.get("on_deadline"),
+        default_answer=row.get("default_answer"),
+        answer_source=row.get("answer_source"),
     )

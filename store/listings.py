@@ -68,6 +68,7 @@ class GateFilter:
     kind: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    tenant: str | None = None  # only the projects of this tenant (project_tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,7 @@ def gate_params(where: GateFilter) -> dict[str, Any]:
         "kind": where.kind,
         "older_than": where.older_than,
         "newer_than": where.newer_than,
+        "tenant": where.tenant,
     }
 
 

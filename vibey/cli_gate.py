@@ -43,6 +43,7 @@ def gate_id(raw: str) -> uuid.UUID:
 def list_(
     *,
     project: str | None = None,
+    tenant: str | None = None,
     kind: str | None = None,
     older_than: str | None = None,
     newer_than: str | None = None,
@@ -63,6 +64,8 @@ def list_(
     ----------
     project
         Only this project's gates.
+    tenant
+        Only the gates of this tenant's projects (a project not assigned one: default).
     kind
         Only gates of this kind (approval, handoff, ...).
     older_than
@@ -77,6 +80,7 @@ def list_(
 
     where = GateFilter(
         project_id=project,
+        tenant=tenant,
         kind=kind,
         older_than=optional_age(older_than, "--older-than"),
         newer_than=optional_age(newer_than, "--newer-than"),

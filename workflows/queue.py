@@ -207,6 +207,10 @@ class Gate:
     name: str | None = None  # a workflow's gate (answering it is a GateAnswered event)
     schema: JsonObject = field(default_factory=dict)
     evidence: JsonObject = field(default_factory=dict)
+    deadline_at: datetime | None = None  # a workflow gate's deadline (OpenGate.deadline)
+    on_deadline: str | None = None  # answer | escalate | fail
+    default_answer: str | None = None
+    answer_source: str | None = None  # person | default | closed (None: before 0011)
 
     @property
     def open(self) -> bool:
