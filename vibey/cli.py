@@ -33,6 +33,7 @@ from cyclopts import App, CycloptsError, Parameter
 
 from vibey import __version__
 from vibey.cli_engine import engine_app
+from vibey.cli_events import events_app, notify, tenant_app
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
 from vibey.cli_ops import queue_app, reconcile
@@ -77,6 +78,9 @@ app.command(ledger_app)
 app.command(engine_app)
 app.command(reconcile)
 app.command(queue_app)
+app.command(events_app)
+app.command(tenant_app)
+app.command(notify)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )
