@@ -288,6 +288,26 @@ class WorkflowStore(WorkflowReads):
             self._record(unit, workflow, event, caused_by=f"gate:{gate_id}")
         return GateAnswerOutcome(AnswerStatus.ANSWERED, answered)
 
+    @retried("answer a gate by its name", idempotent=False)
+    def answer_named(
+        self, workflow_id: UUID, name: str, answer: str, *, by: str
+    ) -> GateAnswerOutcome:
+        with self._jobs.units.begin() as unit:
+            return self.answer_named_txn(unit, workflow_id, name, answer, by=by)
+
+    def answer_named_txn(
+        self, unit: UnitOfWork, workflow_id: UUID, name: str, answer: str, *, by: str
+    ) -> GateAnswerOutcome:
+        """Answer workflow ``workflow_id``'s gate ``name`` (a link sent ahead, a retried
+        request): an open gate is answered as by its id, an answered one is
+        ``ALREADY_ANSWERED``, and one the workflow has not opened yet is ``NOT_OPEN`` with
+        nothing recorded (never held to be applied later: answer again once it opens)."""
+        self._lock(unit.conn, workflow_id)  # the order every answer takes: workflow, gate
+        row = fetch_one(unit.conn, Q["gate_by_name"], {"workflow_id": workflow_id, "name": name})
+        if row is None:
+            return GateAnswerOutcome(AnswerStatus.NOT_OPEN)
+        return self.answer_txn(unit, row["id"], answer, by=by)
+
     # -- the core: one event through the definition -----------------------------------------
 
     def _record(

@@ -222,6 +222,7 @@ class AnswerStatus(enum.StrEnum):
     ALREADY_ANSWERED = "already_answered"
     INVALID_ANSWER = "invalid_answer"
     UNKNOWN_GATE = "unknown_gate"
+    NOT_OPEN = "not_open"  # answered by name before the workflow asked: nothing recorded
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,9 @@ VALUES (
 )
 ON CONFLICT (workflow_id, name) WHERE name IS NOT NULL DO NOTHING
 
+-- name: gate_by_name
+SELECT id FROM gate WHERE workflow_id = %(workflow_id)s AND name = %(name)s
+
 -- name: answer_workflow_gate
 UPDATE gate
 SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now(),

@@ -16,12 +16,14 @@ from store.events import EventLog
 from store.gate_deadlines import GateDeadlines
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
+from store.unit_of_work import UnitOfWork
 from store.workflows import WorkflowStore
 from tests.deadline_definition import Deadlined
+from tests.tiny_definition import Tiny
 from workflows.engine import Registry, Status
 from workflows.events import DEFAULT_BY, EventType
 from workflows.ledger import EventKind
-from workflows.queue import AnswerStatus
+from workflows.queue import AnswerStatus, Settled
 
 
 def stores(pool: ConnectionPool, definition: Deadlined) -> tuple[WorkflowStore, Ledger]:
@@ -197,3 +199,35 @@ def test_a_default_that_is_no_answer_to_its_gate_blocks_before_the_gate_is_writt
             for r in conn.execute("SELECT kind FROM gate WHERE workflow_id = %s", (started.id,))
         ]
     assert kinds == ["workflow_error"]
+
+
+def test_an_answer_before_its_gate_opens_is_refused_then_applied_once(
+    pool: ConnectionPool,
+) -> None:
+    jobs = PostgresJobRepository(pool=pool)
+    store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny()]))
+    started = store.start("early", definition="tiny").workflow
+    events_before = len(types_of(pool, "early"))
+    early = store.answer_named(started.id, "g", "yes", by="link")
+    assert early.status is AnswerStatus.NOT_OPEN
+    assert len(store.history(started.id)) == 1 and len(types_of(pool, "early")) == events_before
+    (job,) = jobs.claim("early", owner="t")
+
+    def settle(unit: UnitOfWork) -> Settled:
+        return jobs.ack_txn(unit, job.lease, result={})
+
+    with jobs.units.begin() as unit:
+        store.settle_txn(unit, job, settle, result={})
+    refused = store.answer_named(started.id, "g", "maybe", by="link")
+    assert refused.status is AnswerStatus.INVALID_ANSWER and "valid" in refused.detail
+    recorded = len(store.history(started.id)), len(types_of(pool, "early"))
+    assert (
+        store.answer_named(started.id, "g", "maybe", by="link").status
+        is AnswerStatus.INVALID_ANSWER
+    )
+    assert (len(store.history(started.id)), len(types_of(pool, "early"))) == recorded
+    assert store.answer_named(started.id, "g", "yes", by="link").status is AnswerStatus.ANSWERED
+    retried = store.answer_named(started.id, "g", "yes", by="link")
+    assert retried.status is AnswerStatus.ALREADY_ANSWERED
+    answers = [h for h in store.history(started.id) if h.event["type"] == "gate_answered"]
+    assert len(answers) == 1
