@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,17 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.event_consumer import EventConsumer
-from actors.event_publisher import EventPublisher, declare_exchange
+from actors.event_publisher import EventPublisher, EventService, declare_exchange
 from examples import event_tally
 from store.event_inbox import EventInbox
 from store.events import EventLog
+from store.gate_deadlines import GateDeadlines
 from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
 from store.workflows import WorkflowStore
 from tests.amqp_fixtures import Amqp
 from tests.deadline_definition import Deadlined
-from workflows.engine import Registry
+from workflows.engine import Registry, Status
 from workflows.events import INLINE_LIMIT, Draft, EventType, binding_key, decode, encode, to_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,3 +214,43 @@ def test_a_large_payload_travels_by_reference_and_arrives_whole(
     )
     running(consumer, lambda: bool(seen))
     assert seen == [payload] and travelled.event_id == event_id
+
+
+def test_the_event_service_expires_a_two_second_gate_and_publishes_what_happened(
+    pool: ConnectionPool, pg_url: str, amqp: Amqp, exchange: str
+) -> None:
+    channel, queue = probe(amqp, exchange, binding_key(project="timed"))
+    registry = Registry([Deadlined(deadline=timedelta(seconds=2))])
+    store = WorkflowStore(
+        pool=pool, jobs=PostgresJobRepository(pool=pool), registry=registry, ledger=Ledger(pool)
+    )
+    events = EventLog(pool=pool)
+    publisher = EventPublisher(url=amqp.url, events=events, exchange=exchange)
+    service = EventService(
+        pg_url=pg_url,
+        publisher=publisher,
+        sweep=GateDeadlines(pool=pool, workflows=store).sweep,
+        interval=0.2,
+    )
+    service.start()
+    try:
+        started = store.start("timed", definition="deadlined").workflow
+        began = time.monotonic()
+        while store.get(started.id).status is Status.RUNNING:
+            assert time.monotonic() - began < 10, "the deadline never fired"
+            time.sleep(0.1)
+        assert store.get(started.id).status is Status.COMPLETED
+        types: list[str] = []
+        while "workflow.completed" not in types:
+            assert time.monotonic() - began < 15, types
+            types += [decode(body).event_type.value for _, _, body in drain(channel, queue)]
+            time.sleep(0.05)
+    finally:
+        service.stop()
+    assert types == [
+        "workflow.started",
+        "gate.opened",
+        "gate.expired",
+        "gate.answered",
+        "workflow.completed",
+    ]
