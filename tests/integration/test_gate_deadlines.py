@@ -23,7 +23,7 @@ from tests.tiny_definition import Tiny
 from workflows.engine import Registry, Status
 from workflows.events import DEFAULT_BY, EventType
 from workflows.ledger import EventKind
-from workflows.queue import AnswerStatus, Settled
+from workflows.queue import AnswerStatus, EnqueueRequest, GateRequest, Settled
 
 
 def stores(pool: ConnectionPool, definition: Deadlined) -> tuple[WorkflowStore, Ledger]:
@@ -231,3 +231,17 @@ def test_an_answer_before_its_gate_opens_is_refused_then_applied_once(
     assert retried.status is AnswerStatus.ALREADY_ANSWERED
     answers = [h for h in store.history(started.id) if h.event["type"] == "gate_answered"]
     assert len(answers) == 1
+
+
+def test_a_parked_jobs_gate_reports_its_opening_and_its_answer(pool: ConnectionPool) -> None:
+    jobs = PostgresJobRepository(pool=pool)
+    store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny()]))
+    jobs.enqueue(EnqueueRequest(project_id="parked", kind="design.research", subject="s"))
+    (job,) = jobs.claim("parked", owner="t")
+    parked = jobs.park(job.lease, GateRequest("delivery_exhausted", "Retry it?"))
+    assert parked.gate_id is not None
+    assert store.answer(parked.gate_id, "go", by="ann").status is AnswerStatus.ANSWERED
+    events = [e for _, e in EventLog(pool=pool).recent(project="parked")]
+    assert [e.event_type for e in events] == [EventType.GATE_OPENED, EventType.GATE_ANSWERED]
+    assert events[0].payload["job_id"] == str(job.id) and events[0].causation_id == str(job.id)
+    assert events[1].payload["gate_id"] == str(parked.gate_id)
