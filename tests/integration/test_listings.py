@@ -156,6 +156,11 @@ def test_workflow_pages_newest_first_and_by_status(pool: ConnectionPool, lists: 
     assert [wf.project_id for wf in one.items] == ["w7"] and one.next_after is None
     stale = lists.workflows(WorkflowFilter(older_than=timedelta(seconds=60)), PageSpec())
     assert stale.total == 31  # updated 60..90 seconds ago
+    with pool.connection() as conn:
+        conn.execute("INSERT INTO project_tenant VALUES ('w7', 'acme'), ('w8', 'acme')")
+    acme = lists.workflows(WorkflowFilter(tenant="acme"), PageSpec())
+    assert sorted(wf.project_id for wf in acme.items) == ["w7", "w8"] and acme.total == 2
+    assert lists.workflows(WorkflowFilter(tenant="default"), PageSpec(limit=1)).total == 88
 
 
 def test_ledger_pages_by_seq_either_way_and_by_kind(pool: ConnectionPool, lists: Listings) -> None:
