@@ -31,10 +31,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from actors.amqp import parameters
+from actors import amqp
 from actors.event_publisher import declare_exchange
 from store.event_inbox import Effect, EventInbox
 from workflows.events import EXCHANGE, DomainEvent, EventCodecError, decode, resolved
@@ -76,7 +73,7 @@ class EventConsumer:
 
     def run(self, stop: threading.Event, *, poll: float = 0.2) -> None:
         """Consume until ``stop`` is set."""
-        connection = pika.BlockingConnection(parameters(self._url))
+        connection = amqp.connect(self._url)
         try:
             channel = connection.channel()
             self.declare(channel)
@@ -89,7 +86,7 @@ class EventConsumer:
                 connection.close()
 
     def _on_message(
-        self, channel: Any, method: Any, properties: pika.BasicProperties, body: bytes
+        self, channel: Any, method: Any, properties: amqp.BasicProperties, body: bytes
     ) -> None:
         try:
             event = self._read(body)
@@ -128,7 +125,7 @@ class EventConsumer:
         self,
         channel: Any,
         method: Any,
-        properties: pika.BasicProperties,
+        properties: amqp.BasicProperties,
         body: bytes,
         reason: str,
         detail: str,

@@ -20,10 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from actors.amqp import parameters
+from actors import amqp
 from store.errors import StoreError
 from store.events import EventLog
 from store.notify import PostgresJobReadyNotifier
@@ -47,7 +44,7 @@ class EventPublisher:
         self._events = events
         self.exchange = exchange
         self._batch = batch
-        self._connection: pika.BlockingConnection | None = None
+        self._connection: amqp.BlockingConnection | None = None
         self._channel: Any = None
         self.published = 0
 
@@ -71,7 +68,7 @@ class EventPublisher:
                         self.exchange,
                         event.routing_key,
                         encode(by_reference(event)),
-                        pika.BasicProperties(
+                        amqp.BasicProperties(
                             content_type="application/json",
                             delivery_mode=2,
                             message_id=str(event.event_id),
@@ -79,7 +76,7 @@ class EventPublisher:
                             headers={VERSION_HEADER: VERSION},
                         ),
                     )
-            except pika.exceptions.AMQPError:
+            except amqp.AMQPError:
                 self.close()  # nothing is marked: the rows wait for the next pass
                 raise
             mark([seq for seq, _ in rows])
@@ -89,7 +86,7 @@ class EventPublisher:
     def _open(self) -> Any:
         if self._channel is None or not self._channel.is_open:
             self.close()
-            self._connection = pika.BlockingConnection(parameters(self._url))
+            self._connection = amqp.connect(self._url)
             channel = self._connection.channel()
             channel.confirm_delivery()
             declare_exchange(channel, self.exchange)
@@ -99,7 +96,7 @@ class EventPublisher:
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         if connection is not None and connection.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):  # already going
+            with contextlib.suppress(amqp.AMQPError):  # already going
                 connection.close()
 
 
@@ -146,7 +143,7 @@ class EventService:
         while not self._stop.is_set():
             try:
                 self.run_once()
-            except (StoreError, pika.exceptions.AMQPError) as exc:
+            except (StoreError, amqp.AMQPError) as exc:
                 log.warning("events: %s; again in %.1fs", exc, self._interval)
             except Exception:
                 log.exception("events: a pass failed; again in %.1fs", self._interval)

@@ -16,11 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from actors import metrics
-from actors.amqp import parameters
+from actors import amqp, metrics
 from actors.capabilities import detect
 from actors.drive import reap_once
 from actors.event_publisher import EventService
@@ -52,7 +48,7 @@ class ReconcileService:
         kinds = registry.kinds
         leases = config.leases.resolved(kinds.canonical)
         if config.backend == "postgres":
-            self.store = PostgresJobRepository(pool=self.pool, leases=leases)
+            self.jobs = PostgresJobRepository(pool=self.pool, leases=leases)
             self.events = self._events(registry)
             return
         records = DispatchRecords(pool=self.pool, relay_id=self.owner)
@@ -62,7 +58,7 @@ class ReconcileService:
             records=records,
             router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated, kinds=kinds),
         )
-        self.store = PostgresJobRepository(
+        self.jobs = PostgresJobRepository(
             pool=self.pool,
             leases=leases,
             dispatch=True,
@@ -71,7 +67,7 @@ class ReconcileService:
         )
         self.events = self._events(registry)
         self.reconciler = Reconciler(
-            store=self.store,
+            jobs=self.jobs,
             records=records,
             relay=self.relay,
             url=config.amqp_url,
@@ -85,19 +81,19 @@ class ReconcileService:
 
     def _events(self, registry: Registry) -> EventService:
         workflows = WorkflowStore(
-            pool=self.pool, jobs=self.store, registry=registry, ledger=Ledger(self.pool)
+            pool=self.pool, jobs=self.jobs, registry=registry, ledger=Ledger(self.pool)
         )
         return event_service(self.config, self.pool, workflows)
 
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
         if self.reconciler is None:
-            return reap_once(self.store, self.operations, self.owner)
+            return reap_once(self.jobs, self.operations, self.owner)
         return self.reconciler.run_once()
 
     def declare(self) -> None:
         """Declare the topology, as a worker does (the dead-letter queue it drains among it)."""
-        connection = pika.BlockingConnection(parameters(self.config.amqp_url))
+        connection = amqp.connect(self.config.amqp_url)
         try:
             self.config.topology().declare(connection.channel(), detect(connection))
         finally:
@@ -121,7 +117,7 @@ class ReconcileService:
             while True:
                 try:
                     found = self.run_once()
-                except (StoreError, pika.exceptions.AMQPError) as exc:
+                except (StoreError, amqp.AMQPError) as exc:
                     metrics.RECONCILE_FAILURES.inc()
                     failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 from cyclopts import App, Parameter
 
 from vibey import render
+from vibey.command_groups import help_of
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from vibey.settings import Settings
     from workflows.events import DomainEvent
 
-events_app = App(name="events", help="The domain events: what happened, as consumers see it.")
-tenant_app = App(name="tenant", help="Which tenant a project belongs to (default: default).")
+events_app = App(name="events", help=help_of("events"))
+tenant_app = App(name="tenant", help=help_of("tenant"))
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 
 
