@@ -53,7 +53,11 @@ class EventConsumer:
         effect: Effect,
         exchange: str = EXCHANGE,
         prefetch: int = 16,
+        transient: bool = False,
     ) -> None:
+        """``transient``: the queue lives as long as this consumer's connection (exclusive,
+        auto-deleted), for a live view such as the console's that reads history from
+        PostgreSQL (``store.events.EventLog.recent``) and only what follows from here."""
         self._url = url
         self._inbox = inbox
         self.queue = queue
@@ -61,13 +65,17 @@ class EventConsumer:
         self._effect = effect
         self._exchange = exchange
         self._prefetch = prefetch
+        self._transient = transient
         self.applied = 0
         self.duplicates = 0
         self.dead = 0
 
     def declare(self, channel: Any) -> None:
         declare_exchange(channel, self._exchange)
-        channel.queue_declare(self.queue, durable=True)
+        if self._transient:
+            channel.queue_declare(self.queue, exclusive=True, auto_delete=True)
+        else:
+            channel.queue_declare(self.queue, durable=True)
         for key in self._bindings:
             channel.queue_bind(self.queue, self._exchange, routing_key=key)
 
