@@ -33,3 +33,15 @@ def test_events_tail_filters_by_project_type_and_tenant(cli: Cli) -> None:
     assert len(started) == 2 and all("workflow.started" in line for line in started)
     line = cli.refused(2, "tenant", "set", "demo", "Not A Tenant")
     assert "not a tenant name" in line
+
+
+def test_a_gate_answered_by_name_before_it_opens_is_refused_and_once_after(cli: Cli) -> None:
+    workflow = cli.json("workflow", "start", "demo")["workflow"]["id"]
+    line = cli.refused(1, "gate", "answer", f"{workflow}:later", "yes")
+    assert "is not open yet" in line and "nothing was recorded" in line
+    answered = cli.json("gate", "answer", f"{workflow}:approve", "yes")
+    assert answered["gate"]["answer"] == "yes" and answered["gate"]["answer_source"] == "person"
+    again = cli.refused(1, "gate", "answer", f"{workflow}:approve", "yes")
+    assert "already answered" in again
+    shown = cli.json("gate", "show", answered["gate"]["id"])
+    assert shown["answered_by"] and shown["deadline_at"] is None
