@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pika.exceptions
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -254,3 +255,47 @@ def test_the_event_service_expires_a_two_second_gate_and_publishes_what_happened
         "gate.answered",
         "workflow.completed",
     ]
+
+
+def test_a_transient_consumer_sees_what_follows_and_leaves_no_queue(
+    pool: ConnectionPool, amqp: Amqp, exchange: str, store: WorkflowStore, publisher: EventPublisher
+) -> None:
+    queue = f"{amqp.prefix}.live"
+    seen: list[str] = []
+    live = EventConsumer(
+        url=amqp.url,
+        inbox=EventInbox(pool=pool, consumer=queue),
+        queue=queue,
+        bindings=[binding_key(project="live", event_type="gate")],
+        effect=lambda _conn, event: seen.append(event.event_type.value),
+        exchange=exchange,
+        transient=True,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=live.run, args=(stop,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while queue_state(amqp, queue) != "exclusive":  # declared by the live consumer
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    store.start("live", definition="deadlined")
+    publisher.publish_pending()
+    try:
+        deadline = time.monotonic() + 10
+        while seen != ["gate.opened"]:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert queue_state(amqp, queue) == "absent"
+
+
+def queue_state(amqp: Amqp, queue: str) -> str:
+    """``absent``, ``exclusive`` (another connection's) or ``shared``, by a passive declare."""
+    connection = amqp.connect()
+    try:
+        connection.channel().queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return {404: "absent", 405: "exclusive"}[exc.reply_code]
+    return "shared"
