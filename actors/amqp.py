@@ -12,6 +12,7 @@ the broker modules (the import-linter contract "pika stays in the broker modules
 from __future__ import annotations
 
 import pika
+from pika import BasicProperties as BasicProperties
 from pika import BlockingConnection as BlockingConnection
 from pika.exceptions import AMQPError as AMQPError
 from pika.exceptions import ChannelClosedByBroker as ChannelClosedByBroker

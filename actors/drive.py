@@ -21,7 +21,14 @@ from datetime import timedelta
 
 from actors import metrics
 from actors.steps import StepResult, StepRunner
-from actors.worker import WorkerConfig, handler_context, load_handlers, load_object, load_registry
+from actors.worker import (
+    WorkerConfig,
+    event_service,
+    handler_context,
+    load_handlers,
+    load_object,
+    load_registry,
+)
 from store.dispatch import DispatchRecords
 from store.drive import Work, build_kinds, claim_next
 from store.errors import StoreError
@@ -83,6 +90,7 @@ class PostgresRuntime:
         self._wake = threading.Condition()
         self._notifier = PostgresJobReadyNotifier(url=config.pg_url)
         self._threads: list[threading.Thread] = []
+        self.events = event_service(config, self.pool, self.workflows)  # gate deadlines
 
     def start(self) -> None:
         self._notifier.listen()  # before the first claim: no notification is missed
@@ -92,9 +100,11 @@ class PostgresRuntime:
             thread = threading.Thread(target=target, name=f"vibey-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.events.start()
 
     def stop(self, *, timeout: float = 600.0) -> None:
         """Stop claiming, let running steps settle, then close everything."""
+        self.events.stop()
         self._stop.set()
         with self._wake:
             self._wake.notify_all()

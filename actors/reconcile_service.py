@@ -19,14 +19,18 @@ from typing import Any
 from actors import amqp, metrics
 from actors.capabilities import detect
 from actors.drive import reap_once
+from actors.event_publisher import EventService
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
-from actors.worker import WorkerConfig, dead_queue_depth, load_registry
+from actors.worker import WorkerConfig, dead_queue_depth, event_service, load_registry
 from store.dispatch import DispatchRecords
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.workflows import WorkflowStore
+from workflows.engine import Registry
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +44,12 @@ class ReconcileService:
         self.relay: Relay | None = None
         self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
-        kinds = load_registry(config.definitions).kinds
+        registry = load_registry(config.definitions)
+        kinds = registry.kinds
         leases = config.leases.resolved(kinds.canonical)
         if config.backend == "postgres":
             self.jobs = PostgresJobRepository(pool=self.pool, leases=leases)
+            self.events = self._events(registry)
             return
         records = DispatchRecords(pool=self.pool, relay_id=self.owner)
         dedicated = (*config.dedicated_projects, *config.projects)
@@ -59,6 +65,7 @@ class ReconcileService:
             relay_id=self.owner,
             after_commit=self.relay.submit,
         )
+        self.events = self._events(registry)
         self.reconciler = Reconciler(
             jobs=self.jobs,
             records=records,
@@ -71,6 +78,12 @@ class ReconcileService:
             outbox_retention=config.outbox_retention,
             owner=self.owner,
         )
+
+    def _events(self, registry: Registry) -> EventService:
+        workflows = WorkflowStore(
+            pool=self.pool, jobs=self.jobs, registry=registry, ledger=Ledger(self.pool)
+        )
+        return event_service(self.config, self.pool, workflows)
 
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
@@ -100,6 +113,7 @@ class ReconcileService:
             if self.relay is not None:
                 self.declare()
                 self.relay.start()
+            self.events.start()
             while True:
                 try:
                     found = self.run_once()
@@ -119,6 +133,7 @@ class ReconcileService:
             self.close()
 
     def close(self) -> None:
+        self.events.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
         if self.relay is not None:

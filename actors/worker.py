@@ -31,12 +31,15 @@ from actors import metrics
 from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
+from actors.event_publisher import EventPublisher, EventService
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
 from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames, Topology
 from store.db import Pool
 from store.dispatch import DispatchRecords
+from store.events import EventLog
+from store.gate_deadlines import GateDeadlines
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
@@ -44,6 +47,7 @@ from store.pool import open_pool
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
 from workflows.engine import Registry
+from workflows.events import exchange_for
 from workflows.job import LeasePolicy
 from workflows.steps import Handlers
 
@@ -204,6 +208,7 @@ class Runtime:
             outbox_retention=config.outbox_retention,
             owner=self.owner,
         )
+        self.events = event_service(config, self.pool, self.workflows)
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._results_lock = threading.Lock()
         for queue in config.queues():
@@ -255,16 +260,30 @@ class Runtime:
         self._worker.queue_prefetch = prefetch
         self._worker.start()
         self.reconciler.start(interval=self.config.reconcile_interval)
+        self.events.start()
 
     def stop(self, *, timeout: float = 600.0) -> None:
         """Stop consuming, let running steps settle, then close everything."""
         self.reconciler.stop()
+        self.events.stop()
         if self._worker is not None:
             self._worker.stop(timeout=int(timeout * 1000))
         self.runner.close()
         self.relay.stop()
         self.broker.close()
         self.pool.close()
+
+
+def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> EventService:
+    """Publish the domain events (rabbitmq backend) and sweep gate deadlines, every second."""
+    publisher = None
+    if config.backend != "postgres":
+        events = EventLog(pool=pool)
+        publisher = EventPublisher(
+            url=config.amqp_url, events=events, exchange=exchange_for(config.prefix)
+        )
+    deadlines = GateDeadlines(pool=pool, workflows=workflows)
+    return EventService(pg_url=config.pg_url, publisher=publisher, sweep=deadlines.sweep)
 
 
 def run_process(config: WorkerConfig, *, ready: Any = None) -> None:

@@ -34,6 +34,7 @@ from psycopg.rows import DictRow
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
+from store.events import emit_txn
 from store.retry import retried
 from store.sql import load
 from workflows.capacity import (
@@ -53,6 +54,7 @@ from workflows.circuit import (
     reauthenticated,
     record,
 )
+from workflows.events import Draft, EventType
 from workflows.rotation import (
     Boundary,
     Candidate,
@@ -195,7 +197,7 @@ class EngineHealthStore:
         with _checked(engine_id):
             conn.execute(Q["save_doctor"].encode(), params)
         circuit = reauthenticated(health.circuit, at) if passed else health.circuit
-        return self._save(conn, circuit)
+        return self._save(conn, circuit, before=health.circuit)
 
     # -- capacity and circuits -------------------------------------------------------------
 
@@ -212,7 +214,7 @@ class EngineHealthStore:
         circuit = record(health.circuit, outcome, now)
         if circuit == health.circuit:
             return circuit
-        return self._save(conn, circuit).circuit
+        return self._save(conn, circuit, before=health.circuit).circuit
 
     @retried("record an engine's capacity", idempotent=False)
     def record_capacity(self, engine_id: str, state: Exhausted, now: datetime) -> Circuit:
@@ -255,7 +257,7 @@ class EngineHealthStore:
         )
         chosen = healths[selection.engine_id].circuit
         if half_open(chosen, now) != chosen:
-            self._save(conn, half_open(chosen, now))
+            self._save(conn, half_open(chosen, now), before=chosen)
         return selection
 
     # -- internals -------------------------------------------------------------------------
@@ -266,12 +268,27 @@ class EngineHealthStore:
         assert row is not None  # ensured just now, in this transaction
         return health_from_row(row)
 
-    def _save(self, conn: Conn, circuit: Circuit) -> EngineHealth:
+    def _save(self, conn: Conn, circuit: Circuit, *, before: Circuit) -> EngineHealth:
+        """Save ``circuit``; a change of its status also writes an ``engine.circuit_changed``
+        domain event, in the same transaction."""
         with _checked(circuit.engine_id):
             row = fetch_one(conn, Q["save_circuit"], circuit_params(circuit))
         if row is None:
             raise EngineNotFound(circuit.engine_id)
+        if before.status is not circuit.status:
+            emit_txn(conn, "", [circuit_changed(before, circuit)], causation_id=circuit.engine_id)
         return health_from_row(row)
+
+
+def circuit_changed(before: Circuit, after: Circuit) -> Draft:
+    payload = {
+        "engine_id": after.engine_id,
+        "from": before.status.value,
+        "to": after.status.value,
+        "capacity": after.capacity.kind.value,
+        "consecutive_failures": after.consecutive_failures,
+    }
+    return Draft(EventType.ENGINE_CIRCUIT_CHANGED, payload)
 
 
 @contextmanager

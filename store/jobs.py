@@ -21,9 +21,11 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
+from store.events import emit_txn
 from store.retry import retried, retrying
 from store.sql import load
 from store.unit_of_work import Publish, UnitOfWork, Units
+from workflows.events import Draft, EventType
 from workflows.gates import ENGINE_GATES
 from workflows.job import (
     DEFAULT_BACKOFF,
@@ -379,6 +381,23 @@ class PostgresJobRepository:
         row = fetch_one(conn, Q["park"], params)
         if row is None:
             return NOT_APPLIED
+        opened: dict[str, object] = {
+            "gate_id": str(row["id"]),
+            "gate": None,
+            "kind": gate.kind,
+            "question": gate.prompt,
+            "answers": list(gate.answers),
+            "job_id": str(lease.job_id),
+            "deadline_at": None,
+            "on_deadline": None,
+        }
+        emit_txn(
+            conn,
+            row["project_id"],
+            [Draft(EventType.GATE_OPENED, opened)],
+            correlation_id=None if row["workflow_id"] is None else str(row["workflow_id"]),
+            causation_id=str(lease.job_id),
+        )
         return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
 
     def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
@@ -591,4 +610,8 @@ def gate_from_row(row: DictRow) -> Gate:
         name=row.get("name"),
         schema=row.get("schema") or {},
         evidence=row.get("evidence") or {},
+        deadline_at=row.get("deadline_at"),
+        on_deadline=row.get("on_deadline"),
+        default_answer=row.get("default_answer"),
+        answer_source=row.get("answer_source"),
     )

@@ -68,6 +68,7 @@ class GateFilter:
     kind: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    tenant: str | None = None  # only the projects of this tenant (project_tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class WorkflowFilter:
     definition: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    tenant: str | None = None  # only the projects of this tenant (project_tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,7 @@ def gate_params(where: GateFilter) -> dict[str, Any]:
         "kind": where.kind,
         "older_than": where.older_than,
         "newer_than": where.newer_than,
+        "tenant": where.tenant,
     }
 
 
@@ -163,6 +166,7 @@ def workflow_params(where: WorkflowFilter) -> dict[str, Any]:
         "definition": where.definition,
         "older_than": where.older_than,
         "newer_than": where.newer_than,
+        "tenant": where.tenant,
     }
 
 

@@ -150,6 +150,21 @@ class GateRow(SQLModel, table=True):
         ),
         CheckConstraint("name IS NULL OR workflow_id IS NOT NULL", name="gate_named_in_workflow"),
         CheckConstraint("name IS NULL OR job_id IS NULL", name="gate_owner"),
+        CheckConstraint(
+            "on_deadline IS NULL OR on_deadline IN ('answer', 'escalate', 'fail')",
+            name="gate_on_deadline",
+        ),
+        CheckConstraint(
+            "(deadline_at IS NULL) = (on_deadline IS NULL)", name="gate_deadline_complete"
+        ),
+        CheckConstraint(
+            "on_deadline IS DISTINCT FROM 'answer' OR default_answer IS NOT NULL",
+            name="gate_default_answer",
+        ),
+        CheckConstraint(
+            "answer_source IS NULL OR answer_source IN ('person', 'default', 'closed')",
+            name="gate_answer_source",
+        ),
     )
 
     id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
@@ -178,6 +193,16 @@ class GateRow(SQLModel, table=True):
     evidence: dict[str, Any] = Field(
         sa_column=Column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     )
+    # 0011_events: a deadline, its default, reminders; who answered
+    deadline_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    on_deadline: str | None = Field(sa_column=Column(Text, nullable=True))
+    default_answer: str | None = Field(sa_column=Column(Text, nullable=True))
+    reminders: list[int] = Field(
+        sa_column=Column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
+    )
+    reminded: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    escalated_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    answer_source: str | None = Field(sa_column=Column(Text, nullable=True))
 
 
 class JobOutboxRow(SQLModel, table=True):
@@ -352,6 +377,20 @@ Index(
     "workflow_by_definition_update", _workflow.c.definition, _workflow.c.updated_at, _workflow.c.id
 )
 
+Index(
+    "gate_deadline_due",
+    _gate.c.deadline_at,
+    postgresql_where=text(
+        "answered_at IS NULL AND deadline_at IS NOT NULL AND escalated_at IS NULL"
+    ),
+)
+Index(
+    "gate_reminder_due",
+    _gate.c.opened_at,
+    postgresql_where=text("answered_at IS NULL AND jsonb_array_length(reminders) > reminded"),
+)
+
 from store.models_engines import *  # noqa: E402,F403
+from store.models_events import *  # noqa: E402,F403
 from store.models_ledger import *  # noqa: E402,F403
 from store.models_ops import *  # noqa: E402,F403

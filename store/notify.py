@@ -27,8 +27,9 @@ CHANNEL = "vibey_job_ready"
 class PostgresJobReadyNotifier:
     """A dedicated autocommit connection listening on :data:`CHANNEL`."""
 
-    def __init__(self, *, url: str) -> None:
+    def __init__(self, *, url: str, channel: str = CHANNEL) -> None:
         self._url = url
+        self._channel = channel
         self._conn: psycopg.Connection[TupleRow] | None = None
 
     def listen(self) -> None:
@@ -63,7 +64,7 @@ class PostgresJobReadyNotifier:
     def _connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is None or self._conn.closed:
             conn = connect(self._url, autocommit=True)
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(f"LISTEN {self._channel}")
             self._conn = conn
         return self._conn
 

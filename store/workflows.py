@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
+from store.events import emit_txn
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
 from store.retry import retried
@@ -79,6 +80,7 @@ from workflows.engine import (
     encode_event,
     engine_rule,
 )
+from workflows.events import Draft, gate_opened, implied, recorded, status_changed
 from workflows.gates import RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
 from workflows.ledger import engine_events, open_finding_ids
@@ -130,6 +132,10 @@ class WorkflowStore(WorkflowReads):
     @property
     def registry(self) -> Registry:
         return self._registry
+
+    @property
+    def jobs(self) -> PostgresJobRepository:
+        return self._jobs
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -230,8 +236,11 @@ class WorkflowStore(WorkflowReads):
             return self.answer_txn(unit, gate_id, answer, by=by)
 
     def answer_txn(
-        self, unit: UnitOfWork, gate_id: UUID, answer: str, *, by: str
+        self, unit: UnitOfWork, gate_id: UUID, answer: str, *, by: str, source: str = "person"
     ) -> GateAnswerOutcome:
+        """Answer a gate: validated against its answers or schema before anything is written,
+        applied once (a second answer finds it answered). ``source`` says who: a ``person``,
+        or the gate's ``default`` at its deadline (:mod:`store.gate_deadlines`)."""
         conn = unit.conn
         # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
         locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
@@ -246,6 +255,17 @@ class WorkflowStore(WorkflowReads):
             # What the answer grants (attempts, a refund) is the gate kind's: the repository
             # applies it.
             outcome = self._jobs.answer_gate_txn(unit, gate_id, answer=answer, answered_by=by)
+            if outcome.status is AnswerStatus.ANSWERED:
+                fact = recorded(GateAnswered(gate=found.kind, answer=answer, by=by))
+                facts = [Draft(d.event_type, {**d.payload, "gate_id": str(gate_id)}) for d in fact]
+                correlation = None if found.workflow_id is None else str(found.workflow_id)
+                emit_txn(
+                    conn,
+                    found.project_id,
+                    facts,
+                    correlation_id=correlation,
+                    causation_id=f"gate:{gate_id}",
+                )
             return GateAnswerOutcome(outcome.status, outcome.gate)
         gate = found
         if workflow is None:  # pragma: no cover - a workflow gate's workflow is never deleted
@@ -258,15 +278,35 @@ class WorkflowStore(WorkflowReads):
         row = fetch_one(
             conn,
             Q["answer_workflow_gate"],
-            {"gate_id": gate_id, "answer": answer, "answered_by": by},
+            {"gate_id": gate_id, "answer": answer, "answered_by": by, "source": source},
         )
         answered = gate_from_row(row) if row is not None else gate
         if gate.kind == WORKFLOW_ERROR:
             self._resolve_block(unit, workflow, answer, by)
         else:
             event = GateAnswered(gate=str(gate.name), answer=answer, by=by)
-            self._record(unit, workflow, event)
+            self._record(unit, workflow, event, caused_by=f"gate:{gate_id}")
         return GateAnswerOutcome(AnswerStatus.ANSWERED, answered)
+
+    @retried("answer a gate by its name", idempotent=False)
+    def answer_named(
+        self, workflow_id: UUID, name: str, answer: str, *, by: str
+    ) -> GateAnswerOutcome:
+        with self._jobs.units.begin() as unit:
+            return self.answer_named_txn(unit, workflow_id, name, answer, by=by)
+
+    def answer_named_txn(
+        self, unit: UnitOfWork, workflow_id: UUID, name: str, answer: str, *, by: str
+    ) -> GateAnswerOutcome:
+        """Answer workflow ``workflow_id``'s gate ``name`` (a link sent ahead, a retried
+        request): an open gate is answered as by its id, an answered one is
+        ``ALREADY_ANSWERED``, and one the workflow has not opened yet is ``NOT_OPEN`` with
+        nothing recorded (never held to be applied later: answer again once it opens)."""
+        self._lock(unit.conn, workflow_id)  # the order every answer takes: workflow, gate
+        row = fetch_one(unit.conn, Q["gate_by_name"], {"workflow_id": workflow_id, "name": name})
+        if row is None:
+            return GateAnswerOutcome(AnswerStatus.NOT_OPEN)
+        return self.answer_txn(unit, row["id"], answer, by=by)
 
     # -- the core: one event through the definition -----------------------------------------
 
@@ -278,12 +318,15 @@ class WorkflowStore(WorkflowReads):
         *,
         cause: str | None = None,
         job_id: UUID | None = None,
+        caused_by: str | None = None,
     ) -> Workflow:
         """The event recorded (and decided, unless the workflow is blocked); the workflow
-        after it."""
+        after it. The domain events it reports (``workflows.events``) are written with it;
+        ``caused_by`` is their causation (default: ``cause``, the job)."""
         conn = unit.conn
         now = self._clock()
         seq = workflow.last_seq + 1
+        self._emit(conn, workflow, recorded(event), caused_by or cause)
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
             self._append(conn, workflow.id, seq, event, None, now)
             return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
@@ -326,7 +369,8 @@ class WorkflowStore(WorkflowReads):
             )
         else:
             self._append(conn, workflow.id, seq, event, commands, now)
-        self._carry_out(unit, workflow, header, produced)
+        self._emit(conn, workflow, implied(event, workflow.header, header, produced), cause[0])
+        self._carry_out(unit, workflow, header, produced, now)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -382,8 +426,24 @@ class WorkflowStore(WorkflowReads):
         while len(self._replayed) > REPLAY_CACHE:
             self._replayed.popitem(last=False)
 
+    def _emit(
+        self, conn: Conn, workflow: Workflow, drafts: Sequence[Draft], cause: str | None
+    ) -> None:
+        emit_txn(
+            conn,
+            workflow.project_id,
+            drafts,
+            correlation_id=str(workflow.id),
+            causation_id=cause,
+        )
+
     def _carry_out(
-        self, unit: UnitOfWork, workflow: Workflow, header: Header, commands: Sequence[Command]
+        self,
+        unit: UnitOfWork,
+        workflow: Workflow,
+        header: Header,
+        commands: Sequence[Command],
+        now: datetime,
     ) -> None:
         """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down."""
         implied = effects(str(workflow.id), workflow.header, header, commands, self._registry.kinds)
@@ -391,7 +451,7 @@ class WorkflowStore(WorkflowReads):
             requests = self._requests(unit.conn, workflow, implied.steps)
             self._jobs.enqueue_batch_txn(unit, requests)
         for gate in implied.gates:
-            self._open_gate(unit.conn, workflow, gate)
+            self._open_gate(unit.conn, workflow, gate, now)
         if implied.wind_down is not None:
             self._wind_down(unit.conn, workflow, implied.wind_down)
 
@@ -411,11 +471,13 @@ class WorkflowStore(WorkflowReads):
                 raise WorkflowError(f"a step depends on unknown step(s): {', '.join(missing)}")
         return [_request(workflow, step, chosen[step.name], known) for step in steps]
 
-    def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate) -> None:
+    def _open_gate(self, conn: Conn, workflow: Workflow, command: OpenGate, now: datetime) -> None:
+        gate_id = uuid.uuid4()
+        deadline_at = None if command.deadline is None else now + command.deadline
         conn.execute(
             Q["open_workflow_gate"],
             {
-                "id": uuid.uuid4(),
+                "id": gate_id,
                 "project_id": workflow.project_id,
                 "workflow_id": workflow.id,
                 "name": command.gate,
@@ -425,8 +487,13 @@ class WorkflowStore(WorkflowReads):
                 "schema": Jsonb(dict(command.schema)),
                 "context": Jsonb(dict(command.context)),
                 "evidence": Jsonb(dict(command.evidence)),
+                "deadline_at": deadline_at,
+                "on_deadline": None if deadline_at is None else command.on_deadline,
+                "default_answer": command.default,
+                "reminders": Jsonb([r.total_seconds() for r in command.reminders]),
             },
         )
+        self._emit(conn, workflow, [gate_opened(gate_id, command, deadline_at)], None)
 
     def _wind_down(self, conn: Conn, workflow: Workflow, wind_down: WindDown) -> None:
         if wind_down.cancel_steps:
@@ -448,7 +515,8 @@ class WorkflowStore(WorkflowReads):
         """The one block path (``workflows.effects.blocked``): the header and the error gate."""
         block = blocked(workflow.header, seq, error, nonce=uuid.uuid4().hex[:8])
         saved = self._save(conn, workflow, block.header, None, last_seq=last_seq, applied_seq=None)
-        self._open_gate(conn, workflow, block.gate)
+        self._open_gate(conn, workflow, block.gate, self._clock())
+        self._emit(conn, workflow, status_changed(workflow.header, block.header), None)
         return saved
 
     def _resolve_block(self, unit: UnitOfWork, workflow: Workflow, answer: str, by: str) -> None:

@@ -44,6 +44,7 @@ def gate_id(raw: str) -> uuid.UUID:
 def list_(
     *,
     project: str | None = None,
+    tenant: str | None = None,
     kind: str | None = None,
     older_than: str | None = None,
     newer_than: str | None = None,
@@ -64,6 +65,8 @@ def list_(
     ----------
     project
         Only this project's gates.
+    tenant
+        Only the gates of this tenant's projects (a project not assigned one: default).
     kind
         Only gates of this kind (approval, handoff, ...).
     older_than
@@ -78,6 +81,7 @@ def list_(
 
     where = GateFilter(
         project_id=project,
+        tenant=tenant,
         kind=kind,
         older_than=optional_age(older_than, "--older-than"),
         newer_than=optional_age(newer_than, "--newer-than"),
@@ -145,8 +149,11 @@ def answer(
     The answer, the workflow's decision and its next steps are committed in one
     transaction; the steps are then published to RabbitMQ (when VIBEY_AMQP_URL is set).
 
-    Exits 1 when the gate is unknown or already answered (nothing changes), 2 when ANSWER is
-    not one the gate takes (the valid ones are listed).
+    GATE is a gate id, or WORKFLOW_ID:NAME (a workflow's gate by its name, as a link sent
+    ahead can name it): a gate the workflow has not opened yet is refused, nothing recorded.
+
+    Exits 1 when the gate is unknown, not open yet or already answered (nothing changes), 2
+    when ANSWER is not one the gate takes (the valid ones are listed).
 
     JSON: ``{"gate": gate, "workflow": workflow | null, "dispatch": {"rows", "published"}}``
     (``workflow`` is null for a parked job's gate; ``rows``: step dispatches committed,
@@ -155,7 +162,7 @@ def answer(
     Parameters
     ----------
     gate
-        The gate id (a UUID).
+        The gate id (a UUID), or WORKFLOW_ID:NAME.
     answer
         The answer.
     by
@@ -163,14 +170,19 @@ def answer(
     json_output
         Print one JSON object.
     """
-    wanted = gate_id(gate)
+    workflow_part, _, name = gate.partition(":")
+    wanted = gate_id(workflow_part)
     from vibey.settings import load_settings
     from vibey.wiring import workflow_client
 
     settings = load_settings()
+    who = by or whoami()
     with workflow_client(settings) as client:
-        outcome = client.store.answer(wanted, answer, by=by or whoami())
-        _refuse(outcome, wanted, answer)
+        if name:
+            outcome = client.store.answer_named(wanted, name, answer, by=who)
+        else:
+            outcome = client.store.answer(wanted, answer, by=who)
+        _refuse(outcome, gate, answer)
         dispatch = client.publish()
         answered = outcome.gate
         assert answered is not None  # an answered outcome carries its gate
@@ -202,7 +214,7 @@ def _label(gate: Gate) -> str:
     return f"gate {gate.id} ({gate.name})" if gate.name else f"gate {gate.id}"
 
 
-def _refuse(outcome: GateAnswerOutcome, wanted: uuid.UUID, answer: str) -> None:
+def _refuse(outcome: GateAnswerOutcome, wanted: str, answer: str) -> None:
     """Raise the one-line refusal for anything but an answer that was taken."""
     from workflows.queue import AnswerStatus
 
@@ -210,6 +222,11 @@ def _refuse(outcome: GateAnswerOutcome, wanted: uuid.UUID, answer: str) -> None:
         return
     if outcome.status is AnswerStatus.UNKNOWN_GATE:
         raise CommandError(f"no gate {wanted}")
+    if outcome.status is AnswerStatus.NOT_OPEN:
+        raise CommandError(
+            f"gate {wanted} is not open yet: the workflow has not asked it, and nothing was "
+            "recorded; answer it once `vibey gate list` shows it"
+        )
     gate = outcome.gate
     if outcome.status is AnswerStatus.ALREADY_ANSWERED:
         if gate is None or gate.answered_at is None:  # pragma: no cover - the store sets both

@@ -296,6 +296,7 @@ def list_(
     *,
     status: StatusName | None = None,
     project: str | None = None,
+    tenant: str | None = None,
     definition: str | None = None,
     older_than: str | None = None,
     newer_than: str | None = None,
@@ -317,6 +318,8 @@ def list_(
         Only workflows in this status.
     project
         Only this project's workflows (its earlier, finished ones too).
+    tenant
+        Only the workflows of this tenant's projects (a project not assigned one: default).
     definition
         Only workflows of this definition.
     older_than
@@ -335,6 +338,7 @@ def list_(
     where = WorkflowFilter(
         status=None if status is None else Status(status),
         project_id=project,
+        tenant=tenant,
         definition=definition,
         older_than=optional_age(older_than, "--older-than"),
         newer_than=optional_age(newer_than, "--newer-than"),

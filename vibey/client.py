@@ -94,6 +94,7 @@ class AnswerRefused(ClientError):
             AnswerStatus.UNKNOWN_GATE: "no such gate",
             AnswerStatus.ALREADY_ANSWERED: "the gate is answered already",
             AnswerStatus.INVALID_ANSWER: outcome.detail or "not an answer to this gate",
+            AnswerStatus.NOT_OPEN: "the workflow has not asked it yet: nothing was recorded",
         }.get(outcome.status, outcome.status.value)
         super().__init__(why)
         self.outcome = outcome

@@ -24,6 +24,18 @@ GROUPS: dict[str, tuple[str, str]] = {
         "vibey.cli_console:console_app",
         "The web console: workflows, gates, health, live.",
     ),
+    "events": (
+        "vibey.cli_events:events_app",
+        "The domain events: what happened, as consumers see it.",
+    ),
+    "tenant": (
+        "vibey.cli_events:tenant_app",
+        "Which tenant a project belongs to (default: default).",
+    ),
+    "notify": (
+        "vibey.cli_events:notify",
+        "Run the webhooks of [notify.webhooks.<name>] until SIGTERM or SIGINT.",
+    ),
 }
 
 

@@ -16,8 +16,10 @@ The JSON shapes (``--json``; times are ISO 8601 with their offset, durations sec
   "finished_at"}``
 * gate: ``{"id", "project", "workflow_id", "name", "kind", "question", "answers", "schema",
   "context", "evidence", "opened_at", "waited_s", "answer", "answered_by", "answered_at",
-  "job_id"}`` (``workflow_id`` and ``name`` are null for a parked job's gate, ``job_id`` for a
-  workflow's question; ``waited_s``: until it was answered, or until now)
+  "job_id", "deadline_at", "on_deadline", "default_answer", "answer_source"}`` (``workflow_id``
+  and ``name`` are null for a parked job's gate, ``job_id`` for a workflow's question;
+  ``waited_s``: until it was answered, or until now; ``answer_source``: person, default (its
+  deadline answered it) or closed (its workflow finished))
 * step: ``{"step", "kind", "item", "state", "attempts", "max_attempts"}``
 * history event: ``{"seq", "at", "event", "commands"}`` (``event`` and ``commands`` as stored:
   tagged objects, ``{"type": ..., ...}``; ``commands`` is null for an event not yet applied)
@@ -134,6 +136,10 @@ def gate_json(gate: Gate, waited_s: float) -> dict[str, Any]:
         "answered_by": gate.answered_by,
         "answered_at": when(gate.answered_at),
         "job_id": None if gate.job_id is None else str(gate.job_id),
+        "deadline_at": when(gate.deadline_at),
+        "on_deadline": gate.on_deadline,
+        "default_answer": gate.default_answer,
+        "answer_source": gate.answer_source,
     }
 
 
@@ -279,10 +285,17 @@ def print_gate(gate: Gate, waited_s: float) -> None:
         rows.append(("context", _compact(gate.context)))
     if gate.evidence:
         rows.append(("evidence", _compact(gate.evidence)))
+    if gate.deadline_at is not None:
+        then = f"{gate.on_deadline}" + (
+            f" {gate.default_answer!r}" if gate.on_deadline == "answer" else ""
+        )
+        rows.append(("deadline", f"{clock(gate.deadline_at)}, then {then}"))
     if gate.answered_at is not None:
         rows.append(
             ("answered", f"{gate.answer} by {gate.answered_by} at {clock(gate.answered_at)}")
         )
+        if gate.answer_source == "default":
+            rows.append(("source", "the gate's default, at its deadline (not a person)"))
     for label, value in rows:
         print(f"  {label + ':':<10}{value}")
     if gate.open:

@@ -70,6 +70,12 @@ The file, every key optional (unknown sections and keys are errors)::
     weight = 3                       # binary, args, local, capabilities, phases, effort, env,
                                      # timeout_seconds: see actors/agents/roster.py
 
+    [notify.webhooks.ops]            # `vibey notify`: domain events POSTed, signed (docs/events.md)
+    url = "https://hooks.example/vibey"
+    events = ["gate.opened"]         # types, families ("gate") or "*"; default gate.opened
+    secret = "…"                     # HMAC-SHA256 key; VIBEY_NOTIFY_WEBHOOK_OPS_SECRET wins
+    # max_attempts = 8, timeout_seconds = 5
+
 Lists come from the environment comma-separated (``1,5,30``); an empty item is an error.
 Durations are numbers of seconds: finite, more than 0 (``first_claim_wait_seconds`` may be 0)
 and at most a year. Project ids, lanes and wait tiers must each appear once. A project id is
@@ -106,6 +112,7 @@ from workflows.job import LeasePolicy, valid_kind_name
 
 if TYPE_CHECKING:  # the roster's parser is imported when a roster is read
     from actors.agents.roster import AgentSpec
+    from actors.webhooks import WebhookSpec
 
 QueueBackend = Literal["rabbitmq", "postgres"]
 QUEUE_BACKENDS: tuple[str, ...] = get_args(QueueBackend)
@@ -180,6 +187,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "max_turns": "VIBEY_ENGINE_MAX_TURNS",
     },
     "engines": {},  # [engines.<id>] tables, one per engine: actors.agents.roster reads them
+    "notify": {},  # [notify.webhooks.<name>] tables: actors.webhooks reads them
     "metrics": {"port": "VIBEY_METRICS_PORT"},
     "console": {
         "host": "VIBEY_CONSOLE_HOST",
@@ -579,6 +587,7 @@ class Settings:
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    webhooks: tuple[WebhookSpec, ...] = ()  # [notify.webhooks.<name>] tables, in name order
     config_file: Path | None = None
 
     def roster(self, only: Iterable[str] = ()) -> tuple[AgentSpec, ...]:
@@ -625,6 +634,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         agent_env=_agent_env(env),
         metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
         console=_console(src["console"]),
+        webhooks=_webhooks(table.get("notify", {}), env, where),
         config_file=path,
     )
 
@@ -643,6 +653,33 @@ def _roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
         return parse_roster(tables, where)
     except RosterError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _webhooks(notify: Any, env: Mapping[str, str], where: str) -> tuple[WebhookSpec, ...]:
+    """``[notify.webhooks.<name>]``; ``VIBEY_NOTIFY_WEBHOOK_<NAME>_SECRET`` overrides a secret
+    (so it need not live in the file)."""
+    if notify == {}:
+        return ()
+    from actors.webhooks import WebhookConfigError, parse_webhooks
+
+    if not isinstance(notify, dict) or set(notify) - {"webhooks"}:
+        raise SettingsError(f"{where}: [notify] holds only [notify.webhooks.<name>] tables")
+    tables = notify.get("webhooks", {})
+    if isinstance(tables, dict):
+        tables = {
+            name: {**body, "secret": env[variable]}
+            if isinstance(body, dict) and (variable := _secret_variable(name)) in env
+            else body
+            for name, body in tables.items()
+        }
+    try:
+        return parse_webhooks(tables, where)
+    except WebhookConfigError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _secret_variable(name: str) -> str:
+    return "VIBEY_NOTIFY_WEBHOOK_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_SECRET"
 
 
 def _table(table: Mapping[str, Any], dotted: str) -> Mapping[str, Any]:
@@ -682,7 +719,7 @@ def _check_keys(table: Mapping[str, Any], where: str) -> None:
             raise SettingsError(
                 f"{where}: unknown section [{section}]; known sections: {', '.join(_KEYS)}"
             )
-        if section != "engines":  # its tables are the roster's to check
+        if section not in ("engines", "notify"):  # their tables are checked by their readers
             _check_section(section, body, where)
 
 

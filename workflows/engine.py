@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
@@ -42,6 +42,8 @@ from workflows.job import FailureClass, check_kind_name
 from workflows.kinds import TIMER, KindConflictError, StepKinds
 
 JsonObject: TypeAlias = Mapping[str, Any]
+ON_DEADLINE_ANSWER, ON_DEADLINE_ESCALATE, ON_DEADLINE_FAIL = "answer", "escalate", "fail"
+ON_DEADLINE = (ON_DEADLINE_ANSWER, ON_DEADLINE_ESCALATE, ON_DEADLINE_FAIL)
 
 
 class WorkflowError(Exception):
@@ -122,8 +124,16 @@ class CancelRequested:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class GateExpired:
+    """A gate whose deadline passed with ``on_deadline=fail``: the engine fails the workflow
+    (the definition never sees it)."""
+
+    gate: str
+
+
 Event: TypeAlias = (
-    Started | StepSucceeded | StepFailed | GateAnswered | TimerFired | CancelRequested
+    Started | StepSucceeded | StepFailed | GateAnswered | TimerFired | CancelRequested | GateExpired
 )
 
 
@@ -159,7 +169,12 @@ class ScheduleStep:
 @dataclass(frozen=True, slots=True)
 class OpenGate:
     """Ask a person. ``answers`` lists the allowed answers; empty means ``schema`` decides
-    (see :func:`check_answer`); both empty accepts any non-empty answer."""
+    (see :func:`check_answer`); both empty accepts any non-empty answer.
+
+    ``deadline`` (after the gate opens) and ``on_deadline`` say what happens when nobody
+    answers in time: ``answer`` records ``default`` (validated like any answer, ledgered as
+    the default, not a person's), ``escalate`` reports it and keeps waiting, ``fail`` fails
+    the workflow. ``reminders`` are the ages at which a ``gate.reminded`` event is sent."""
 
     gate: str
     kind: str
@@ -168,6 +183,21 @@ class OpenGate:
     schema: JsonObject = field(default_factory=dict)
     context: JsonObject = field(default_factory=dict)
     evidence: JsonObject = field(default_factory=dict)
+    deadline: timedelta | None = None
+    on_deadline: str = ON_DEADLINE_ANSWER
+    default: str | None = None
+    reminders: tuple[timedelta, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.on_deadline not in ON_DEADLINE:
+            raise ValueError(f"on_deadline is one of {', '.join(ON_DEADLINE)}")
+        if self.deadline is not None:
+            if self.deadline <= timedelta(0):
+                raise ValueError("a gate's deadline is positive")
+            if self.on_deadline == ON_DEADLINE_ANSWER and self.default is None:
+                raise ValueError("a gate answered at its deadline needs a default answer")
+        if any(r <= timedelta(0) for r in self.reminders):
+            raise ValueError("a gate's reminder ages are positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,10 +312,21 @@ def _declared(definition: Definition[Any], commands: Iterable[Command]) -> tuple
             canonical = definition.kinds.canonical(command.kind)
             if canonical != command.kind:
                 command = replace(command, kind=canonical)
-        elif isinstance(command, OpenGate) and not _gate_declared(definition, command.kind):
-            raise UnknownGateKindError(command.kind, [*definition.gates, *ENGINE_GATES])
+        elif isinstance(command, OpenGate):
+            if not _gate_declared(definition, command.kind):
+                raise UnknownGateKindError(command.kind, [*definition.gates, *ENGINE_GATES])
+            _check_default(definition, command)
         checked.append(command)
     return tuple(checked)
+
+
+def _check_default(definition: Definition[Any], gate: OpenGate) -> None:
+    """A gate's default answer is an answer to it (checked before anything is written)."""
+    if gate.default is None:
+        return
+    problem = check_answer(gate, gate.default, definition.gates.merged(ENGINE_GATES.values()))
+    if problem is not None:
+        raise ValueError(f"gate {gate.gate}: its default answer is refused: {problem}")
 
 
 def engine_rule(header: Header, event: Event) -> Header | None:
@@ -296,6 +337,9 @@ def engine_rule(header: Header, event: Event) -> Header | None:
     if isinstance(event, CancelRequested):
         why = f"cancelled by {event.by}" + (f": {event.reason}" if event.reason else "")
         return replace(header, status=Status.CANCELLED, reason=why)
+    if isinstance(event, GateExpired):
+        why = f"gate {event.gate} passed its deadline (on_deadline=fail)"
+        return replace(header, status=Status.FAILED, reason=why)
     return None
 
 
@@ -444,6 +488,7 @@ _EVENTS: Mapping[str, type[Any]] = {
     "gate_answered": GateAnswered,
     "timer_fired": TimerFired,
     "cancel_requested": CancelRequested,
+    "gate_expired": GateExpired,
 }
 _COMMANDS: Mapping[str, type[Any]] = {
     "schedule_step": ScheduleStep,
@@ -452,6 +497,11 @@ _COMMANDS: Mapping[str, type[Any]] = {
     "transition_phase": TransitionPhase,
     "complete": Complete,
     "fail": Fail,
+}
+# Fields added after histories were recorded: encoded only when not at their default, read
+# as their default when absent, so recorded histories (and the golden ones) stay as they are.
+_OPTIONAL: Mapping[type[Any], frozenset[str]] = {
+    OpenGate: frozenset({"deadline", "on_deadline", "default", "reminders"}),
 }
 _EVENT_TAGS = {cls: tag for tag, cls in _EVENTS.items()}
 _COMMAND_TAGS = {cls: tag for tag, cls in _COMMANDS.items()}
@@ -488,6 +538,20 @@ def _duration_in(value: Any) -> timedelta:
     return timedelta(microseconds=value)
 
 
+def _optional_duration_in(value: Any) -> timedelta | None:
+    return None if value is None else _duration_in(value)
+
+
+def _optional_str_in(value: Any) -> str | None:
+    return None if value is None else _exact(str)(value)
+
+
+def _durations_in(value: Any) -> tuple[timedelta, ...]:
+    if not isinstance(value, list | tuple):
+        raise CodecError("expected a list of durations")
+    return tuple(_duration_in(v) for v in value)
+
+
 def _failure_class_in(value: Any) -> FailureClass:
     try:
         return FailureClass(value)
@@ -503,6 +567,9 @@ _DECODE: Mapping[str, Callable[[Any], Any]] = {
     "tuple[str, ...]": _strings,
     "timedelta": _duration_in,
     "FailureClass": _failure_class_in,
+    "timedelta | None": _optional_duration_in,
+    "str | None": _optional_str_in,
+    "tuple[timedelta, ...]": _durations_in,
 }
 
 
@@ -512,7 +579,7 @@ def _encode_value(value: Any) -> Any:
     if isinstance(value, FailureClass):
         return value.value
     if isinstance(value, tuple):
-        return list(value)
+        return [_encode_value(v) for v in value]
     if isinstance(value, Mapping):
         return _json_object(value)
     return value
@@ -522,8 +589,17 @@ def _encode(value: Any, tags: Mapping[type[Any], str]) -> dict[str, Any]:
     tag = tags.get(type(value))
     if tag is None:
         raise CodecError(f"{type(value).__name__} is not a workflow event or command")
-    body = {f.name: _encode_value(getattr(value, f.name)) for f in fields(value)}
+    optional = _OPTIONAL.get(type(value), frozenset())
+    body = {
+        f.name: _encode_value(getattr(value, f.name))
+        for f in fields(value)
+        if f.name not in optional or getattr(value, f.name) != _default_of(f)
+    }
     return {"type": tag, **body}
+
+
+def _default_of(spec: Any) -> Any:
+    return spec.default if spec.default_factory is MISSING else spec.default_factory()
 
 
 def _decode(data: Any, types: Mapping[str, type[Any]], what: str) -> Any:
@@ -537,11 +613,15 @@ def _decode(data: Any, types: Mapping[str, type[Any]], what: str) -> Any:
     extra = set(data) - set(spec) - {"type"}
     if extra:
         raise CodecError(f"{what} {tag}: unknown field(s) {', '.join(sorted(extra))}")
-    missing = set(spec) - set(data)
+    missing = set(spec) - set(data) - _OPTIONAL.get(cls, frozenset())
     if missing:
         raise CodecError(f"{what} {tag}: missing field(s) {', '.join(sorted(missing))}")
     try:
-        values = {name: _DECODE[annotation](data[name]) for name, annotation in spec.items()}
+        values = {
+            name: _DECODE[annotation](data[name])
+            for name, annotation in spec.items()
+            if name in data
+        }
         return cls(**values)
     except CodecError as exc:
         raise CodecError(f"{what} {tag}: {exc}") from None

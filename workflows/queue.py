@@ -207,6 +207,10 @@ class Gate:
     name: str | None = None  # a workflow's gate (answering it is a GateAnswered event)
     schema: JsonObject = field(default_factory=dict)
     evidence: JsonObject = field(default_factory=dict)
+    deadline_at: datetime | None = None  # a workflow gate's deadline (OpenGate.deadline)
+    on_deadline: str | None = None  # answer | escalate | fail
+    default_answer: str | None = None
+    answer_source: str | None = None  # person | default | closed (None: before 0011)
 
     @property
     def open(self) -> bool:
@@ -218,6 +222,7 @@ class AnswerStatus(enum.StrEnum):
     ALREADY_ANSWERED = "already_answered"
     INVALID_ANSWER = "invalid_answer"
     UNKNOWN_GATE = "unknown_gate"
+    NOT_OPEN = "not_open"  # answered by name before the workflow asked: nothing recorded
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,7 @@ INSERT INTO gate (id, project_id, job_id, workflow_id, kind, prompt, answers, co
 SELECT %(gate_id)s, p.project_id, p.id, p.workflow_id, %(kind)s, %(prompt)s, %(answers)s,
     %(context)s, %(schema)s
 FROM parked p
-RETURNING id
+RETURNING id, project_id, workflow_id
 
 -- name: grant
 UPDATE job

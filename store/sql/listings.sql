@@ -15,6 +15,8 @@ WHERE g.answered_at IS NULL
   AND (%(kind)s::text IS NULL OR g.kind = %(kind)s::text)
   AND (%(older_than)s::interval IS NULL OR g.opened_at <= now() - %(older_than)s::interval)
   AND (%(newer_than)s::interval IS NULL OR g.opened_at > now() - %(newer_than)s::interval)
+  AND (%(tenant)s::text IS NULL OR %(tenant)s::text = COALESCE(
+       (SELECT t.tenant_id FROM project_tenant t WHERE t.project_id = g.project_id), 'default'))
   AND (%(after_at)s::timestamptz IS NULL
        OR (g.opened_at, g.id) {cmp} (%(after_at)s::timestamptz, %(after_id)s::uuid))
 ORDER BY g.opened_at {dir}, g.id {dir}
@@ -28,6 +30,8 @@ SELECT count(*) AS n FROM (
       AND (%(kind)s::text IS NULL OR g.kind = %(kind)s::text)
       AND (%(older_than)s::interval IS NULL OR g.opened_at <= now() - %(older_than)s::interval)
       AND (%(newer_than)s::interval IS NULL OR g.opened_at > now() - %(newer_than)s::interval)
+      AND (%(tenant)s::text IS NULL OR %(tenant)s::text = COALESCE(
+           (SELECT t.tenant_id FROM project_tenant t WHERE t.project_id = g.project_id), 'default'))
     LIMIT %(cap)s
 ) AS matching
 
@@ -38,6 +42,8 @@ WHERE (%(status)s::workflow_status IS NULL OR w.status = %(status)s::workflow_st
   AND (%(definition)s::text IS NULL OR w.definition = %(definition)s::text)
   AND (%(older_than)s::interval IS NULL OR w.updated_at <= now() - %(older_than)s::interval)
   AND (%(newer_than)s::interval IS NULL OR w.updated_at > now() - %(newer_than)s::interval)
+  AND (%(tenant)s::text IS NULL OR %(tenant)s::text = COALESCE(
+       (SELECT t.tenant_id FROM project_tenant t WHERE t.project_id = w.project_id), 'default'))
   AND (%(after_at)s::timestamptz IS NULL
        OR (w.updated_at, w.id) {cmp} (%(after_at)s::timestamptz, %(after_id)s::uuid))
 ORDER BY w.updated_at {dir}, w.id {dir}
@@ -51,6 +57,8 @@ SELECT count(*) AS n FROM (
       AND (%(definition)s::text IS NULL OR w.definition = %(definition)s::text)
       AND (%(older_than)s::interval IS NULL OR w.updated_at <= now() - %(older_than)s::interval)
       AND (%(newer_than)s::interval IS NULL OR w.updated_at > now() - %(newer_than)s::interval)
+      AND (%(tenant)s::text IS NULL OR %(tenant)s::text = COALESCE(
+           (SELECT t.tenant_id FROM project_tenant t WHERE t.project_id = w.project_id), 'default'))
     LIMIT %(cap)s
 ) AS matching
 

@@ -73,24 +73,31 @@ SELECT step, id FROM job WHERE workflow_id = %(workflow_id)s AND step = ANY(%(st
 
 -- name: open_workflow_gate
 INSERT INTO gate (
-    id, project_id, workflow_id, name, kind, prompt, answers, schema, context, evidence
+    id, project_id, workflow_id, name, kind, prompt, answers, schema, context, evidence,
+    deadline_at, on_deadline, default_answer, reminders
 )
 VALUES (
     %(id)s, %(project_id)s, %(workflow_id)s, %(name)s, %(kind)s, %(prompt)s, %(answers)s,
-    %(schema)s, %(context)s, %(evidence)s
+    %(schema)s, %(context)s, %(evidence)s, %(deadline_at)s, %(on_deadline)s,
+    %(default_answer)s, %(reminders)s
 )
 ON CONFLICT (workflow_id, name) WHERE name IS NOT NULL DO NOTHING
 
+-- name: gate_by_name
+SELECT id FROM gate WHERE workflow_id = %(workflow_id)s AND name = %(name)s
+
 -- name: answer_workflow_gate
 UPDATE gate
-SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now()
+SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now(),
+    answer_source = %(source)s
 WHERE id = %(gate_id)s AND answered_at IS NULL
 RETURNING *
 
 -- name: close_open_gates
 -- A finished workflow's questions are moot: each open gate is closed with a note.
 UPDATE gate
-SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now()
+SET answer = %(answer)s, answered_by = %(answered_by)s, answered_at = now(),
+    answer_source = 'closed'
 WHERE workflow_id = %(workflow_id)s AND answered_at IS NULL
 
 -- name: cancel_steps

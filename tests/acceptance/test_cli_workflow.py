@@ -61,6 +61,10 @@ GATE_KEYS = {
     "answered_by",
     "answered_at",
     "job_id",
+    "deadline_at",
+    "on_deadline",
+    "default_answer",
+    "answer_source",
 }
 STEP_KEYS = {"step", "kind", "item", "state", "attempts", "max_attempts"}
 

@@ -14,6 +14,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from store.engine_health import EngineHealthRejected, EngineHealthStore, EngineNotFound
+from store.events import EventLog
 from workflows.capacity import (
     AuthenticationFailed,
     Available,
@@ -184,7 +185,7 @@ def test_credits_after_a_window_drop_the_reset_time_and_the_deadline(
 
 
 def test_engine_failures_open_after_three_and_work_failures_never(
-    store: EngineHealthStore,
+    store: EngineHealthStore, pool: ConnectionPool
 ) -> None:
     store.register("claude", installed=True)
     for _ in range(10):
@@ -195,6 +196,12 @@ def test_engine_failures_open_after_three_and_work_failures_never(
     assert statuses == [CircuitStatus.CLOSED, CircuitStatus.CLOSED, CircuitStatus.OPEN]
     opened = store.get("claude").circuit
     assert opened.capacity == Available() and opened.opened_at == NOW
+    store.record_outcome("claude", FailureClass.ENGINE, NOW)  # open already: no second event
+    changes = EventLog(pool=pool).recent(event_type="engine.circuit_changed")
+    assert [(e.payload["engine_id"], e.payload["from"], e.payload["to"]) for _, e in changes] == [
+        ("claude", "closed", "open")
+    ]
+    assert changes[0][1].routing_key == "default._.engine.circuit_changed"
 
 
 def test_an_engine_heard_of_before_it_was_registered_is_never_eligible(

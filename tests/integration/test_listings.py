@@ -118,6 +118,7 @@ def test_gates_opened_at_one_moment_page_by_id_without_loss_or_repeat(
 def test_gate_filters_are_applied_in_sql(pool: ConnectionPool, lists: Listings) -> None:
     with pool.connection() as conn:
         add_gates(conn, 120)
+        conn.execute("INSERT INTO project_tenant (project_id, tenant_id) VALUES ('p1', 'acme')")
     everything = lists.gates(GateFilter(), PageSpec(limit=None)).items
     cases = {
         GateFilter(project_id="p1"): lambda g, w: g.project_id == "p1",
@@ -127,6 +128,10 @@ def test_gate_filters_are_applied_in_sql(pool: ConnectionPool, lists: Listings) 
         ),
         GateFilter(older_than=timedelta(minutes=100)): lambda g, w: w >= 100 * 60,
         GateFilter(newer_than=timedelta(minutes=30)): lambda g, w: w < 30 * 60,
+        GateFilter(tenant="acme"): lambda g, w: g.project_id == "p1",
+        GateFilter(tenant="default", kind="handoff"): lambda g, w: (
+            g.project_id != "p1" and g.kind == "handoff"
+        ),
     }
     for where, keep in cases.items():
         expected = [(g, w) for g, w in everything if keep(g, w)]
@@ -151,6 +156,11 @@ def test_workflow_pages_newest_first_and_by_status(pool: ConnectionPool, lists: 
     assert [wf.project_id for wf in one.items] == ["w7"] and one.next_after is None
     stale = lists.workflows(WorkflowFilter(older_than=timedelta(seconds=60)), PageSpec())
     assert stale.total == 31  # updated 60..90 seconds ago
+    with pool.connection() as conn:
+        conn.execute("INSERT INTO project_tenant VALUES ('w7', 'acme'), ('w8', 'acme')")
+    acme = lists.workflows(WorkflowFilter(tenant="acme"), PageSpec())
+    assert sorted(wf.project_id for wf in acme.items) == ["w7", "w8"] and acme.total == 2
+    assert lists.workflows(WorkflowFilter(tenant="default"), PageSpec(limit=1)).total == 88
 
 
 def test_ledger_pages_by_seq_either_way_and_by_kind(pool: ConnectionPool, lists: Listings) -> None:

@@ -20,6 +20,7 @@ from workflows.engine import (
     Event,
     Fail,
     GateAnswered,
+    GateExpired,
     Header,
     OpenGate,
     ScheduleStep,
@@ -63,6 +64,7 @@ events: st.SearchStrategy[Event] = st.one_of(
     st.builds(GateAnswered, gate=names, answer=st.text(), by=st.text()),
     st.builds(TimerFired, timer=names),
     st.builds(CancelRequested, by=st.text(), reason=st.text()),
+    st.builds(GateExpired, gate=names),
 )
 commands: st.SearchStrategy[Command] = st.one_of(
     st.builds(
@@ -85,6 +87,10 @@ commands: st.SearchStrategy[Command] = st.one_of(
         schema=objects,
         context=objects,
         evidence=objects,
+        deadline=st.none() | durations.filter(bool),
+        on_deadline=st.sampled_from(["escalate", "fail"]),
+        default=st.none() | st.text(),
+        reminders=st.lists(durations.filter(bool), max_size=3).map(tuple),
     ),
     st.builds(StartTimer, timer=names, delay=durations),
     st.builds(TransitionPhase, phase=st.text(max_size=8), cycle=st.integers(0, 100)),
@@ -118,6 +124,9 @@ WRONG: dict[str, list[Any]] = {
     "tuple[str, ...]": ["ab", [1], None, {"a": "b"}],
     "timedelta": [-1, 1.5, "1", None, True],
     "FailureClass": ["bogus", 1, None],
+    "timedelta | None": [-1, 1.5, "1", True],
+    "str | None": [1, ["x"], True],
+    "tuple[timedelta, ...]": ["ab", [-1], None, ["1"]],
 }
 SAMPLES: list[Event | Command] = [
     Started({"a": 1}),
@@ -126,8 +135,10 @@ SAMPLES: list[Event | Command] = [
     GateAnswered("g", "yes", "me"),
     TimerFired("t"),
     CancelRequested("me", "why"),
+    GateExpired("g"),
     ScheduleStep("s", "a.b", "subj", {"i": 1}, ("x",), timedelta(seconds=1), 2, 3),
     OpenGate("g", "k", "q?", ("a",), {"type": "string"}, {"c": 1}, {"e": 1}),
+    OpenGate("g", "k", "q?", deadline=timedelta(seconds=2), default="a", reminders=(timedelta(1),)),
     StartTimer("t", timedelta(seconds=2)),
     TransitionPhase("p", 1),
     Complete("m"),
@@ -141,7 +152,15 @@ FIELD_CASES = [
 ]
 
 
-EVENT_TYPES = (Started, StepSucceeded, StepFailed, GateAnswered, TimerFired, CancelRequested)
+EVENT_TYPES = (
+    Started,
+    StepSucceeded,
+    StepFailed,
+    GateAnswered,
+    TimerFired,
+    CancelRequested,
+    GateExpired,
+)
 
 
 def _encode(value: Any) -> dict[str, Any]:
@@ -156,7 +175,7 @@ def test_every_field_type_of_every_event_and_command_is_covered() -> None:
     annotations = {str(f.type) for s in SAMPLES for f in dataclasses.fields(s)}
     assert annotations == set(WRONG)
     kinds = {type(s) for s in SAMPLES}
-    assert len(kinds) == 12
+    assert len(kinds) == 13
 
 
 @pytest.mark.parametrize(("sample", "name", "bad"), FIELD_CASES, ids=repr)
@@ -180,6 +199,32 @@ def test_a_missing_or_an_extra_field_or_an_unknown_type_is_refused(sample: Any) 
         _decode(sample, {**data, "type": "nope"})
     with pytest.raises(CodecError):
         _decode(sample, [data])
+
+
+def test_a_gate_recorded_before_deadlines_existed_decodes_and_encodes_the_same() -> None:
+    recorded = {
+        "type": "open_gate",
+        "gate": "g",
+        "kind": "k",
+        "question": "q?",
+        "answers": ["a"],
+        "schema": {},
+        "context": {},
+        "evidence": {},
+    }
+    gate = decode_command(recorded)
+    assert gate == OpenGate("g", "k", "q?", ("a",))
+    assert encode_command(gate) == recorded  # the golden histories stay byte for byte
+
+
+def test_a_gate_with_a_deadline_needs_its_default_and_a_known_action() -> None:
+    with pytest.raises(ValueError, match="default"):
+        OpenGate("g", "k", "q?", deadline=timedelta(seconds=2))
+    with pytest.raises(ValueError, match="on_deadline"):
+        OpenGate("g", "k", "q?", deadline=timedelta(seconds=2), on_deadline="shrug")
+    expired = engine_rule(Header("p"), GateExpired("g"))
+    assert expired is not None and expired.status is Status.FAILED
+    assert expired.reason is not None and "deadline" in expired.reason
 
 
 def test_a_schedule_step_refuses_a_malformed_kind_on_decode() -> None:
