@@ -281,12 +281,13 @@ def test_answer_outcome_is_applied_only_when_answered(status: AnswerStatus) -> N
     assert AnswerOutcome(status=status).applied == (status is AnswerStatus.ANSWERED)
 
 
-def test_answer_statuses_are_the_four_outcomes() -> None:
+def test_answer_statuses_are_the_five_outcomes() -> None:
     assert {s.value for s in AnswerStatus} == {
         "answered",
         "already_answered",
         "invalid_answer",
         "unknown_gate",
+        "not_open",
     }
 
 
