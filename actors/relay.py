@@ -161,11 +161,24 @@ class Relay:
 
     def submit(self, rows: Sequence[OutboxRow | int]) -> None:
         """Publish rows this process just committed (already claimed for this relay): their
-        pointer fields as the commit returned them, or ids to read (unsent ones only)."""
-        if rows:
-            with self._lock:
-                self._in_flight += len(rows)
+        pointer fields as the commit returned them, or ids to read (unsent ones only).
+
+        Rows with their fields go straight from the committing thread to the I/O thread (one
+        thread hand-off, not two: the worker thread, which may be inside a mark-sent commit,
+        is not on the path of a pointer); ids go to the worker thread, which reads them."""
+        if not rows:
+            return
+        with self._lock:
+            self._in_flight += len(rows)
+        if self._io is None:  # not started: the worker thread publishes them once it runs
             self._inbox.put(tuple(rows))
+            return
+        ids = tuple(row for row in rows if not isinstance(row, OutboxRow))
+        if ids:
+            self._inbox.put(ids)
+        ready = [row for row in rows if isinstance(row, OutboxRow)]
+        if ready:
+            self._publish_rows(ready)
 
     def drain(self, *, limit: int = 500, reclaim_after: timedelta = timedelta(seconds=30)) -> int:
         """Claim unsent rows nobody holds (or a dead relay held) and publish them."""
@@ -225,9 +238,19 @@ class Relay:
             log.exception(
                 "relay: could not read %d outbox rows; the reconciler will resend", len(ids)
             )
-        now = self._clock()
-        publications = [self._router.publication(row, now) for row in rows]
-        self._done(len(items) - len(publications))  # already sent by someone else, or unread
+        self._done(len(items) - len(rows))  # already sent by someone else, or unread
+        self._publish_rows(rows)
+
+    def _publish_rows(self, rows: list[OutboxRow]) -> None:
+        """Hand rows to the I/O thread (from any thread); a row that cannot be routed stays
+        claimed, for a drain's reclaim."""
+        try:
+            now = self._clock()
+            publications = [self._router.publication(row, now) for row in rows]
+        except Exception:
+            log.exception("relay: could not route %d rows; a drain will reclaim them", len(rows))
+            self._done(len(rows))
+            return
         assert self._io is not None
         self._io.publish(publications)
 

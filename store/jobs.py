@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from psycopg.rows import DictRow
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
@@ -278,15 +278,19 @@ class PostgresJobRepository:
     def ack_txn(
         self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
     ) -> Settled:
+        """Dispatching, the ack, the lock on the job's dependents and their release are sent
+        together and read once (one round trip in a pipelined unit): the release is fenced on
+        its own (generation 0, every dependency succeeded), so after an ack that was refused
+        it releases nothing the ack did not. A dependent written by a transaction still open
+        is the lost-dispatch sweep's, as it always was."""
         params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
-        row = fetch_one(unit.conn, Q["ack"], params)
-        settled = _settled(row)
-        # ``woken``: the job has dependents (one written by a transaction still open is the
-        # lost-dispatch sweep's, as it always was).
-        if row is not None and row["woken"] and self._dispatch:
+        if not self._dispatch:
+            return _settled(fetch_one(unit.conn, Q["ack"], params))
+        with unit.conn.cursor(row_factory=dict_row) as acked:
+            acked.execute(Q["ack"].encode(), params)
             unit.conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
             self._dispatch_released(unit, parent=lease.job_id)
-        return settled
+            return _settled(acked.fetchone())
 
     @retried("nack a job", idempotent=False)
     def nack(
