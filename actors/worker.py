@@ -6,7 +6,12 @@ APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` ru
 such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
 
 A process serves the shared lane queues (the default fleet, every project) or, given
-``projects``, only those projects' dedicated queues.
+``projects``, only those projects' dedicated queues. Which projects the relay routes to their
+dedicated queues is read from ``project_route`` (``store.routes.RouteCache``), never from this
+process's settings: every publisher gives the same answer.
+
+Lanes: within a process the interactive lane's actor has the higher Dramatiq priority, so when
+a thread frees, a buffered interactive step starts before the buffered BUILD steps.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.routes import RouteCache
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
 from workflows.engine import Registry
@@ -52,6 +58,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Dramatiq runs the buffered message of the lowest actor priority first.
+LANE_PRIORITY: Mapping[str, int] = {Lane.INTERACTIVE.value: 0, Lane.BUILD.value: 10}
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -60,12 +69,13 @@ class WorkerConfig:
     prefix: str = "vibey"
     lanes: tuple[str, ...] = tuple(lane.value for lane in Lane)
     projects: tuple[str, ...] = ()  # serve only these projects' dedicated queues
-    dedicated_projects: tuple[str, ...] = ()  # every project routed to dedicated queues
+    dedicated_projects: tuple[str, ...] = ()  # routed to dedicated queues at start (routes)
     tiers: WaitTiers = DEFAULT_WAIT_TIERS
     leases: LeasePolicy = field(default_factory=LeasePolicy)
     threads: int = 8
     prefetch: int | None = None  # default: threads (low, so a crash redelivers little)
     delivery_limit: int = 20
+    consumer_timeout: timedelta = timedelta(hours=6)  # work queues' x-consumer-timeout (3.12+)
     reconcile_interval: timedelta = timedelta(seconds=30)
     redispatch_after: timedelta = timedelta(minutes=2)
     reclaim_after: timedelta = timedelta(seconds=30)
@@ -90,9 +100,15 @@ class WorkerConfig:
         return QueueNames(self.prefix)
 
     def queues(self) -> list[str]:
+        return [queue for _, queue in self.lane_queues()]
+
+    def lane_queues(self) -> list[tuple[str, str]]:
+        """(lane, queue) for every queue this process consumes."""
         if self.projects:
-            return [self.names.work_queue(lane, p) for p in self.projects for lane in self.lanes]
-        return [self.names.work_queue(lane) for lane in self.lanes]
+            return [
+                (lane, self.names.work_queue(lane, p)) for p in self.projects for lane in self.lanes
+            ]
+        return [(lane, self.names.work_queue(lane)) for lane in self.lanes]
 
     def topology(self) -> Topology:
         return Topology(
@@ -101,6 +117,7 @@ class WorkerConfig:
             self.lanes,
             dedicated_projects=tuple(dict.fromkeys((*self.dedicated_projects, *self.projects))),
             delivery_limit=self.delivery_limit,
+            consumer_timeout=self.consumer_timeout,
         )
 
 
@@ -151,13 +168,13 @@ class Runtime:
         names = config.names
         self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 4)
         self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
-        dedicated = (*config.dedicated_projects, *config.projects)
+        self.routes = RouteCache(url=config.pg_url, pool=self.pool)
         registry = load_registry(config.definitions)
         self.relay = Relay(
             url=config.amqp_url,
             records=self.records,
             router=Router(
-                names=names, tiers=config.tiers, dedicated=dedicated, kinds=registry.kinds
+                names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
             ),
         )
         self.jobs = PostgresJobRepository(
@@ -206,13 +223,13 @@ class Runtime:
         )
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._results_lock = threading.Lock()
-        for queue in config.queues():
+        for lane, queue in config.lane_queues():
             dramatiq.Actor(
                 self._step,
                 broker=self.broker,
                 actor_name=step_actor_name(queue),
                 queue_name=queue,
-                priority=0,
+                priority=LANE_PRIORITY.get(lane, 0),
                 options={"max_retries": 0},
             )
         self._worker: dramatiq.Worker | None = None
@@ -245,6 +262,7 @@ class Runtime:
                 out.write(f"{result.value}\n")
 
     def start(self) -> None:
+        self.routes.start()
         self.relay.start()
         self.broker.channel  # noqa: B018 - opens this thread's channel, declaring the topology
         self.broker._ensure_queue(self.config.queues()[0])
@@ -263,6 +281,7 @@ class Runtime:
             self._worker.stop(timeout=int(timeout * 1000))
         self.runner.close()
         self.relay.stop()
+        self.routes.stop()
         self.broker.close()
         self.pool.close()
 

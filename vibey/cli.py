@@ -1,7 +1,8 @@
 """The ``vibey`` command: it loads the settings, calls the store, prints; it decides nothing.
 
 Commands: ``migrate``, ``doctor``, ``worker`` here; ``workflow ...`` in
-:mod:`vibey.cli_workflow`, ``gate ...`` in :mod:`vibey.cli_gate`; ``completion SHELL`` prints a
+:mod:`vibey.cli_workflow`, ``gate ...`` in :mod:`vibey.cli_gate`, ``project ...`` in
+:mod:`vibey.cli_project`; ``completion SHELL`` prints a
 shell completion script and ``--install-completion`` installs one.
 
 Exit codes: :class:`vibey.render.ExitCode` (0 ok, 1 failure, 2 usage, 3 unavailable), and the
@@ -184,7 +185,6 @@ class DoctorReport:
     pool_max: int
     queue_backend: str
     queue_poll_interval_seconds: float
-    queue_max_attempts: int
     lease_default_seconds: float
     amqp_url: str | None
     bus_prefix: str
@@ -308,7 +308,6 @@ def _diagnose(
         pool_max=settings.database.pool_max,
         queue_backend=settings.queue.backend,
         queue_poll_interval_seconds=settings.queue.poll_interval_seconds,
-        queue_max_attempts=settings.queue.max_attempts,
         lease_default_seconds=settings.queue.lease.default.total_seconds(),
         amqp_url=None if settings.bus.amqp_url is None else redact(settings.bus.amqp_url),
         bus_prefix=settings.bus.prefix,
@@ -392,7 +391,11 @@ def worker(
     a process that dies (at once when it was killed; after a doubling delay, at most 30 s,
     when it keeps failing right after its start). Without --project the fleet serves the
     shared lane queues (every project); with it, only those projects' dedicated queues (on
-    the postgres backend, only their jobs). It prints one line saying what it runs; SIGTERM
+    the postgres backend, only their jobs), and it routes those projects there (the project
+    routes in PostgreSQL every publisher reads; it says so when a project was not routed
+    before; `vibey project undedicate P` undoes it). It exits 2 when
+    consumer_timeout_seconds is not above the longest lease. It prints one line saying what
+    it runs; SIGTERM
     or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
     vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
     backend.
@@ -420,9 +423,20 @@ def worker(
         workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
         settings = replace(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
-    from vibey.wiring import worker_config
+    from vibey.cli_project import route_at_start
+    from vibey.wiring import check_consumer_timeout, worker_config
 
     config = worker_config(settings, projects=project)
+    check_consumer_timeout(settings)
+    for routed in route_at_start(config):
+        queues = ", ".join(q for q in config.queues() if q.endswith(f".p.{routed}"))
+        print(
+            f"vibey worker: project {routed} was not routed to its dedicated queues; routed now "
+            f"(its pointers go to {queues or 'its dedicated queues'} from now on, and its "
+            f"claimable ones were sent there again; `vibey project undedicate {routed}` "
+            "undoes it)",
+            flush=True,
+        )
     count = settings.worker.processes
     # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -20,6 +20,10 @@ GROUPS: dict[str, tuple[str, str]] = {
         "Run the reconciler alone until SIGTERM or SIGINT (or one pass with --once).",
     ),
     "queue": ("vibey.cli_ops:queue_app", "The dispatch queues: depths, lag and dead letters."),
+    "project": (
+        "vibey.cli_project:project_app",
+        "Project routes: which projects have dedicated queues.",
+    ),
 }
 
 
