@@ -162,7 +162,7 @@ def _count(n: int, noun: str) -> str:
 @dataclass(frozen=True, slots=True)
 class DoctorReport:
     """What ``vibey doctor --json`` prints: one JSON object with exactly these keys, flat but
-    for ``broker_capabilities``.
+    for ``broker_capabilities``, ``stack`` and ``settings``.
 
     URLs have their password replaced by ``***``; ``null`` means not set. ``postgres_error``
     is null when PostgreSQL answered. ``pending_migrations`` lists ``NNNN_name`` strings.
@@ -174,8 +174,10 @@ class DoctorReport:
     PostgreSQL answered, no migration is pending and, on the rabbitmq backend, RabbitMQ answered.
     ``stack`` lists the whole-stack checks run once healthy (``actors.doctor``: topology,
     consumers, reconcile heartbeat, outbox lag, consumer_timeout, dead letters), each
-    ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``next_command`` is the fix of
-    the first problem (null when there is none).
+    ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``settings`` lists, in the same
+    shape, every setting that is inert in this configuration or contradicts another
+    (``vibey.setting_checks``; run whether or not healthy); ``next_command`` is the fix of the
+    first problem of either (null when there is none).
     """
 
     version: str
@@ -198,6 +200,7 @@ class DoctorReport:
     broker_capabilities: dict[str, bool] | None
     healthy: bool
     stack: list[dict[str, Any]]
+    settings: list[dict[str, Any]]
     next_command: str | None
 
 
@@ -321,15 +324,30 @@ def _diagnose(
         broker_capabilities=None if amqp.caps is None else _capability_map(amqp.caps),
         healthy=error is None and not pending and rabbitmq_fine,
         stack=[],
+        settings=_setting_checks(settings),
         next_command=None,
     )
+    stack_found: list[dict[str, Any]] = []
     if stack and report.healthy:
         from vibey.cli_ops import stack_checks  # pika, the store: only once the basics pass
 
-        checks = stack_checks(settings, amqp.caps)
-        fixes = [c["fix"] for c in checks if c["status"] == "problem" and c["fix"]]
-        report = replace(report, stack=checks, next_command=fixes[0] if fixes else None)
+        stack_found = stack_checks(settings, amqp.caps)
+    every = [*report.settings, *stack_found]
+    fixes = [c["fix"] for c in every if c["status"] == "problem" and c["fix"]]
+    report = replace(report, stack=stack_found, next_command=fixes[0] if fixes else None)
     return report, amqp.caps
+
+
+def _setting_checks(settings: Settings) -> list[dict[str, Any]]:
+    from vibey.setting_checks import setting_checks
+    from vibey.settings import SettingsError
+    from vibey.wiring import longest_lease
+
+    try:
+        longest = longest_lease(settings)
+    except SettingsError:  # the definitions do not load: the stack checks say so
+        longest = None
+    return setting_checks(settings, longest)
 
 
 def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None:
@@ -350,7 +368,7 @@ def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None
         print(f"{label + ':':<15} {value}")
     for label, value in caps.as_table()[1:] if caps is not None else ():
         print(f"  {label}: {value}")
-    for check in report.stack:
+    for check in [*report.settings, *report.stack]:
         mark = {"ok": "ok", "problem": "PROBLEM", "info": "note"}[check["status"]]
         print(f"{check['name'] + ':':<15} {mark}: {check['detail']}")
     if report.next_command is not None:

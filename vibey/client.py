@@ -241,6 +241,17 @@ class Client:
             time.sleep(min(delay, remaining))
             delay = min(delay * 1.5, 0.1)
 
+    def router(self) -> Router:
+        """How pointers are routed now (the rabbitmq backend): each kind to its lane, each
+        project to its dedicated queues when the project routes say so."""
+        routes = self._routes if self._routes is not None else read_routes(self._pool)
+        return Router(
+            names=QueueNames(self.settings.bus.prefix),
+            tiers=self.settings.queue.rabbitmq.wait_tiers,
+            dedicated=routes,
+            kinds=self.registry.kinds,
+        )
+
     # -- gates -------------------------------------------------------------------------------
 
     def list_gates(self, project: str | None = None) -> list[Gate]:

@@ -184,7 +184,7 @@ def test_doctor_json_on_a_migrated_database_is_healthy(
     nested = {
         k for k, v in report.items() if isinstance(v, dict | list) and k != "pending_migrations"
     }
-    assert nested == {"broker_capabilities", "stack"}  # flat but for these two
+    assert nested == {"broker_capabilities", "stack", "settings"}  # flat but for these
 
 
 def test_doctor_json_reports_the_broker_and_what_it_honours(
