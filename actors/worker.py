@@ -10,8 +10,12 @@ A process serves the shared lane queues (the default fleet, every project) or, g
 dedicated queues is read from ``project_route`` (``store.routes.RouteCache``), never from this
 process's settings: every publisher gives the same answer.
 
-Lanes: within a process the interactive lane's actor has the higher Dramatiq priority, so when
-a thread frees, a buffered interactive step starts before the buffered BUILD steps.
+Lanes: a process that serves both lanes keeps one of its threads for the interactive lane:
+the BUILD queues' prefetch is at most ``threads - 1``, so at most that many BUILD steps hold a
+delivery (and a thread) at once, and an interactive step never waits for a BUILD step to
+finish, however long BUILD steps run and however deep their backlog. The interactive actor
+also has the higher Dramatiq priority, so a buffered interactive step takes the next free
+thread ahead of buffered BUILD steps.
 """
 
 from __future__ import annotations
@@ -101,6 +105,19 @@ class WorkerConfig:
 
     def queues(self) -> list[str]:
         return [queue for _, queue in self.lane_queues()]
+
+    def prefetch_by_queue(self) -> dict[str, int]:
+        """Each consumed queue's prefetch: ``prefetch`` (default: the threads), but at most
+        ``threads - 1`` on a BUILD queue when the process serves the interactive lane too."""
+        prefetch = self.prefetch or self.threads
+        both = Lane.INTERACTIVE.value in self.lanes and len(self.lanes) > 1
+        keep = both and self.threads > 1
+        return {
+            queue: min(prefetch, self.threads - 1)
+            if keep and lane == Lane.BUILD.value
+            else prefetch
+            for lane, queue in self.lane_queues()
+        }
 
     def lane_queues(self) -> list[tuple[str, str]]:
         """(lane, queue) for every queue this process consumes."""
@@ -232,7 +249,7 @@ class Runtime:
                 priority=LANE_PRIORITY.get(lane, 0),
                 options={"max_retries": 0},
             )
-        self._worker: dramatiq.Worker | None = None
+        self._worker: LaneWorker | None = None
 
     def _handler_context(self) -> Any:
         return handler_context(self.config, self.pool)
@@ -266,11 +283,11 @@ class Runtime:
         self.relay.start()
         self.broker.channel  # noqa: B018 - opens this thread's channel, declaring the topology
         self.broker._ensure_queue(self.config.queues()[0])
-        prefetch = self.config.prefetch or self.config.threads
-        self._worker = dramatiq.Worker(
-            self.broker, queues=set(self.config.queues()), worker_threads=self.config.threads
+        self._worker = LaneWorker(
+            self.broker,
+            prefetch=self.config.prefetch_by_queue(),
+            worker_threads=self.config.threads,
         )
-        self._worker.queue_prefetch = prefetch
         self._worker.start()
         self.reconciler.start(interval=self.config.reconcile_interval)
 
@@ -284,6 +301,19 @@ class Runtime:
         self.routes.stop()
         self.broker.close()
         self.pool.close()
+
+
+class LaneWorker(dramatiq.Worker):
+    """A Dramatiq worker with a prefetch per queue (``_add_consumer`` is Dramatiq's private
+    hook; dramatiq is pinned to 2.2.*)."""
+
+    def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
+        super().__init__(broker, queues=set(prefetch), worker_threads=worker_threads)
+        self._prefetch = dict(prefetch)
+
+    def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
+        self.queue_prefetch = self._prefetch.get(queue_name, self.queue_prefetch)
+        super()._add_consumer(queue_name, delay=delay)
 
 
 def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
