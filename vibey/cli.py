@@ -412,9 +412,9 @@ def worker(
     the postgres backend, only their jobs), and it routes those projects there (the project
     routes in PostgreSQL every publisher reads; it says so when a project was not routed
     before; `vibey project undedicate P` undoes it). It exits 2 when
-    consumer_timeout_seconds is not above the longest lease. It prints one line saying what
-    it runs; SIGTERM
-    or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
+    consumer_timeout_seconds is not above the longest lease. A process serving both lanes
+    keeps one of its threads for the interactive lane. It prints one line saying what it
+    runs; SIGTERM or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
     vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
     backend.
 
