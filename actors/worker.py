@@ -255,12 +255,13 @@ class Runtime:
         return handler_context(self.config, self.pool)
 
     def _declarer(self, topology: Topology) -> Any:
-        projects = self.config.projects
-
         def declare(channel: Any) -> None:
             caps = detect(channel.connection)
             topology.declare(channel, caps)
-            for project in projects:
+            # This process's projects, and every routed one: a routed project's pointers
+            # then wait in its queues until its worker comes.
+            routed = sorted(self.routes.projects - set(topology.dedicated_projects))
+            for project in dict.fromkeys((*self.config.projects, *routed)):
                 for lane in self.config.lanes:
                     topology.declare_dedicated(channel, caps, lane, project)
 

@@ -41,12 +41,36 @@ def _with_pool(fn: Callable[[Pool], T], url: str | None = None) -> T:
         pool.close()
 
 
-def _queues(project: str) -> list[str]:
+def _declare(project: str) -> list[str]:
+    """Declare the project's dedicated queues (on the rabbitmq backend, when RabbitMQ
+    answers), so its pointers wait there until a `vibey worker --project` serves them."""
     from actors.topology import QueueNames
     from workflows.dispatch import Lane
 
-    names = QueueNames(load_settings().bus.prefix)
-    return [names.work_queue(lane, project) for lane in Lane]
+    settings = load_settings()
+    names = QueueNames(settings.bus.prefix)
+    queues = [names.work_queue(lane, project) for lane in Lane]
+    if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
+        return queues
+    import pika
+    import pika.exceptions
+
+    from actors.amqp import parameters
+    from actors.capabilities import detect
+    from vibey.wiring import worker_config
+
+    topology = worker_config(settings, projects=[project]).topology()
+    try:
+        connection = pika.BlockingConnection(parameters(settings.bus.amqp_url, timeout=5))
+    except pika.exceptions.AMQPError:  # the first worker for it declares them
+        return queues
+    try:
+        caps = detect(connection)
+        for lane in topology.lanes:
+            topology.declare_dedicated(connection.channel(), caps, lane, project)
+    finally:
+        connection.close()
+    return queues
 
 
 @project_app.command
@@ -67,8 +91,8 @@ def dedicate(project: str, /, *, json_output: Json = False) -> ExitCode:
 
     (project,) = check_project_ids([project], "fix the project id")
     by = f"vibey project dedicate@{socket.gethostname()}"
+    queues = _declare(project)  # first: the resent pointers then have somewhere to wait
     changed = _with_pool(lambda pool: write(pool, project, by=by))
-    queues = _queues(project)
     if json_output:
         payload = {"project": project, "dedicated": True, "changed": changed, "queues": queues}
         render.dump(payload)

@@ -5,7 +5,8 @@ turn:
 
 1. idle: ``--samples`` interactive steps, one at a time, nothing else running;
 2. saturated: the same while the BUILD lane holds a backlog of ``--backlog`` steps of
-   ``--build-seconds`` each (topped up, so it never drains);
+   ``--build-seconds`` each (topped up, so it never drains), each sample at a random point
+   of the running BUILD steps (seeded: the same points every run);
 3. saturated, as before this change: the same, with every thread open to BUILD steps (the
    BUILD queues' prefetch not capped at ``threads - 1``), to show what the kept thread buys.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import sys
 import threading
@@ -123,10 +125,10 @@ def saturated(
             raise TimeoutError(f"the BUILD lane never ran {busy} steps at once")
         time.sleep(0.05)
     latencies: list[float] = []
+    jitter = random.Random(7)  # the same sample times in every run
     for n in range(args.samples):
         enqueued = top_up(runtime, probe, tag, args.backlog, enqueued)
-        if probe.running_builds < busy:
-            time.sleep(args.build_seconds / 4)
+        time.sleep(jitter.uniform(0, args.build_seconds))  # at any point of a BUILD step
         latencies += measure(runtime, probe, f"{tag}{n}", 1, timeout=args.build_seconds * 10)
     return latencies
 

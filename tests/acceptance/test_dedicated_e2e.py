@@ -98,3 +98,22 @@ def sql(pg_url: str, query: str) -> list[tuple[Any, ...]]:
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         return conn.execute(query.encode()).fetchall()
+
+
+def test_dedicate_and_undedicate_move_a_waiting_projects_pointers(
+    e2e: Stack, amqp: Amqp, pg_url: str
+) -> None:
+    done = e2e.json("project", "dedicate", "beta")
+    mine = amqp.names.work_queue("interactive", "beta")
+    assert done["changed"] is True and mine in done["queues"]
+    assert e2e.json("project", "dedicate", "beta")["changed"] is False
+    e2e.vibey("workflow", "start", "beta", "--script", str(DEMO_SCRIPT))
+    assert [w["queue"] for w in e2e.status("beta")["waiting_for_worker"]] == [mine]
+    assert e2e.json("workflow", "status", "beta")["waiting_for_worker"][0]["command"] == (
+        "vibey worker --lanes interactive --project beta"
+    )
+    assert e2e.json("project", "undedicate", "beta")["changed"] is True
+    shared = amqp.names.work_queue("interactive")
+    assert [w["queue"] for w in e2e.status("beta")["waiting_for_worker"]] == [shared]
+    e2e.start_worker(processes=1, threads=2)  # a shared worker now runs beta's steps
+    assert first_gate(e2e, "beta")["project"] == "beta"
