@@ -129,7 +129,8 @@ def _consumer_timeout(
                 PROBLEM,
                 f"the work queues' x-consumer-timeout {queue_timeout} is not above the "
                 f"longest lease ({lease_s:.0f} s)",
-                "lower the longest lease under [queue.lease_seconds]",
+                "raise consumer_timeout_seconds under [queue.rabbitmq] or lower the longest "
+                "lease under [queue.lease_seconds]",
             )
         return Check(
             "consumer_timeout",

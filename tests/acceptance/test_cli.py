@@ -387,6 +387,18 @@ def test_worker_with_a_bad_flag_exits_2_with_one_line(
     assert run.stdout == ""
 
 
+def test_worker_with_a_consumer_timeout_below_the_longest_lease_exits_2(tmp_path: Path) -> None:
+    env = clean_env(
+        VIBEY_PG_URL=PG_STUB, VIBEY_AMQP_URL=AMQP_STUB, VIBEY_QUEUE_CONSUMER_TIMEOUT="3600"
+    )
+    run = vibey("worker", cwd=tmp_path, env=env)
+    assert run.code == 2
+    (line,) = run.stderr_lines
+    assert "consumer_timeout_seconds (3600 s) is not above the longest lease (7200 s)" in line
+    assert "VIBEY_QUEUE_CONSUMER_TIMEOUT" in line
+    assert run.stdout == ""
+
+
 def test_worker_with_a_bad_lane_in_the_environment_exits_2(tmp_path: Path) -> None:
     env = clean_env(VIBEY_PG_URL=PG_STUB, VIBEY_AMQP_URL=AMQP_STUB, VIBEY_WORKER_LANES="bulk")
     run = vibey("worker", cwd=tmp_path, env=env)
