@@ -52,17 +52,14 @@ def _declare(project: str) -> list[str]:
     queues = [names.work_queue(lane, project) for lane in Lane]
     if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
         return queues
-    import pika
-    import pika.exceptions
-
-    from actors.amqp import parameters
+    from actors import amqp
     from actors.capabilities import detect
     from vibey.wiring import worker_config
 
     topology = worker_config(settings, projects=[project]).topology()
     try:
-        connection = pika.BlockingConnection(parameters(settings.bus.amqp_url, timeout=5))
-    except pika.exceptions.AMQPError:  # the first worker for it declares them
+        connection = amqp.connect(settings.bus.amqp_url, timeout=5)
+    except amqp.AMQPError:  # the first worker for it declares them
         return queues
     try:
         caps = detect(connection)

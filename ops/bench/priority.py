@@ -97,7 +97,7 @@ def measure(runtime: Runtime, probe: Probe, tag: str, samples: int, timeout: flo
     for n in range(samples):
         subject = f"{tag}-{n}"
         before = time.monotonic()
-        runtime.store.enqueue(EnqueueRequest(project_id=PROJECT, kind=INTERACTIVE, subject=subject))
+        runtime.jobs.enqueue(EnqueueRequest(project_id=PROJECT, kind=INTERACTIVE, subject=subject))
         latencies.append(probe.wait_started(subject, timeout) - before)
         time.sleep(0.05)
     return latencies
@@ -111,7 +111,7 @@ def top_up(runtime: Runtime, probe: Probe, tag: str, backlog: int, enqueued: int
         for i in range(max(missing, 0))
     ]
     if requests:
-        runtime.store.enqueue_batch(requests)
+        runtime.jobs.enqueue_batch(requests)
     return enqueued + len(requests)
 
 

@@ -95,11 +95,11 @@ def test_an_interactive_step_overtakes_a_backlog_of_build_steps(
 ) -> None:
     runtime, starts = worker
     for n in range(BACKLOG):
-        runtime.store.enqueue(EnqueueRequest(project_id=P, kind="build.implement", subject=f"b{n}"))
+        runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="build.implement", subject=f"b{n}"))
     wait_for(lambda: len(starts.started("b")) >= THREADS - 1)  # the build lane is saturated
     time.sleep(BUILD_S / 2)  # mid-step: the BUILD lane's every thread busy, a backlog queued
     enqueued = time.monotonic()
-    runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview", subject="i0"))
+    runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview", subject="i0"))
     wait_for(lambda: starts.started("i"))
     ((_, started),) = starts.started("i")
     builds = starts.started("b")
