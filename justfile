@@ -100,4 +100,5 @@ bench: venv
     {{python}} ops/bench/protocol.py --no-ledger
     {{python}} ops/bench/ledger.py
     {{python}} ops/bench/inbox.py
+    {{python}} ops/bench/priority.py
     ops/bench/cli_start.sh

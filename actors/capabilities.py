@@ -13,6 +13,7 @@ count attempts with ``x-death``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,3 +119,54 @@ def _range_text(name: str) -> str:
 
 def _short(version: Version) -> str:
     return f"{version[0]}.{version[1]}"
+
+
+# Quorum queues (RabbitMQ 4.0+) have two priority levels: a priority above 4 is "high".
+QUORUM_HIGH_PRIORITY = 5
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePriorities:
+    """How a queue honours AMQP message priorities. ``top``: the highest value it tells apart
+    from 0 (0: it ignores them); ``binary``: only two levels, 0 and ``top``."""
+
+    top: int = 0
+    binary: bool = False
+
+    @property
+    def honoured(self) -> bool:
+        return self.top > 0
+
+    @property
+    def levels(self) -> int:
+        return 1 if not self.honoured else 2 if self.binary else self.top + 1
+
+    def of(self, job_priority: int) -> int | None:
+        """The AMQP priority for a job's priority (higher is more urgent); None: send none."""
+        if not self.honoured or job_priority <= 0:
+            return None
+        return self.top if self.binary else min(job_priority, self.top)
+
+    def describe(self) -> str:
+        if not self.honoured:
+            return "ignored (FIFO within a queue; the lanes keep interactive steps apart)"
+        return f"honoured, {self.levels} levels"
+
+
+def message_priorities(arguments: Mapping[str, Any], caps: BrokerCapabilities) -> MessagePriorities:
+    """What a queue declared with ``arguments`` does with message priorities on a broker with
+    ``caps``: detected from its type and the version, never assumed.
+
+    Quorum queues honour two levels from RabbitMQ 4.0 (and reject ``x-max-priority``);
+    before that they ignore priorities. A classic queue honours ``0..x-max-priority``.
+    """
+    if arguments.get("x-queue-type") == "quorum":
+        return (
+            MessagePriorities(QUORUM_HIGH_PRIORITY, binary=True)
+            if caps.quorum_priorities
+            else (MessagePriorities())
+        )
+    top = arguments.get("x-max-priority")
+    if isinstance(top, int) and not isinstance(top, bool) and top > 0:
+        return MessagePriorities(min(top, 255))
+    return MessagePriorities()

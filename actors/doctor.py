@@ -18,6 +18,7 @@ from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues
 from actors.worker import WorkerConfig
 from store.db import Pool
 from store.operations import OperationsStore
+from store.routes import read_routes
 
 OK, PROBLEM, INFO = "ok", "problem", "info"
 STALE_FACTOR = 3  # a heartbeat or an unsent row older than this many intervals is stale
@@ -38,7 +39,7 @@ def stack_checks(
     ops = OperationsStore(pool)
     checks: list[Check] = []
     if config.backend == "rabbitmq":
-        checks += _broker_checks(config)
+        checks += _broker_checks(config, read_routes(pool).projects)
     stale = max(config.reconcile_interval * STALE_FACTOR, STALE_FLOOR)
     checks.append(_heartbeat(ops, stale))
     if config.backend == "rabbitmq":
@@ -48,7 +49,7 @@ def stack_checks(
     return checks
 
 
-def _broker_checks(config: WorkerConfig) -> list[Check]:
+def _broker_checks(config: WorkerConfig, routed: frozenset[str]) -> list[Check]:
     try:
         connection = amqp.connect(config.amqp_url, timeout=PROBE_TIMEOUT_S)
     except amqp.AMQPError as exc:
@@ -56,7 +57,7 @@ def _broker_checks(config: WorkerConfig) -> list[Check]:
     missing: list[str] = []
     idle: list[tuple[str, str | None, str | None]] = []
     try:
-        for name, lane, project in expected_queues(config):
+        for name, lane, project in expected_queues(config, routed):
             channel = connection.channel()
             try:
                 method = channel.queue_declare(name, passive=True).method
@@ -128,7 +129,8 @@ def _consumer_timeout(
                 PROBLEM,
                 f"the work queues' x-consumer-timeout {queue_timeout} is not above the "
                 f"longest lease ({lease_s:.0f} s)",
-                "lower the longest lease under [queue.lease_seconds]",
+                "raise consumer_timeout_seconds under [queue.rabbitmq] or lower the longest "
+                "lease under [queue.lease_seconds]",
             )
         return Check(
             "consumer_timeout",

@@ -3,13 +3,16 @@ each lane (a leased job holds its delivery unacknowledged), the dead letters, th
 and the claimable job that has waited longest.
 
 On the rabbitmq backend the queues are read with passive declares (one connection); a queue
-that does not exist is reported as missing. On the postgres backend a lane's "queue" is its
-claimable rows. Everything else comes from PostgreSQL.
+that does not exist is reported as missing, and one holding pointers that no consumer serves
+as "waiting for a worker on <queue>: none is consuming". The dedicated queues listed are the
+routed projects' (``project_route``, the table every publisher routes by), plus those a
+``--project`` names. On the postgres backend a lane's "queue" is its claimable rows.
+Everything else comes from PostgreSQL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +21,7 @@ from actors.worker import WorkerConfig, load_registry
 from store.db import Pool
 from store.drive import Work, build_kinds, claimable_count
 from store.operations import OperationsStore
+from store.routes import read_routes
 from workflows.dispatch import Lane
 
 PROBE_TIMEOUT_S = 5.0
@@ -32,6 +36,15 @@ class QueueRow:
     ready: int | None  # messages waiting (rabbitmq) or claimable rows (postgres)
     consumers: int | None  # None on the postgres backend
 
+    @property
+    def unserved(self) -> bool:
+        """Pointers wait in it and nothing consumes it."""
+        return self.lane is not None and bool(self.ready) and self.consumers == 0
+
+
+def waiting_line(queue: str) -> str:
+    return f"waiting for a worker on {queue}: none is consuming"
+
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
@@ -43,6 +56,8 @@ class QueueStats:
     outbox_unsent: int
     outbox_oldest_s: float
     oldest_ready: dict[str, Any] | None = field(default=None)
+    routed: list[str] = field(default_factory=list)  # projects with dedicated queues
+    waiting: list[str] = field(default_factory=list)  # queues holding pointers, no consumer
 
 
 def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
@@ -53,11 +68,12 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
         if state == "leased":
             lane = (Lane.BUILD if kind in building else Lane.INTERACTIVE).value
             leased[lane] = leased.get(lane, 0) + n
+    routed = sorted(read_routes(pool).projects)
     if config.backend == "postgres":
         queues = _claimable(config, pool, building)
         dead_queue = None
     else:
-        queues, dead_queue = _broker_queues(config)
+        queues, dead_queue = _broker_queues(config, routed)
     unsent, oldest = ops.outbox_lag()
     oldest_ready = ops.oldest_ready()
     return QueueStats(
@@ -71,6 +87,8 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
         oldest_ready=None
         if oldest_ready is None
         else {**oldest_ready, "id": str(oldest_ready["id"])},
+        routed=routed,
+        waiting=[row.name for row in queues if row.unserved],
     )
 
 
@@ -83,10 +101,13 @@ def _claimable(config: WorkerConfig, pool: Pool, building: frozenset[str]) -> li
     ]
 
 
-def expected_queues(config: WorkerConfig) -> list[tuple[str, str | None, str | None]]:
-    """(queue, lane, project) for every work queue the settings route to, then the dead queue."""
+def expected_queues(
+    config: WorkerConfig, routed: Collection[str] = ()
+) -> list[tuple[str, str | None, str | None]]:
+    """(queue, lane, project) for every work queue pointers are routed to (the shared lanes,
+    the ``routed`` projects' dedicated queues and the ``--project`` ones), then the dead queue."""
     names = config.names
-    projects: Sequence[str | None] = [None, *config.dedicated_projects, *config.projects]
+    projects: Sequence[str | None] = [None, *routed, *config.projects]
     out = [
         (names.work_queue(lane, project), lane, project)
         for project in dict.fromkeys(projects)
@@ -95,11 +116,35 @@ def expected_queues(config: WorkerConfig) -> list[tuple[str, str | None, str | N
     return [*out, (names.dead_queue, None, None)]
 
 
-def _broker_queues(config: WorkerConfig) -> tuple[list[QueueRow], int | None]:
+def consumer_counts(amqp_url: str, queues: Iterable[str]) -> dict[str, int | None]:
+    """Each queue's consumers (None: the queue does not exist); {} when RabbitMQ does not
+    answer."""
+    counts: dict[str, int | None] = {}
+    try:
+        connection = amqp.connect(amqp_url, timeout=PROBE_TIMEOUT_S)
+    except amqp.AMQPError:
+        return counts
+    try:
+        for name in queues:
+            channel = connection.channel()
+            try:
+                counts[name] = channel.queue_declare(name, passive=True).method.consumer_count
+            except amqp.ChannelClosedByBroker:
+                counts[name] = None
+                continue
+            channel.close()
+    finally:
+        connection.close()
+    return counts
+
+
+def _broker_queues(
+    config: WorkerConfig, routed: Collection[str]
+) -> tuple[list[QueueRow], int | None]:
     connection = amqp.connect(config.amqp_url, timeout=PROBE_TIMEOUT_S)
     rows: list[QueueRow] = []
     try:
-        for name, lane, project in expected_queues(config):
+        for name, lane, project in expected_queues(config, routed):
             channel = connection.channel()
             try:
                 method = channel.queue_declare(name, passive=True).method

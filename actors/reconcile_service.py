@@ -29,6 +29,7 @@ from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.routes import RouteCache
 from store.workflows import WorkflowStore
 from workflows.engine import Registry
 
@@ -42,6 +43,7 @@ class ReconcileService:
         self.pool = open_pool(config.pg_url, min_size=1, max_size=3, name="vibey-reconcile")
         self.last_error: str | None = None
         self.relay: Relay | None = None
+        self.routes: RouteCache | None = None
         self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
         registry = load_registry(config.definitions)
@@ -52,11 +54,13 @@ class ReconcileService:
             self.events = self._events(registry)
             return
         records = DispatchRecords(pool=self.pool, relay_id=self.owner)
-        dedicated = (*config.dedicated_projects, *config.projects)
+        self.routes = RouteCache(url=config.pg_url, pool=self.pool)
         self.relay = Relay(
             url=config.amqp_url,
             records=records,
-            router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated, kinds=kinds),
+            router=Router(
+                names=config.names, tiers=config.tiers, dedicated=self.routes, kinds=kinds
+            ),
         )
         self.jobs = PostgresJobRepository(
             pool=self.pool,
@@ -112,6 +116,8 @@ class ReconcileService:
         try:
             if self.relay is not None:
                 self.declare()
+                if self.routes is not None:
+                    self.routes.start()
                 self.relay.start()
             self.events.start()
             while True:
@@ -138,4 +144,6 @@ class ReconcileService:
             self.reconciler.stop()
         if self.relay is not None:
             self.relay.stop()
+        if self.routes is not None:
+            self.routes.stop()
         self.pool.close()

@@ -13,7 +13,13 @@ including those claimed by a relay that died.
 
 Routing: a due pointer goes to the work exchange; one that is not due goes to the largest wait
 tier not longer than what remains (``workflows.dispatch.WaitTiers``), published to that tier's
-exchange with the pointer's real routing key.
+exchange with the pointer's real routing key. Whether a project's key is its dedicated one is
+read from ``project_route`` (``store.routes``: a :class:`~store.routes.RouteCache` in a
+long-lived process, refreshed on NOTIFY), the same answer in every publisher.
+
+Each message carries ``correlation_id`` (the job's workflow, else the job) and, where the work
+queues honour message priorities on the connected broker (``actors.capabilities.
+message_priorities``: detected at each connect, never assumed), the job's priority.
 
 Threads: pika's ``SelectConnection`` runs in its own I/O thread; everything that touches
 PostgreSQL runs in the relay's worker thread. They talk through thread-safe queues and
@@ -27,7 +33,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,7 +44,8 @@ import pika.frame
 import pika.spec
 
 from actors.amqp import parameters
-from actors.topology import QueueNames
+from actors.capabilities import MessagePriorities, detect, message_priorities
+from actors.topology import QUORUM, QueueNames
 from store.dispatch import DispatchRecords
 from store.errors import DatabaseUnavailable
 from store.unit_of_work import OutboxRow
@@ -61,25 +68,36 @@ class Publication:
     body: bytes
     message_id: str
     solo: bool = False
+    priority: int = 0  # the job's (mapped to the broker's levels when published)
+    correlation_id: str | None = None  # the workflow (else the job)
 
 
 class Router:
     """Where a pointer goes: the work exchange when due, else a wait tier's exchange; into the
     lane its kind declares (``kinds``: the registered definitions'; a kind none declares goes
-    to the interactive lane)."""
+    to the interactive lane); to the project's dedicated queues when ``dedicated`` (the
+    project routes, ``store.routes``) holds the project."""
 
     def __init__(
         self,
         *,
         names: QueueNames,
         tiers: WaitTiers,
-        dedicated: Iterable[str] = (),
+        dedicated: Container[str] = (),
         kinds: StepKinds | None = None,
     ) -> None:
         self._names = names
         self._tiers = tiers
-        self._dedicated = frozenset(dedicated)
+        self._dedicated = dedicated
         self._kinds = kinds if kinds is not None else StepKinds()
+
+    def dedicated(self, project_id: str) -> bool:
+        return project_id in self._dedicated
+
+    def queue(self, kind: str, project_id: str) -> str:
+        """The work queue a due pointer of ``kind`` for ``project_id`` lands in."""
+        lane = self.lane(kind)
+        return self._names.work_queue(lane, project_id if self.dedicated(project_id) else None)
 
     def lane(self, kind: str) -> Lane:
         if kind in self._kinds:
@@ -104,7 +122,14 @@ class Router:
             else self._names.tier_exchange(tier_name(tier))
         )
         return Publication(
-            row.id, exchange, key, encode(envelope), envelope.message_id, solo=row.solo
+            row.id,
+            exchange,
+            key,
+            encode(envelope),
+            envelope.message_id,
+            solo=row.solo,
+            priority=row.priority,
+            correlation_id=str(row.workflow_id or row.job_id),
         )
 
 
@@ -156,6 +181,11 @@ class Relay:
             self._io.close()
         for thread in self._threads:
             thread.join(timeout=timeout)
+
+    @property
+    def priorities(self) -> MessagePriorities:
+        """What the work queues do with message priorities on the broker last connected."""
+        return self._io.priorities if self._io is not None else MessagePriorities()
 
     # -- the two ways rows arrive ----------------------------------------------------------
 
@@ -302,6 +332,7 @@ class _Publisher:
         self._pending: dict[int, int] = {}  # delivery tag -> outbox id
         self._returned: set[int] = set()
         self._backlog: list[Publication] = []
+        self.priorities = MessagePriorities()  # the work queues', detected at each connect
 
     def run(self) -> None:
         attempt = 0
@@ -349,6 +380,7 @@ class _Publisher:
             self._connection.ioloop.stop()
 
     def _on_open(self, connection: Any) -> None:
+        self.priorities = message_priorities({"x-queue-type": QUORUM}, detect(connection))
         connection.channel(on_open_callback=self._on_channel)
 
     def _on_channel(self, channel: pika.channel.Channel) -> None:
@@ -389,6 +421,8 @@ class _Publisher:
                 content_type="application/json",
                 delivery_mode=2,
                 message_id=pub.message_id,
+                correlation_id=pub.correlation_id,
+                priority=self.priorities.of(pub.priority),
                 type="job.dispatch",
                 headers={OUTBOX_HEADER: pub.outbox_id, SOLO_HEADER: pub.solo},
             )

@@ -6,7 +6,16 @@ APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` ru
 such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
 
 A process serves the shared lane queues (the default fleet, every project) or, given
-``projects``, only those projects' dedicated queues.
+``projects``, only those projects' dedicated queues. Which projects the relay routes to their
+dedicated queues is read from ``project_route`` (``store.routes.RouteCache``), never from this
+process's settings: every publisher gives the same answer.
+
+Lanes: a process that serves both lanes keeps one of its threads for the interactive lane:
+the BUILD queues' prefetch is at most ``threads - 1``, so at most that many BUILD steps hold a
+delivery (and a thread) at once, and an interactive step never waits for a BUILD step to
+finish, however long BUILD steps run and however deep their backlog. The interactive actor
+also has the higher Dramatiq priority, so a buffered interactive step takes the next free
+thread ahead of buffered BUILD steps.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.routes import RouteCache
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
 from workflows.engine import Registry
@@ -56,6 +66,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Dramatiq runs the buffered message of the lowest actor priority first.
+LANE_PRIORITY: Mapping[str, int] = {Lane.INTERACTIVE.value: 0, Lane.BUILD.value: 10}
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -64,12 +77,13 @@ class WorkerConfig:
     prefix: str = "vibey"
     lanes: tuple[str, ...] = tuple(lane.value for lane in Lane)
     projects: tuple[str, ...] = ()  # serve only these projects' dedicated queues
-    dedicated_projects: tuple[str, ...] = ()  # every project routed to dedicated queues
+    dedicated_projects: tuple[str, ...] = ()  # routed to dedicated queues at start (routes)
     tiers: WaitTiers = DEFAULT_WAIT_TIERS
     leases: LeasePolicy = field(default_factory=LeasePolicy)
     threads: int = 8
     prefetch: int | None = None  # default: threads (low, so a crash redelivers little)
     delivery_limit: int = 20
+    consumer_timeout: timedelta = timedelta(hours=6)  # work queues' x-consumer-timeout (3.12+)
     reconcile_interval: timedelta = timedelta(seconds=30)
     redispatch_after: timedelta = timedelta(minutes=2)
     reclaim_after: timedelta = timedelta(seconds=30)
@@ -94,9 +108,28 @@ class WorkerConfig:
         return QueueNames(self.prefix)
 
     def queues(self) -> list[str]:
+        return [queue for _, queue in self.lane_queues()]
+
+    def prefetch_by_queue(self) -> dict[str, int]:
+        """Each consumed queue's prefetch: ``prefetch`` (default: the threads), but at most
+        ``threads - 1`` on a BUILD queue when the process serves the interactive lane too."""
+        prefetch = self.prefetch or self.threads
+        both = Lane.INTERACTIVE.value in self.lanes and len(self.lanes) > 1
+        keep = both and self.threads > 1
+        return {
+            queue: min(prefetch, self.threads - 1)
+            if keep and lane == Lane.BUILD.value
+            else prefetch
+            for lane, queue in self.lane_queues()
+        }
+
+    def lane_queues(self) -> list[tuple[str, str]]:
+        """(lane, queue) for every queue this process consumes."""
         if self.projects:
-            return [self.names.work_queue(lane, p) for p in self.projects for lane in self.lanes]
-        return [self.names.work_queue(lane) for lane in self.lanes]
+            return [
+                (lane, self.names.work_queue(lane, p)) for p in self.projects for lane in self.lanes
+            ]
+        return [(lane, self.names.work_queue(lane)) for lane in self.lanes]
 
     def topology(self) -> Topology:
         return Topology(
@@ -105,6 +138,7 @@ class WorkerConfig:
             self.lanes,
             dedicated_projects=tuple(dict.fromkeys((*self.dedicated_projects, *self.projects))),
             delivery_limit=self.delivery_limit,
+            consumer_timeout=self.consumer_timeout,
         )
 
 
@@ -155,13 +189,13 @@ class Runtime:
         names = config.names
         self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 4)
         self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
-        dedicated = (*config.dedicated_projects, *config.projects)
+        self.routes = RouteCache(url=config.pg_url, pool=self.pool)
         registry = load_registry(config.definitions)
         self.relay = Relay(
             url=config.amqp_url,
             records=self.records,
             router=Router(
-                names=names, tiers=config.tiers, dedicated=dedicated, kinds=registry.kinds
+                names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
             ),
         )
         self.jobs = PostgresJobRepository(
@@ -211,27 +245,28 @@ class Runtime:
         self.events = event_service(config, self.pool, self.workflows)
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._results_lock = threading.Lock()
-        for queue in config.queues():
+        for lane, queue in config.lane_queues():
             dramatiq.Actor(
                 self._step,
                 broker=self.broker,
                 actor_name=step_actor_name(queue),
                 queue_name=queue,
-                priority=0,
+                priority=LANE_PRIORITY.get(lane, 0),
                 options={"max_retries": 0},
             )
-        self._worker: dramatiq.Worker | None = None
+        self._worker: LaneWorker | None = None
 
     def _handler_context(self) -> Any:
         return handler_context(self.config, self.pool)
 
     def _declarer(self, topology: Topology) -> Any:
-        projects = self.config.projects
-
         def declare(channel: Any) -> None:
             caps = detect(channel.connection)
             topology.declare(channel, caps)
-            for project in projects:
+            # This process's projects, and every routed one: a routed project's pointers
+            # then wait in its queues until its worker comes.
+            routed = sorted(self.routes.projects - set(topology.dedicated_projects))
+            for project in dict.fromkeys((*self.config.projects, *routed)):
                 for lane in self.config.lanes:
                     topology.declare_dedicated(channel, caps, lane, project)
 
@@ -250,14 +285,15 @@ class Runtime:
                 out.write(f"{result.value}\n")
 
     def start(self) -> None:
+        self.routes.start()
         self.relay.start()
         self.broker.channel  # noqa: B018 - opens this thread's channel, declaring the topology
         self.broker._ensure_queue(self.config.queues()[0])
-        prefetch = self.config.prefetch or self.config.threads
-        self._worker = dramatiq.Worker(
-            self.broker, queues=set(self.config.queues()), worker_threads=self.config.threads
+        self._worker = LaneWorker(
+            self.broker,
+            prefetch=self.config.prefetch_by_queue(),
+            worker_threads=self.config.threads,
         )
-        self._worker.queue_prefetch = prefetch
         self._worker.start()
         self.reconciler.start(interval=self.config.reconcile_interval)
         self.events.start()
@@ -270,6 +306,7 @@ class Runtime:
             self._worker.stop(timeout=int(timeout * 1000))
         self.runner.close()
         self.relay.stop()
+        self.routes.stop()
         self.broker.close()
         self.pool.close()
 
@@ -284,6 +321,19 @@ def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> 
         )
     deadlines = GateDeadlines(pool=pool, workflows=workflows)
     return EventService(pg_url=config.pg_url, publisher=publisher, sweep=deadlines.sweep)
+
+
+class LaneWorker(dramatiq.Worker):
+    """A Dramatiq worker with a prefetch per queue (``_add_consumer`` is Dramatiq's private
+    hook; dramatiq is pinned to 2.2.*)."""
+
+    def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
+        super().__init__(broker, queues=set(prefetch), worker_threads=worker_threads)
+        self._prefetch = dict(prefetch)
+
+    def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
+        self.queue_prefetch = self._prefetch.get(queue_name, self.queue_prefetch)
+        super()._add_consumer(queue_name, delay=delay)
 
 
 def run_process(config: WorkerConfig, *, ready: Any = None) -> None:

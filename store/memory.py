@@ -239,6 +239,8 @@ class MemoryJobRepository:
             kind=job.kind,
             not_before=job.run_after,
             solo=solo,
+            priority=job.priority,  # as the outbox trigger copies them (0010_project_routes)
+            workflow_id=job.workflow_id,
         )
         unit.wrote([_row(pointer)])
         return job
@@ -650,4 +652,6 @@ def _row(pointer: OutboxRow) -> dict[str, Any]:
         "kind": pointer.kind,
         "not_before": pointer.not_before,
         "solo": pointer.solo,
+        "priority": pointer.priority,
+        "workflow_id": pointer.workflow_id,
     }

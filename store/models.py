@@ -231,6 +231,9 @@ class JobOutboxRow(SQLModel, table=True):
     sent_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
     # 0003_outbox_solo
     solo: bool = Field(sa_column=Column(Boolean, nullable=False, server_default=text("false")))
+    # 0010_project_routes: filled from the job by a trigger
+    priority: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    workflow_id: uuid.UUID | None = Field(sa_column=Column(Uuid, nullable=True))
 
 
 class WorkflowRow(SQLModel, table=True):
@@ -394,3 +397,4 @@ from store.models_engines import *  # noqa: E402,F403
 from store.models_events import *  # noqa: E402,F403
 from store.models_ledger import *  # noqa: E402,F403
 from store.models_ops import *  # noqa: E402,F403
+from store.models_routes import *  # noqa: E402,F403

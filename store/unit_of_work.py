@@ -47,6 +47,8 @@ class OutboxRow:
     kind: str
     not_before: datetime
     solo: bool = False
+    priority: int = 0  # the job's; the message priority where the queue honours one
+    workflow_id: UUID | None = None  # the message's correlation_id (else the job's id)
 
 
 def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
@@ -59,6 +61,8 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
         kind=row["kind"],
         not_before=row["not_before"],
         solo=row["solo"],
+        priority=row.get("priority") or 0,
+        workflow_id=row.get("workflow_id"),
     )
 
 
@@ -92,6 +96,8 @@ class UnitOfWork:
                     kind=row["kind"],
                     not_before=datetime.fromisoformat(row["not_before"]),
                     solo=bool(row["solo"]),
+                    priority=int(row.get("priority") or 0),
+                    workflow_id=UUID(row["workflow_id"]) if row.get("workflow_id") else None,
                 )
             )
 

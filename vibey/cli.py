@@ -1,7 +1,8 @@
 """The ``vibey`` command: it loads the settings, calls the store, prints; it decides nothing.
 
 Commands: ``migrate``, ``doctor``, ``worker`` here; ``workflow ...`` in
-:mod:`vibey.cli_workflow`, ``gate ...`` in :mod:`vibey.cli_gate`; ``completion SHELL`` prints a
+:mod:`vibey.cli_workflow`, ``gate ...`` in :mod:`vibey.cli_gate`, ``project ...`` in
+:mod:`vibey.cli_project`; ``completion SHELL`` prints a
 shell completion script and ``--install-completion`` installs one.
 
 Exit codes: :class:`vibey.render.ExitCode` (0 ok, 1 failure, 2 usage, 3 unavailable), and the
@@ -161,7 +162,7 @@ def _count(n: int, noun: str) -> str:
 @dataclass(frozen=True, slots=True)
 class DoctorReport:
     """What ``vibey doctor --json`` prints: one JSON object with exactly these keys, flat but
-    for ``broker_capabilities``.
+    for ``broker_capabilities``, ``stack`` and ``settings``.
 
     URLs have their password replaced by ``***``; ``null`` means not set. ``postgres_error``
     is null when PostgreSQL answered. ``pending_migrations`` lists ``NNNN_name`` strings.
@@ -173,8 +174,10 @@ class DoctorReport:
     PostgreSQL answered, no migration is pending and, on the rabbitmq backend, RabbitMQ answered.
     ``stack`` lists the whole-stack checks run once healthy (``actors.doctor``: topology,
     consumers, reconcile heartbeat, outbox lag, consumer_timeout, dead letters), each
-    ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``next_command`` is the fix of
-    the first problem (null when there is none).
+    ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``settings`` lists, in the same
+    shape, every setting that is inert in this configuration or contradicts another
+    (``vibey.setting_checks``; run whether or not healthy); ``next_command`` is the fix of the
+    first problem of either (null when there is none).
     """
 
     version: str
@@ -184,7 +187,6 @@ class DoctorReport:
     pool_max: int
     queue_backend: str
     queue_poll_interval_seconds: float
-    queue_max_attempts: int
     lease_default_seconds: float
     amqp_url: str | None
     bus_prefix: str
@@ -198,6 +200,7 @@ class DoctorReport:
     broker_capabilities: dict[str, bool] | None
     healthy: bool
     stack: list[dict[str, Any]]
+    settings: list[dict[str, Any]]
     next_command: str | None
 
 
@@ -308,7 +311,6 @@ def _diagnose(
         pool_max=settings.database.pool_max,
         queue_backend=settings.queue.backend,
         queue_poll_interval_seconds=settings.queue.poll_interval_seconds,
-        queue_max_attempts=settings.queue.max_attempts,
         lease_default_seconds=settings.queue.lease.default.total_seconds(),
         amqp_url=None if settings.bus.amqp_url is None else redact(settings.bus.amqp_url),
         bus_prefix=settings.bus.prefix,
@@ -322,15 +324,30 @@ def _diagnose(
         broker_capabilities=None if amqp.caps is None else _capability_map(amqp.caps),
         healthy=error is None and not pending and rabbitmq_fine,
         stack=[],
+        settings=_setting_checks(settings),
         next_command=None,
     )
+    stack_found: list[dict[str, Any]] = []
     if stack and report.healthy:
         from vibey.cli_ops import stack_checks  # pika, the store: only once the basics pass
 
-        checks = stack_checks(settings, amqp.caps)
-        fixes = [c["fix"] for c in checks if c["status"] == "problem" and c["fix"]]
-        report = replace(report, stack=checks, next_command=fixes[0] if fixes else None)
+        stack_found = stack_checks(settings, amqp.caps)
+    every = [*report.settings, *stack_found]
+    fixes = [c["fix"] for c in every if c["status"] == "problem" and c["fix"]]
+    report = replace(report, stack=stack_found, next_command=fixes[0] if fixes else None)
     return report, amqp.caps
+
+
+def _setting_checks(settings: Settings) -> list[dict[str, Any]]:
+    from vibey.setting_checks import setting_checks
+    from vibey.settings import SettingsError
+    from vibey.wiring import longest_lease
+
+    try:
+        longest = longest_lease(settings)
+    except SettingsError:  # the definitions do not load: the stack checks say so
+        longest = None
+    return setting_checks(settings, longest)
 
 
 def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None:
@@ -351,7 +368,7 @@ def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None
         print(f"{label + ':':<15} {value}")
     for label, value in caps.as_table()[1:] if caps is not None else ():
         print(f"  {label}: {value}")
-    for check in report.stack:
+    for check in [*report.settings, *report.stack]:
         mark = {"ok": "ok", "problem": "PROBLEM", "info": "note"}[check["status"]]
         print(f"{check['name'] + ':':<15} {mark}: {check['detail']}")
     if report.next_command is not None:
@@ -392,8 +409,12 @@ def worker(
     a process that dies (at once when it was killed; after a doubling delay, at most 30 s,
     when it keeps failing right after its start). Without --project the fleet serves the
     shared lane queues (every project); with it, only those projects' dedicated queues (on
-    the postgres backend, only their jobs). It prints one line saying what it runs; SIGTERM
-    or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
+    the postgres backend, only their jobs), and it routes those projects there (the project
+    routes in PostgreSQL every publisher reads; it says so when a project was not routed
+    before; `vibey project undedicate P` undoes it). It exits 2 when
+    consumer_timeout_seconds is not above the longest lease. A process serving both lanes
+    keeps one of its threads for the interactive lane. It prints one line saying what it
+    runs; SIGTERM or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
     vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
     backend.
 
@@ -420,9 +441,20 @@ def worker(
         workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
         settings = replace(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
-    from vibey.wiring import worker_config
+    from vibey.cli_project import route_at_start
+    from vibey.wiring import check_consumer_timeout, worker_config
 
     config = worker_config(settings, projects=project)
+    check_consumer_timeout(settings)
+    for routed in route_at_start(config):
+        queues = ", ".join(q for q in config.queues() if q.endswith(f".p.{routed}"))
+        print(
+            f"vibey worker: project {routed} was not routed to its dedicated queues; routed now "
+            f"(its pointers go to {queues or 'its dedicated queues'} from now on, and its "
+            f"claimable ones were sent there again; `vibey project undedicate {routed}` "
+            "undoes it)",
+            flush=True,
+        )
     count = settings.worker.processes
     # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)

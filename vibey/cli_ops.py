@@ -78,7 +78,9 @@ def stats(
 ) -> ExitCode:
     """Each queue's ready messages and consumers, the jobs leased per lane (each holds its
     delivery unacknowledged), the dead letters (in the dead-letter queue, and kept), the
-    outbox's unsent rows and the age of the oldest, and the claimable job waiting longest.
+    outbox's unsent rows and the age of the oldest, the projects routed to dedicated queues,
+    and the claimable job waiting longest. A queue holding pointers that no consumer serves
+    says "waiting for a worker on <queue>: none is consuming".
 
     On the postgres backend a lane's queue is its claimable rows. Exits 3 when PostgreSQL or
     RabbitMQ does not answer.
@@ -88,7 +90,8 @@ def stats(
     json_output
         One JSON object: {"backend", "queues": [{"name", "lane", "project", "exists",
         "ready", "consumers"}], "leased_by_lane", "dead_queue", "dead_kept",
-        "outbox_unsent", "outbox_oldest_s", "oldest_ready"}.
+        "outbox_unsent", "outbox_oldest_s", "oldest_ready", "routed" (project ids),
+        "waiting" (queues holding pointers that no consumer serves)}.
     """
     from actors.queue_stats import gather
 
@@ -96,15 +99,20 @@ def stats(
     if json_output:
         print(json.dumps(asdict(found), indent=2, default=str))
         return ExitCode.OK
+    from actors.queue_stats import waiting_line
+
     for row in found.queues:
         where = f"{row.ready} ready" if row.exists else "MISSING (start a worker to declare it)"
         consumers = "" if row.consumers is None else f", {row.consumers} consumers"
-        print(f"{row.name:<40} {where}{consumers}")
+        waiting = f" ({waiting_line(row.name)})" if row.unserved else ""
+        print(f"{row.name:<40} {where}{consumers}{waiting}")
     leased = ", ".join(f"{lane} {n}" for lane, n in found.leased_by_lane.items())
     print(f"{'leased (running) jobs':<40} {leased or 'none'}")
     dead = "" if found.dead_queue is None else f"{found.dead_queue} in the dead-letter queue, "
     print(f"{'dead letters':<40} {dead}{found.dead_kept} kept (vibey queue dead)")
     print(f"{'outbox':<40} {found.outbox_unsent} unsent, oldest {found.outbox_oldest_s:.1f} s")
+    routed = ", ".join(found.routed) or "none (every project uses the shared lanes)"
+    print(f"{'dedicated projects':<40} {routed}")
     if found.oldest_ready:
         ready = found.oldest_ready
         print(

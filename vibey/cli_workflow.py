@@ -19,8 +19,11 @@ from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjs
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from store.workflow_reads import Workflow
     from store.workflows import WorkflowStore
+    from vibey.client import Client
     from vibey.settings import Settings
 
 workflow_app = App(name="workflow", help=help_of("workflow"))
@@ -251,9 +254,12 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     """Show PROJECT's workflow: its phase, what it waits on, its steps.
 
     The phase diagram with the current phase marked, what it is doing or waits on, its open
-    gates (with the command that answers each), and its steps.
+    gates (with the command that answers each), and its steps. On the rabbitmq backend, a
+    ready step whose queue no worker consumes says "waiting for a worker on <queue>: none is
+    consuming" (and the `vibey worker` command that serves it).
 
-    JSON: ``{"workflow": {...}, "gates": [gate...], "steps": [step...]}``.
+    JSON: ``{"workflow": {...}, "gates": [gate...], "steps": [step...],
+    "waiting_for_worker": [{"queue", "steps", "command"}]}``.
 
     Parameters
     ----------
@@ -274,12 +280,14 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
             (g, w) for g, w in store.inbox(workflow.project_id) if g.workflow_id == workflow.id
         ]
         steps = store.steps(workflow.id)
+        waiting = _unserved(settings, client, workflow.project_id, steps)
     if json_output:
         render.dump(
             {
                 "workflow": render.workflow_json(workflow, describe),
                 "gates": [render.gate_json(g, w) for g, w in gates],
                 "steps": [render.step_json(s) for s in steps],
+                "waiting_for_worker": waiting,
             }
         )
         return ExitCode.OK
@@ -288,7 +296,42 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
         print(f"waiting on ({len(gates)}):")
         render.print_gate_lines(gates, indent="  ")
     render.print_steps(steps)
+    for item in waiting:
+        print(
+            f"waiting for a worker on {item['queue']}: none is consuming "
+            f"(start one: {item['command']})"
+        )
     return ExitCode.OK
+
+
+def _unserved(
+    settings: Settings, client: Client, project: str, steps: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The queues this workflow's ready steps wait in that no consumer serves (rabbitmq)."""
+    if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
+        return []
+    kinds = [step["kind"] for step in steps if step["state"] == "ready"]
+    if not kinds:
+        return []
+    router = client.router()
+    dedicated = router.dedicated(project)
+    ready: dict[str, tuple[str, int]] = {}
+    for kind in kinds:
+        queue, lane = router.queue(kind, project), router.lane(kind).value
+        ready[queue] = (lane, ready.get(queue, (lane, 0))[1] + 1)
+    from actors.queue_stats import consumer_counts
+
+    counts = consumer_counts(settings.bus.amqp_url, ready)
+    return [
+        {
+            "queue": queue,
+            "steps": n,
+            "command": f"vibey worker --lanes {lane}"
+            + (f" --project {project}" if dedicated else ""),
+        }
+        for queue, (lane, n) in ready.items()
+        if queue in counts and not counts[queue]
+    ]
 
 
 @workflow_app.command(name="list")

@@ -12,9 +12,11 @@
 
 One client holds a small connection pool and one relay (one AMQP connection, publisher
 confirms) for its whole life: every commit's dispatch pointers are handed to it right after
-the commit, and :meth:`flush` waits until the broker confirmed them. It is safe to share
-across threads. Without RabbitMQ (or when it does not answer at start) pointers are left in
-the outbox for the workers' reconcilers, which send them within their reconcile interval.
+the commit, and :meth:`flush` waits until the broker confirmed them. It routes a project's
+pointers as every worker does, by the project routes in PostgreSQL (``store.routes``, kept
+current by NOTIFY). It is safe to share across threads. Without RabbitMQ (or when it does
+not answer at start) pointers are left in the outbox for the workers' reconcilers, which send
+them within their reconcile interval.
 
 Exceptions::
 
@@ -45,6 +47,7 @@ from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.pool import open_pool
+from store.routes import RouteCache, StaticRoutes, read_routes
 from store.unit_of_work import OutboxRow
 from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
 from store.workflows import WorkflowStore
@@ -121,11 +124,14 @@ class Client:
         pool: Pool | None = None,
         pool_size: int = 4,
         connect_relay: bool = True,
+        listen_routes: bool = True,
         name: str = "vibey-client",
     ) -> None:
         """``settings`` default to :func:`vibey.settings.load_settings`; ``registry`` to the
         definitions they name. ``pool``: share one the caller owns (it is not closed).
-        ``name`` prefixes the relay's id (who holds an outbox row it was handed)."""
+        ``name`` prefixes the relay's id (who holds an outbox row it was handed).
+        ``listen_routes=False`` reads the project routes once instead of following their
+        changes (one CLI command)."""
         from vibey.wiring import load_registry
 
         self.settings = settings if settings is not None else load_settings()
@@ -137,8 +143,10 @@ class Client:
         self._name = name
         self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
         self._relay: Relay | None = None
+        self._routes: RouteCache | None = None
         self._records: DispatchRecords | None = None
         self._tried = False  # whether a relay was tried (an AMQP URL on the rabbitmq backend)
+        self._listen_routes = listen_routes
         relay_id = self._start_relay() if connect_relay else None
         self._published_before = 0
         self.jobs = PostgresJobRepository(
@@ -160,13 +168,18 @@ class Client:
         relay_id = f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         rabbitmq = settings.queue.rabbitmq
         records = DispatchRecords(pool=self._pool, relay_id=relay_id)
+        routes: RouteCache | StaticRoutes
+        if self._listen_routes:
+            routes = RouteCache(url=settings.require_database_url(), pool=self._pool).start()
+        else:
+            routes = read_routes(self._pool)
         relay = Relay(
             url=settings.bus.amqp_url,
             records=records,
             router=Router(
                 names=QueueNames(settings.bus.prefix),
                 tiers=rabbitmq.wait_tiers,
-                dedicated=rabbitmq.dedicated_projects,
+                dedicated=routes,
                 kinds=self.registry.kinds,
             ),
         )
@@ -174,8 +187,11 @@ class Client:
             relay.start(timeout=RELAY_CONNECT_SECONDS)
         except TimeoutError:  # RabbitMQ did not answer: the reconcilers send the pointers
             relay.stop(timeout=STOP_SECONDS)
+            if isinstance(routes, RouteCache):
+                routes.stop()
             return None
         self._relay, self._records = relay, records
+        self._routes = routes if isinstance(routes, RouteCache) else None
         return relay_id
 
     def _committed(self, rows: Sequence[OutboxRow]) -> None:
@@ -226,6 +242,17 @@ class Client:
             time.sleep(min(delay, remaining))
             delay = min(delay * 1.5, 0.1)
 
+    def router(self) -> Router:
+        """How pointers are routed now (the rabbitmq backend): each kind to its lane, each
+        project to its dedicated queues when the project routes say so."""
+        routes = self._routes if self._routes is not None else read_routes(self._pool)
+        return Router(
+            names=QueueNames(self.settings.bus.prefix),
+            tiers=self.settings.queue.rabbitmq.wait_tiers,
+            dedicated=routes,
+            kinds=self.registry.kinds,
+        )
+
     # -- gates -------------------------------------------------------------------------------
 
     def list_gates(self, project: str | None = None) -> list[Gate]:
@@ -264,6 +291,9 @@ class Client:
             self.flush(timeout=STOP_SECONDS)
             self._relay.stop(timeout=STOP_SECONDS)
             self._relay = None
+        if self._routes is not None:
+            self._routes.stop()
+            self._routes = None
         if self._owns_pool:
             self._pool.close()
 

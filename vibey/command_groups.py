@@ -36,6 +36,10 @@ GROUPS: dict[str, tuple[str, str]] = {
         "vibey.cli_events:notify",
         "Run the webhooks of [notify.webhooks.<name>] until SIGTERM or SIGINT.",
     ),
+    "project": (
+        "vibey.cli_project:project_app",
+        "Project routes: which projects have dedicated queues.",
+    ),
 }
 
 

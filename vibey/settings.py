@@ -14,8 +14,7 @@ The file, every key optional (unknown sections and keys are errors)::
 
     [queue]
     backend = "rabbitmq"             # or "postgres"; VIBEY_QUEUE_BACKEND
-    poll_interval_seconds = 5.0      # VIBEY_QUEUE_POLL_INTERVAL
-    max_attempts = 5                 # VIBEY_QUEUE_MAX_ATTEMPTS
+    poll_interval_seconds = 5.0      # postgres backend: idle backstop; VIBEY_QUEUE_POLL_INTERVAL
 
     [queue.lease_seconds]            # per job kind (or alias), plus "default"
     default = 120                    # VIBEY_QUEUE_LEASE_SECONDS_DEFAULT
@@ -27,8 +26,8 @@ The file, every key optional (unknown sections and keys are errors)::
     reconcile_interval_seconds = 30  # VIBEY_QUEUE_RECONCILE_INTERVAL
     redispatch_after_seconds = 120   # resend a lost pointer after; VIBEY_QUEUE_REDISPATCH_AFTER
     reclaim_after_seconds = 30       # outbox rows a dead relay held; VIBEY_QUEUE_RECLAIM_AFTER
-    first_claim_wait_seconds = 2     # VIBEY_QUEUE_FIRST_CLAIM_WAIT
-    dedicated_projects = []          # VIBEY_QUEUE_DEDICATED_PROJECTS=p1,p2
+    consumer_timeout_seconds = 21600 # above the longest lease; VIBEY_QUEUE_CONSUMER_TIMEOUT
+    dedicated_projects = []          # routed at worker start; VIBEY_QUEUE_DEDICATED_PROJECTS=p1,p2
     # prefetch = 8                   # unset: the worker's threads; VIBEY_QUEUE_PREFETCH
 
     [bus]
@@ -77,10 +76,12 @@ The file, every key optional (unknown sections and keys are errors)::
     # max_attempts = 8, timeout_seconds = 5
 
 Lists come from the environment comma-separated (``1,5,30``); an empty item is an error.
-Durations are numbers of seconds: finite, more than 0 (``first_claim_wait_seconds`` may be 0)
-and at most a year. Project ids, lanes and wait tiers must each appear once. A project id is
-non-empty, has no '.', '*', '#' or whitespace and at most 200 characters (it is a word of a
-routing key).
+Durations are numbers of seconds: finite, more than 0 and at most a year. Settings that were
+removed because nothing read them (``[queue] max_attempts``: attempts are declared per step
+kind; ``[queue.rabbitmq] first_claim_wait_seconds``: the fleet's consumers never waited on a
+first claim) are errors naming why, in the file and in the environment alike. Project ids,
+lanes and wait tiers must each appear once. A project id is non-empty, has no '.', '*', '#'
+or whitespace and at most 200 characters (it is a word of a routing key).
 
 This module is past 600 lines on purpose: it is the one place that names every setting, its
 variable, its default and its check, and the error messages must agree with each other. Should
@@ -152,7 +153,6 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
     "queue": {
         "backend": "VIBEY_QUEUE_BACKEND",
         "poll_interval_seconds": "VIBEY_QUEUE_POLL_INTERVAL",
-        "max_attempts": "VIBEY_QUEUE_MAX_ATTEMPTS",
         "lease_seconds": None,  # a table of its own, read by _lease
         "rabbitmq": None,  # the table below
     },
@@ -162,7 +162,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "reconcile_interval_seconds": "VIBEY_QUEUE_RECONCILE_INTERVAL",
         "redispatch_after_seconds": "VIBEY_QUEUE_REDISPATCH_AFTER",
         "reclaim_after_seconds": "VIBEY_QUEUE_RECLAIM_AFTER",
-        "first_claim_wait_seconds": "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
+        "consumer_timeout_seconds": "VIBEY_QUEUE_CONSUMER_TIMEOUT",
         "dedicated_projects": "VIBEY_QUEUE_DEDICATED_PROJECTS",
         "prefetch": "VIBEY_QUEUE_PREFETCH",
         "outbox_retention_seconds": "VIBEY_QUEUE_OUTBOX_RETENTION",
@@ -205,6 +205,19 @@ ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
 # job.lease_ms is a PostgreSQL integer: a lease is at most 2^31-1 ms (about 24.8 days).
 MAX_LEASE_SECONDS = (2**31 - 1) // 1000
+
+
+# Settings removed because nothing read them: naming one is an error that says why.
+_REMOVED: Mapping[tuple[str, str], tuple[str, str]] = {
+    ("queue", "max_attempts"): (
+        "VIBEY_QUEUE_MAX_ATTEMPTS",
+        "attempts are declared per step kind (StepKind.max_attempts); nothing read it",
+    ),
+    ("queue.rabbitmq", "first_claim_wait_seconds"): (
+        "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
+        "the fleet's consumers never wait for a first claim; nothing read it",
+    ),
+}
 
 
 class SettingsError(ValueError):
@@ -291,8 +304,8 @@ class RabbitMqSettings:
     reconcile_interval_seconds: float = 30.0
     redispatch_after_seconds: float = 120.0
     reclaim_after_seconds: float = 30.0
-    first_claim_wait_seconds: float = 2.0
-    dedicated_projects: tuple[str, ...] = ()
+    consumer_timeout_seconds: float = 21600.0  # work queues' x-consumer-timeout (6 h)
+    dedicated_projects: tuple[str, ...] = ()  # written to project_route when a worker starts
     prefetch: int | None = None  # None: as many as the worker has threads
     outbox_retention_seconds: float = 86400.0  # sent outbox rows are pruned after this
 
@@ -321,10 +334,9 @@ class RabbitMqSettings:
             self.reclaim_after_seconds, "VIBEY_QUEUE_RECLAIM_AFTER", "reclaim_after_seconds"
         )
         _check_interval(
-            self.first_claim_wait_seconds,
-            "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
-            "first_claim_wait_seconds",
-            zero_ok=True,
+            self.consumer_timeout_seconds,
+            "VIBEY_QUEUE_CONSUMER_TIMEOUT",
+            "consumer_timeout_seconds",
         )
         check_project_ids(
             self.dedicated_projects,
@@ -341,8 +353,7 @@ class RabbitMqSettings:
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
     backend: QueueBackend = "rabbitmq"
-    poll_interval_seconds: float = 5.0
-    max_attempts: int = 5
+    poll_interval_seconds: float = 5.0  # the postgres backend's idle wakeup backstop
     lease: LeasePolicy = field(default_factory=LeasePolicy)
     rabbitmq: RabbitMqSettings = field(default_factory=RabbitMqSettings)
 
@@ -357,11 +368,6 @@ class QueueSettings:
                 "the queue poll interval must be a positive number of seconds, got "
                 f"{self.poll_interval_seconds}: fix VIBEY_QUEUE_POLL_INTERVAL "
                 "(or poll_interval_seconds under [queue])"
-            )
-        if self.max_attempts < 1:
-            raise SettingsError(
-                f"max_attempts must be at least 1, got {self.max_attempts}: "
-                "fix VIBEY_QUEUE_MAX_ATTEMPTS (or max_attempts under [queue])"
             )
 
 
@@ -622,6 +628,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
     table = _read_toml(path) if path is not None else {}
     where = str(path) if path is not None else CONFIG_FILENAME
     _check_keys(table, where)
+    _check_removed_variables(env)
     src = {name: _Source(name, _table(table, name), env, f"{where} [{name}]") for name in _KEYS}
     return Settings(
         database=_database(src["database"]),
@@ -723,10 +730,23 @@ def _check_keys(table: Mapping[str, Any], where: str) -> None:
             _check_section(section, body, where)
 
 
+def _check_removed_variables(env: Mapping[str, str]) -> None:
+    for (section, key), (variable, why) in _REMOVED.items():
+        if variable in env:
+            raise SettingsError(
+                f"{variable} ({key} under [{section}]) was removed ({why}): unset it"
+            )
+
+
 def _check_section(section: str, body: Any, where: str) -> None:
     if not isinstance(body, dict):
         raise SettingsError(f"{where}: {section} must be a [{section}] table")
     for key, value in body.items():
+        if (section, key) in _REMOVED:
+            raise SettingsError(
+                f"{where}: {key} under [{section}] was removed ({_REMOVED[section, key][1]}): "
+                "delete it"
+            )
         if key not in _KEYS[section]:
             raise SettingsError(
                 f"{where}: unknown key {key!r} in [{section}]; "
@@ -880,7 +900,6 @@ def _queue(src: _Source, rabbitmq: _Source) -> QueueSettings:
         **_given(
             backend=src.text("backend"),
             poll_interval_seconds=src.seconds("poll_interval_seconds"),
-            max_attempts=src.integer("max_attempts"),
             lease=_lease(src),
             rabbitmq=_rabbitmq(rabbitmq),
         )
@@ -895,7 +914,7 @@ def _rabbitmq(src: _Source) -> RabbitMqSettings:
             reconcile_interval_seconds=src.seconds("reconcile_interval_seconds"),
             redispatch_after_seconds=src.seconds("redispatch_after_seconds"),
             reclaim_after_seconds=src.seconds("reclaim_after_seconds"),
-            first_claim_wait_seconds=src.seconds("first_claim_wait_seconds"),
+            consumer_timeout_seconds=src.seconds("consumer_timeout_seconds"),
             dedicated_projects=src.words("dedicated_projects"),
             prefetch=src.integer("prefetch"),
             outbox_retention_seconds=src.seconds("outbox_retention_seconds"),

@@ -22,7 +22,6 @@ from workflows.engine import Registry
 from workflows.job import UnknownJobKindError
 
 if TYPE_CHECKING:
-    from actors.rabbitmq_queue import RabbitMqQueueOptions
     from actors.worker import WorkerConfig
     from vibey.client import Client
 
@@ -55,6 +54,7 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         threads=worker.threads,
         prefetch=rabbitmq.prefetch,
         delivery_limit=rabbitmq.delivery_limit,
+        consumer_timeout=timedelta(seconds=rabbitmq.consumer_timeout_seconds),
         reconcile_interval=timedelta(seconds=rabbitmq.reconcile_interval_seconds),
         redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
         reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
@@ -87,17 +87,27 @@ def longest_lease(settings: Settings) -> timedelta:
     return max([policy.default, *policy.by_kind.values(), *declared])
 
 
-def rabbitmq_queue_options(settings: Settings) -> RabbitMqQueueOptions:
-    """The options of the RabbitMQ job repository (the dedicated-project claim path)."""
-    from actors.rabbitmq_queue import RabbitMqQueueOptions
+def check_consumer_timeout(settings: Settings) -> None:
+    """A SettingsError (one line) when the work queues' consumer timeout is not above the
+    longest lease: a step that holds its delivery longer would have its channel closed."""
+    problem = consumer_timeout_problem(settings)
+    if problem is not None:
+        raise SettingsError(problem)
 
-    rabbitmq = settings.queue.rabbitmq
-    given = {} if rabbitmq.prefetch is None else {"prefetch": rabbitmq.prefetch}
-    return RabbitMqQueueOptions(
-        first_claim_wait=timedelta(seconds=rabbitmq.first_claim_wait_seconds),
-        redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
-        reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
-        **given,
+
+def consumer_timeout_problem(settings: Settings) -> str | None:
+    """What is wrong with ``consumer_timeout_seconds`` against the longest lease, or None."""
+    if settings.queue.backend != "rabbitmq":
+        return None
+    timeout = settings.queue.rabbitmq.consumer_timeout_seconds
+    lease = longest_lease(settings).total_seconds()
+    if timeout > lease:
+        return None
+    return (
+        f"consumer_timeout_seconds ({timeout:g} s) is not above the longest lease ({lease:g} s): "
+        "a step holding its delivery that long would lose its channel; raise "
+        "VIBEY_QUEUE_CONSUMER_TIMEOUT (or consumer_timeout_seconds under [queue.rabbitmq]) "
+        "or shorten [queue.lease_seconds]"
     )
 
 
@@ -161,7 +171,7 @@ def workflow_client(settings: Settings) -> Iterator[Client]:
 
     settings.require_database_url()
     registry = load_registry(settings)
-    client = Client(settings, registry=registry, pool_size=2, name="vibey-cli")
+    client = Client(settings, registry=registry, pool_size=2, listen_routes=False, name="vibey-cli")
     try:
         yield client
     finally:

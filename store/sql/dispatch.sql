@@ -148,10 +148,11 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+          priority, workflow_id
 
 -- name: outbox_rows
-SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before, solo, priority, workflow_id
 FROM job_outbox
 WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
 ORDER BY id

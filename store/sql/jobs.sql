@@ -37,7 +37,8 @@ outbox AS (
     FROM inserted i
     WHERE %(dispatch_now)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+              priority, workflow_id
 )
 SELECT true AS created, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows, * FROM inserted
 UNION ALL
@@ -91,7 +92,8 @@ SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispa
        r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
 FROM released r
 ON CONFLICT (key) DO NOTHING
-RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+          priority, workflow_id
 
 -- name: dispatch_dependents
 -- (A separate statement from dispatch_released, not an OR of the two: each one is driven by
@@ -118,7 +120,8 @@ SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispa
        r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
 FROM released r
 ON CONFLICT (key) DO NOTHING
-RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+          priority, workflow_id
 
 -- name: notify_ready
 SELECT pg_notify('vibey_job_ready', %(project_id)s)
@@ -204,7 +207,8 @@ outbox AS (
     FROM settled s
     WHERE %(dispatch)s AND s.state = 'ready'
     ON CONFLICT (key) DO NOTHING
-    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+              priority, workflow_id
 )
 SELECT s.state, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM settled s
 
@@ -235,7 +239,8 @@ outbox AS (
     FROM settled s
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+              priority, workflow_id
 )
 SELECT s.state, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM settled s
 
@@ -351,7 +356,8 @@ outbox AS (
     FROM released r
     WHERE %(dispatch)s
     ON CONFLICT (key) DO NOTHING
-    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo
+    RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
+              priority, workflow_id
 )
 SELECT r.project_id, (SELECT jsonb_agg(o) FROM outbox o) AS outbox_rows FROM released r
 

@@ -184,7 +184,7 @@ def test_doctor_json_on_a_migrated_database_is_healthy(
     nested = {
         k for k, v in report.items() if isinstance(v, dict | list) and k != "pending_migrations"
     }
-    assert nested == {"broker_capabilities", "stack"}  # flat but for these two
+    assert nested == {"broker_capabilities", "stack", "settings"}  # flat but for these
 
 
 def test_doctor_json_reports_the_broker_and_what_it_honours(
@@ -384,6 +384,18 @@ def test_worker_with_a_bad_flag_exits_2_with_one_line(
     assert run.code == 2
     assert len(run.stderr_lines) == 1, run.stderr
     assert named in run.stderr
+    assert run.stdout == ""
+
+
+def test_worker_with_a_consumer_timeout_below_the_longest_lease_exits_2(tmp_path: Path) -> None:
+    env = clean_env(
+        VIBEY_PG_URL=PG_STUB, VIBEY_AMQP_URL=AMQP_STUB, VIBEY_QUEUE_CONSUMER_TIMEOUT="3600"
+    )
+    run = vibey("worker", cwd=tmp_path, env=env)
+    assert run.code == 2
+    (line,) = run.stderr_lines
+    assert "consumer_timeout_seconds (3600 s) is not above the longest lease (7200 s)" in line
+    assert "VIBEY_QUEUE_CONSUMER_TIMEOUT" in line
     assert run.stdout == ""
 
 

@@ -220,7 +220,8 @@ def test_start_refuses_a_bad_project_id_and_an_unknown_definition(cli: Cli) -> N
 def test_status_shows_the_phase_the_gates_and_the_steps(cli: Cli) -> None:
     cli.ok("workflow", "start", "demo")
     out = cli.json("workflow", "status", "demo")
-    assert set(out) == {"workflow", "gates", "steps"}
+    assert set(out) == {"workflow", "gates", "steps", "waiting_for_worker"}
+    assert out["waiting_for_worker"] == []  # no AMQP URL: not asked
     assert set(out["workflow"]) == WORKFLOW_KEYS
     assert [set(g) for g in out["gates"]] == [GATE_KEYS, GATE_KEYS]
     assert sorted(g["name"] for g in out["gates"]) == ["approve", "rating"]

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.rabbitmq_queue import RabbitMqQueueOptions
 from actors.worker import WorkerConfig
 from vibey.settings import (
     MAX_INTERVAL_SECONDS,
@@ -26,7 +25,7 @@ from vibey.settings import (
     load_settings,
     split_list,
 )
-from vibey.wiring import rabbitmq_queue_options, worker_config
+from vibey.wiring import worker_config
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy
 from workflows.protocol.kinds import STEP_KINDS
@@ -69,7 +68,6 @@ def test_defaults_with_no_file_and_no_environment(empty_dir: Path) -> None:
     assert (settings.database.pool_min, settings.database.pool_max) == (1, 10)
     assert settings.queue.backend == "rabbitmq"
     assert settings.queue.poll_interval_seconds == 5.0
-    assert settings.queue.max_attempts == 5
     assert settings.queue.lease == LeasePolicy()
     assert (settings.bus.amqp_url, settings.bus.prefix, settings.bus.vhost) == (None, "vibey", "/")
 
@@ -84,7 +82,7 @@ def test_rabbitmq_and_worker_defaults(empty_dir: Path) -> None:
     assert rabbitmq.reconcile_interval_seconds == 30
     assert rabbitmq.redispatch_after_seconds == 120
     assert rabbitmq.reclaim_after_seconds == 30
-    assert rabbitmq.first_claim_wait_seconds == 2
+    assert rabbitmq.consumer_timeout_seconds == 21600
     assert rabbitmq.dedicated_projects == ()
     assert rabbitmq.prefetch is None
     assert worker == WorkerSettings()
@@ -102,7 +100,6 @@ pool_max = 4
 [queue]
 backend = "postgres"
 poll_interval_seconds = 2
-max_attempts = 3
 
 [queue.rabbitmq]
 wait_tiers_seconds = [1.5, 10]
@@ -110,7 +107,7 @@ delivery_limit = 5
 reconcile_interval_seconds = 10
 redispatch_after_seconds = 60
 reclaim_after_seconds = 20
-first_claim_wait_seconds = 1
+consumer_timeout_seconds = 9000
 dedicated_projects = ["gamma"]
 prefetch = 3
 
@@ -135,7 +132,6 @@ OVERRIDES: list[tuple[str, str, Getter, Any]] = [
     ("VIBEY_PG_POOL_MAX", "9", lambda s: s.database.pool_max, 4),
     ("VIBEY_QUEUE_BACKEND", "rabbitmq", lambda s: s.queue.backend, "postgres"),
     ("VIBEY_QUEUE_POLL_INTERVAL", "0.25", lambda s: s.queue.poll_interval_seconds, 2.0),
-    ("VIBEY_QUEUE_MAX_ATTEMPTS", "8", lambda s: s.queue.max_attempts, 3),
     # (the vhost "/toml" is applied to either URL, which names none: compare without it)
     (
         "VIBEY_AMQP_URL",
@@ -159,7 +155,12 @@ OVERRIDES: list[tuple[str, str, Getter, Any]] = [
         60.0,
     ),
     ("VIBEY_QUEUE_RECLAIM_AFTER", "15", lambda s: s.queue.rabbitmq.reclaim_after_seconds, 20.0),
-    ("VIBEY_QUEUE_FIRST_CLAIM_WAIT", "0", lambda s: s.queue.rabbitmq.first_claim_wait_seconds, 1.0),
+    (
+        "VIBEY_QUEUE_CONSUMER_TIMEOUT",
+        "7200",
+        lambda s: s.queue.rabbitmq.consumer_timeout_seconds,
+        9000.0,
+    ),
     ("VIBEY_QUEUE_PREFETCH", "4", lambda s: s.queue.rabbitmq.prefetch, 3),
     ("VIBEY_WORKER_PROCESSES", "5", lambda s: s.worker.processes, 3),
     ("VIBEY_WORKER_THREADS", "16", lambda s: s.worker.threads, 4),
@@ -231,11 +232,11 @@ def test_an_empty_variable_counts_as_unset(tmp_path: Path) -> None:
 
 
 def test_vibey_config_names_the_file_relative_to_cwd(tmp_path: Path) -> None:
-    write_toml(tmp_path, "[queue]\nmax_attempts = 7\n")  # ./vibey.toml, which must be ignored
+    write_toml(tmp_path, "[queue]\npoll_interval_seconds = 7\n")  # ./vibey.toml: ignored
     (tmp_path / "conf").mkdir()
-    named = write_toml(tmp_path / "conf", "[queue]\nmax_attempts = 9\n", name="other.toml")
+    named = write_toml(tmp_path / "conf", "[queue]\npoll_interval_seconds = 9\n", name="other.toml")
     settings = load_settings({"VIBEY_CONFIG": "conf/other.toml"}, tmp_path)
-    assert settings.queue.max_attempts == 9
+    assert settings.queue.poll_interval_seconds == 9
     assert settings.config_file == named
 
 
@@ -248,12 +249,12 @@ def test_a_missing_vibey_config_file_is_an_error(empty_dir: Path) -> None:
 def test_load_settings_defaults_to_the_process_environment_and_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_toml(tmp_path, "[queue]\nmax_attempts = 6\n")
+    write_toml(tmp_path, "[queue]\npoll_interval_seconds = 6\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VIBEY_PG_URL", PG)
     settings = load_settings()
     assert settings.database.url == PG
-    assert settings.queue.max_attempts == 6
+    assert settings.queue.poll_interval_seconds == 6
 
 
 def test_settings_are_frozen(empty_dir: Path) -> None:
@@ -302,7 +303,6 @@ def test_invalid_toml_is_an_error(tmp_path: Path) -> None:
         ("database", "pool_max = true", "pool_max"),
         ("queue", "backend = ['postgres']", "backend"),
         ("queue", "poll_interval_seconds = 'fast'", "poll_interval_seconds"),
-        ("queue", "max_attempts = 3.0", "max_attempts"),
         ("queue", "lease_seconds = 30", "lease_seconds"),
         ("bus", "prefix = 1", "prefix"),
         ("bus", "amqp_url = false", "amqp_url"),
@@ -313,7 +313,7 @@ def test_invalid_toml_is_an_error(tmp_path: Path) -> None:
         ("queue.rabbitmq", "reconcile_interval_seconds = '30s'", "reconcile_interval_seconds"),
         ("queue.rabbitmq", "redispatch_after_seconds = [120]", "redispatch_after_seconds"),
         ("queue.rabbitmq", "reclaim_after_seconds = false", "reclaim_after_seconds"),
-        ("queue.rabbitmq", "first_claim_wait_seconds = '2'", "first_claim_wait_seconds"),
+        ("queue.rabbitmq", "consumer_timeout_seconds = '2'", "consumer_timeout_seconds"),
         ("queue.rabbitmq", "dedicated_projects = 'p1'", "dedicated_projects"),
         ("queue.rabbitmq", "dedicated_projects = [1]", "dedicated_projects"),
         ("queue.rabbitmq", "prefetch = true", "prefetch"),
@@ -335,7 +335,6 @@ def test_wrong_types_in_toml_are_errors(tmp_path: Path, section: str, line: str,
     [
         ("VIBEY_PG_POOL_MIN", "two"),
         ("VIBEY_PG_POOL_MAX", "1.5"),
-        ("VIBEY_QUEUE_MAX_ATTEMPTS", "5 times"),
         ("VIBEY_QUEUE_POLL_INTERVAL", "soon"),
         ("VIBEY_QUEUE_LEASE_SECONDS_DEFAULT", "2m"),
         ("VIBEY_QUEUE_DELIVERY_LIMIT", "lots"),
@@ -343,7 +342,7 @@ def test_wrong_types_in_toml_are_errors(tmp_path: Path, section: str, line: str,
         ("VIBEY_QUEUE_RECONCILE_INTERVAL", "30s"),
         ("VIBEY_QUEUE_REDISPATCH_AFTER", "2m"),
         ("VIBEY_QUEUE_RECLAIM_AFTER", "half a minute"),
-        ("VIBEY_QUEUE_FIRST_CLAIM_WAIT", "2 s"),
+        ("VIBEY_QUEUE_CONSUMER_TIMEOUT", "2 s"),
         ("VIBEY_QUEUE_WAIT_TIERS", "1,5s,30"),
         ("VIBEY_QUEUE_WAIT_TIERS", "1 5 30"),
         ("VIBEY_WORKER_PROCESSES", "two"),
@@ -427,10 +426,21 @@ def test_the_poll_interval_must_be_positive_and_finite(empty_dir: Path, raw: str
     )
 
 
-def test_max_attempts_must_be_at_least_one(empty_dir: Path) -> None:
-    assert "VIBEY_QUEUE_MAX_ATTEMPTS" in settings_error(
-        {"VIBEY_QUEUE_MAX_ATTEMPTS": "0"}, empty_dir
-    )
+@pytest.mark.parametrize(
+    ("variable", "section", "line"),
+    [
+        ("VIBEY_QUEUE_MAX_ATTEMPTS", "queue", "max_attempts = 3"),
+        ("VIBEY_QUEUE_FIRST_CLAIM_WAIT", "queue.rabbitmq", "first_claim_wait_seconds = 1"),
+    ],
+)
+def test_a_removed_setting_is_an_error_naming_why(
+    tmp_path: Path, empty_dir: Path, variable: str, section: str, line: str
+) -> None:
+    assert "was removed" in settings_error({variable: "3"}, empty_dir)
+    assert variable in settings_error({variable: "3"}, empty_dir)
+    write_toml(tmp_path, f"[{section}]\n{line}\n")
+    message = settings_error({}, tmp_path)
+    assert "was removed" in message and "nothing read it" in message
 
 
 def test_an_empty_bus_prefix_is_an_error(tmp_path: Path) -> None:
@@ -611,7 +621,7 @@ INTERVALS = [
     "VIBEY_QUEUE_RECONCILE_INTERVAL",
     "VIBEY_QUEUE_REDISPATCH_AFTER",
     "VIBEY_QUEUE_RECLAIM_AFTER",
-    "VIBEY_QUEUE_FIRST_CLAIM_WAIT",
+    "VIBEY_QUEUE_CONSUMER_TIMEOUT",
 ]
 
 
@@ -626,13 +636,8 @@ def test_intervals_must_be_finite_not_negative_and_at_most_a_year(
 
 
 @pytest.mark.parametrize("variable", INTERVALS)
-def test_only_the_first_claim_wait_may_be_zero(empty_dir: Path, variable: str) -> None:
-    if variable == "VIBEY_QUEUE_FIRST_CLAIM_WAIT":
-        assert (
-            load_settings({variable: "0"}, empty_dir).queue.rabbitmq.first_claim_wait_seconds == 0
-        )
-    else:
-        assert "more than 0" in settings_error({variable: "0"}, empty_dir)
+def test_no_interval_may_be_zero(empty_dir: Path, variable: str) -> None:
+    assert "more than 0" in settings_error({variable: "0"}, empty_dir)
 
 
 def test_an_interval_of_a_year_is_accepted(empty_dir: Path) -> None:
@@ -764,7 +769,7 @@ delivery_limit = 7
 reconcile_interval_seconds = 11
 redispatch_after_seconds = 99
 reclaim_after_seconds = 33
-first_claim_wait_seconds = 0.5
+consumer_timeout_seconds = 9000
 dedicated_projects = ["big"]
 prefetch = 5
 
@@ -802,6 +807,7 @@ def test_worker_config_maps_every_setting(tmp_path: Path) -> None:
         threads=3,
         prefetch=5,
         delivery_limit=7,
+        consumer_timeout=timedelta(seconds=9000),
         reconcile_interval=timedelta(seconds=11),
         redispatch_after=timedelta(seconds=99),
         reclaim_after=timedelta(seconds=33),
@@ -817,17 +823,6 @@ def test_worker_config_maps_every_setting(tmp_path: Path) -> None:
 def test_worker_config_defaults_follow_the_settings_defaults(empty_dir: Path) -> None:
     settings = load_settings({"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP}, empty_dir)
     assert worker_config(settings) == WorkerConfig(pg_url=PG, amqp_url=AMQP)
-
-
-def test_rabbitmq_queue_options_map_the_claim_timings(tmp_path: Path, empty_dir: Path) -> None:
-    write_toml(tmp_path, WIRED_TOML)
-    assert rabbitmq_queue_options(load_settings({}, tmp_path)) == RabbitMqQueueOptions(
-        prefetch=5,
-        first_claim_wait=timedelta(seconds=0.5),
-        redispatch_after=timedelta(seconds=99),
-        reclaim_after=timedelta(seconds=33),
-    )
-    assert rabbitmq_queue_options(load_settings({}, empty_dir)) == RabbitMqQueueOptions()
 
 
 def test_the_worker_without_an_amqp_url_names_both_fixes_before_anything_else(

@@ -1,0 +1,99 @@
+"""``vibey doctor``'s settings checks: a setting nothing reads here, or two that contradict.
+
+Every setting does something; one that does nothing in the configuration at hand (a
+``[queue.rabbitmq]`` key on the postgres backend, the postgres backend's poll interval on
+the rabbitmq one) or that contradicts another (a consumer timeout not above the longest
+lease; a prefetch below the threads, which leaves threads idle) is reported, never accepted
+silently. Pure: settings (and the longest lease) in, findings out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from datetime import timedelta
+from typing import Any
+
+from vibey.settings import QueueSettings, RabbitMqSettings, Settings
+
+OK, PROBLEM, INFO = "ok", "problem", "info"
+
+# [queue.rabbitmq] keys the postgres backend also reads (its reaper runs on this interval).
+_BOTH_BACKENDS = frozenset({"reconcile_interval_seconds"})
+
+
+def _finding(status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
+    return {"name": "settings", "status": status, "detail": detail, "fix": fix}
+
+
+def setting_checks(settings: Settings, longest_lease: timedelta | None) -> list[dict[str, Any]]:
+    """What is inert or contradictory in ``settings``; one ok finding when nothing is."""
+    found = [*_inert(settings), *_contradictions(settings, longest_lease)]
+    return found or [_finding(OK, "every setting is read, and none contradicts another")]
+
+
+def _inert(settings: Settings) -> list[dict[str, Any]]:
+    queue = settings.queue
+    if queue.backend == "rabbitmq":
+        if queue.poll_interval_seconds != QueueSettings().poll_interval_seconds:
+            return [
+                _finding(
+                    PROBLEM,
+                    f"poll_interval_seconds = {queue.poll_interval_seconds:g} is inert: only "
+                    "the postgres backend reads it (RabbitMQ pushes deliveries)",
+                    "remove poll_interval_seconds under [queue] (or VIBEY_QUEUE_POLL_INTERVAL)",
+                )
+            ]
+        return []
+    defaults = RabbitMqSettings()
+    changed = [
+        f.name
+        for f in fields(RabbitMqSettings)
+        if f.name not in _BOTH_BACKENDS
+        and getattr(queue.rabbitmq, f.name) != getattr(defaults, f.name)
+    ]
+    if not changed:
+        return []
+    return [
+        _finding(
+            PROBLEM,
+            f"{', '.join(changed)} under [queue.rabbitmq] are inert on the postgres backend",
+            'remove them, or set backend = "rabbitmq" under [queue]',
+        )
+    ]
+
+
+def _contradictions(settings: Settings, longest_lease: timedelta | None) -> list[dict[str, Any]]:
+    if settings.queue.backend != "rabbitmq":
+        return []
+    rabbitmq, found = settings.queue.rabbitmq, []
+    timeout = rabbitmq.consumer_timeout_seconds
+    if longest_lease is not None and timeout <= longest_lease.total_seconds():
+        found.append(
+            _finding(
+                PROBLEM,
+                f"consumer_timeout_seconds ({timeout:g} s) is not above the longest lease "
+                f"({longest_lease.total_seconds():g} s): `vibey worker` refuses to start",
+                "raise consumer_timeout_seconds under [queue.rabbitmq] "
+                "(VIBEY_QUEUE_CONSUMER_TIMEOUT) or shorten [queue.lease_seconds]",
+            )
+        )
+    threads = settings.worker.threads
+    if rabbitmq.prefetch is not None and rabbitmq.prefetch < threads:
+        found.append(
+            _finding(
+                PROBLEM,
+                f"prefetch {rabbitmq.prefetch} is below the worker's {threads} threads: each "
+                f"lane queue keeps at most {rabbitmq.prefetch} of them busy",
+                "raise prefetch under [queue.rabbitmq] (or unset it: as many as the threads)",
+            )
+        )
+    if rabbitmq.redispatch_after_seconds < rabbitmq.reclaim_after_seconds:
+        found.append(
+            _finding(
+                INFO,
+                f"redispatch_after_seconds ({rabbitmq.redispatch_after_seconds:g}) is below "
+                f"reclaim_after_seconds ({rabbitmq.reclaim_after_seconds:g}): the lost-dispatch "
+                "sweep may resend a pointer a live relay is still publishing (a harmless copy)",
+            )
+        )
+    return found
