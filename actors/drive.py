@@ -30,6 +30,7 @@ from store.ledger import Ledger
 from store.notify import PostgresJobReadyNotifier
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.retention import WorkflowRetention
 from store.workflows import WorkflowStore
 from workflows.queue import ReapResult
 from workflows.steps import Handlers
@@ -62,6 +63,7 @@ class PostgresRuntime:
             handlers = load_handlers(config.handlers, handler_context(config, self.pool))
         handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
+        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
         self.runner = StepRunner(
             jobs=self.jobs,
             records=DispatchRecords(pool=self.pool, relay_id=self.owner),
@@ -137,7 +139,7 @@ class PostgresRuntime:
         interval = self.config.reconcile_interval.total_seconds()
         while not self._stop.wait(interval):
             try:
-                reaped = reap_once(self.jobs, self.operations, self.owner)
+                reaped = reap_once(self.jobs, self.operations, self.owner, self.retention)
             except StoreError as exc:
                 metrics.RECONCILE_FAILURES.inc()
                 log.warning("reap: %s; again in %g s", exc, interval)
@@ -155,12 +157,19 @@ class PostgresRuntime:
                 out.write(f"{result.value}\n")
 
 
-def reap_once(jobs: PostgresJobRepository, operations: OperationsStore, owner: str) -> ReapResult:
-    """The postgres backend's reconcile: reap expired leases; its metrics and heartbeat."""
+def reap_once(
+    jobs: PostgresJobRepository,
+    operations: OperationsStore,
+    owner: str,
+    retention: WorkflowRetention | None = None,
+) -> ReapResult:
+    """The postgres backend's reconcile: reap expired leases, archive finished workflows past
+    their retention; its metrics and heartbeat."""
     started = time.monotonic()
     reaped = jobs.reap()
+    archived = 0 if retention is None else retention.archive().workflows
     elapsed = time.monotonic() - started
-    findings = {"requeued": reaped.requeued, "parked": reaped.parked}
+    findings = {"requeued": reaped.requeued, "parked": reaped.parked, "archived": archived}
     metrics.observe_reconcile(findings, elapsed)
     operations.record_heartbeat(owner, timedelta(seconds=elapsed), findings)
     return reaped

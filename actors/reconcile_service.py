@@ -27,6 +27,7 @@ from store.errors import StoreError
 from store.jobs import PostgresJobRepository
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.retention import WorkflowRetention
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class ReconcileService:
         self.relay: Relay | None = None
         self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
+        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
         kinds = load_registry(config.definitions).kinds
         leases = config.leases.resolved(kinds.canonical)
         if config.backend == "postgres":
@@ -69,13 +71,14 @@ class ReconcileService:
             reclaim_after=config.reclaim_after,
             operations=self.operations,
             outbox_retention=config.outbox_retention,
+            retention=self.retention,
             owner=self.owner,
         )
 
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
         if self.reconciler is None:
-            return reap_once(self.jobs, self.operations, self.owner)
+            return reap_once(self.jobs, self.operations, self.owner, self.retention)
         return self.reconciler.run_once()
 
     def declare(self) -> None:

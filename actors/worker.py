@@ -41,6 +41,7 @@ from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.retention import WorkflowRetention
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
 from workflows.engine import Registry
@@ -82,6 +83,7 @@ class WorkerConfig:
     poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
     metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
     outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
+    workflow_retention: timedelta = timedelta(days=30)  # finished workflows archived after this
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -202,6 +204,7 @@ class Runtime:
             reclaim_after=config.reclaim_after,
             operations=OperationsStore(self.pool),
             outbox_retention=config.outbox_retention,
+            retention=WorkflowRetention(self.pool, retention=config.workflow_retention),
             owner=self.owner,
         )
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)

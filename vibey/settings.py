@@ -159,6 +159,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
     "workflow": {
         "definitions": "VIBEY_WORKFLOW_DEFINITIONS",
         "default_definition": "VIBEY_WORKFLOW_DEFAULT_DEFINITION",
+        "archive_after_seconds": "VIBEY_WORKFLOW_ARCHIVE_AFTER",
     },
     "engine": {
         "name": "VIBEY_ENGINE_NAME",
@@ -422,8 +423,15 @@ class WorkflowSettings:
 
     definitions: str = "workflows.protocol:DEFINITIONS"
     default_definition: str = "vibey-protocol"
+    # a finished workflow's jobs and gates are deleted, its history archived, after this
+    archive_after_seconds: float = 30 * 86400.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.archive_after_seconds) and self.archive_after_seconds > 0):
+            raise SettingsError(
+                f"archive_after_seconds must be more than 0, got {self.archive_after_seconds}: "
+                + _fix("VIBEY_WORKFLOW_ARCHIVE_AFTER", "archive_after_seconds", "workflow")
+            )
         if not _IMPORT_PATH.fullmatch(self.definitions):
             raise SettingsError(
                 f"the workflow definitions {self.definitions!r} are not an import path "
@@ -854,6 +862,7 @@ def _workflow(src: _Source) -> WorkflowSettings:
         **_given(
             definitions=src.text("definitions"),
             default_definition=src.text("default_definition"),
+            archive_after_seconds=src.seconds("archive_after_seconds"),
         )
     )
 

@@ -55,7 +55,7 @@ SELECT count(*) AS n FROM (
 ) AS matching
 
 -- name: history_page
-SELECT h.seq, h.event, h.commands, h.recorded_at FROM workflow_history h
+SELECT h.seq, h.event, h.commands, h.recorded_at FROM workflow_history_all h
 WHERE h.workflow_id = %(workflow_id)s
   AND (%(kind)s::text IS NULL OR h.event->>'type' = %(kind)s::text)
   AND (%(after_seq)s::bigint IS NULL OR h.seq {cmp} %(after_seq)s::bigint)
@@ -64,7 +64,7 @@ LIMIT %(limit)s
 
 -- name: history_count
 SELECT count(*) AS n FROM (
-    SELECT 1 FROM workflow_history h
+    SELECT 1 FROM workflow_history_all h
     WHERE h.workflow_id = %(workflow_id)s
       AND (%(kind)s::text IS NULL OR h.event->>'type' = %(kind)s::text)
     LIMIT %(cap)s
