@@ -19,7 +19,7 @@ import threading
 import time
 from datetime import timedelta
 
-from actors import metrics
+from actors import metrics, tracing
 from actors.steps import StepResult, StepRunner
 from actors.worker import WorkerConfig, handler_context, load_handlers, load_object, load_registry
 from store.dispatch import DispatchRecords
@@ -64,16 +64,20 @@ class PostgresRuntime:
         handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
         self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
+        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
+        claims, handlers, on_result = tracing.hooked(
+            self.tracer, DispatchRecords(pool=self.pool, relay_id=self.owner), handlers, self._count
+        )
         self.runner = StepRunner(
             jobs=self.jobs,
-            records=DispatchRecords(pool=self.pool, relay_id=self.owner),
+            records=claims,
             broker=None,
             names=config.names,
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
             crash=load_object(config.crash_points) if config.crash_points else None,
-            on_result=self._count,
+            on_result=on_result,
             workflows=self.workflows,
         )
         self.work = Work.for_lanes(
@@ -108,9 +112,12 @@ class PostgresRuntime:
 
     def run_one(self) -> StepResult | None:
         """Claim and run one job; None when nothing was claimable."""
+        started = time.time_ns()
         jobs = claim_next(self.pool, self.work, owner=self.owner)
         if not jobs:
             return None
+        if self.tracer is not None:
+            self.tracer.claimed(jobs[0], started)
         return self.runner.run_claimed(jobs[0])
 
     def _drive(self) -> None:

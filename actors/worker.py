@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
-from actors import metrics
+from actors import metrics, tracing
 from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
@@ -84,6 +84,8 @@ class WorkerConfig:
     metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
     outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
     workflow_retention: timedelta = timedelta(days=30)  # finished workflows archived after this
+    otlp_endpoint: str | None = None  # export step traces over OTLP/HTTP (None: no tracing)
+    tracing_service: str = "vibey"
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -182,16 +184,20 @@ class Runtime:
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
         )
+        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
+        claims, handlers, on_result = tracing.hooked(
+            self.tracer, self.records, handlers, self._count
+        )
         self.runner = StepRunner(
             jobs=self.jobs,
-            records=self.records,
+            records=claims,
             broker=self.broker,
             names=names,
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
             crash=load_object(config.crash_points) if config.crash_points else None,
-            on_result=self._count,
+            on_result=on_result,
             workflows=self.workflows,
         )
         self.reconciler = Reconciler(

@@ -171,6 +171,10 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
     },
     "engines": {},  # [engines.<id>] tables, one per engine: actors.agents.roster reads them
     "metrics": {"port": "VIBEY_METRICS_PORT"},
+    "tracing": {
+        "otlp_endpoint": "VIBEY_TRACING_OTLP_ENDPOINT",
+        "service_name": "VIBEY_TRACING_SERVICE_NAME",
+    },
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
 LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
@@ -504,6 +508,23 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """``[tracing]``: OpenTelemetry traces of the steps, exported over OTLP/HTTP to
+    ``otlp_endpoint`` (None: off, the API's no-op; ``actors/tracing.py``)."""
+
+    otlp_endpoint: str | None = None
+    service_name: str = "vibey"
+
+    def __post_init__(self) -> None:
+        endpoint = self.otlp_endpoint
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"the OTLP endpoint must be an http(s) URL, got {endpoint!r}: fix "
+                "VIBEY_TRACING_OTLP_ENDPOINT (or otlp_endpoint under [tracing]), or leave it unset"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
@@ -514,6 +535,7 @@ class Settings:
     engines: tuple[AgentSpec, ...] = ()  # the roster: [engines.<id>] tables, in id order
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
     config_file: Path | None = None
 
     def roster(self, only: Iterable[str] = ()) -> tuple[AgentSpec, ...]:
@@ -559,6 +581,12 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         engines=_roster(table.get("engines", {}), where),
         agent_env=_agent_env(env),
         metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
+        tracing=TracingSettings(
+            **_given(
+                otlp_endpoint=src["tracing"].text("otlp_endpoint") or None,
+                service_name=src["tracing"].text("service_name"),
+            )
+        ),
         config_file=path,
     )
 
