@@ -14,14 +14,12 @@ from datetime import timedelta
 
 from actors import amqp
 from actors.capabilities import BrokerCapabilities
-from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues
+from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues, stale_after
 from actors.worker import WorkerConfig
 from store.db import Pool
 from store.operations import OperationsStore
 
 OK, PROBLEM, INFO = "ok", "problem", "info"
-STALE_FACTOR = 3  # a heartbeat or an unsent row older than this many intervals is stale
-STALE_FLOOR = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +37,7 @@ def stack_checks(
     checks: list[Check] = []
     if config.backend == "rabbitmq":
         checks += _broker_checks(config)
-    stale = max(config.reconcile_interval * STALE_FACTOR, STALE_FLOOR)
+    stale = stale_after(config)
     checks.append(_heartbeat(ops, stale))
     if config.backend == "rabbitmq":
         checks.append(_outbox(ops, stale))

@@ -5,12 +5,17 @@ and the claimable job that has waited longest.
 On the rabbitmq backend the queues are read with passive declares (one connection); a queue
 that does not exist is reported as missing. On the postgres backend a lane's "queue" is its
 claimable rows. Everything else comes from PostgreSQL.
+
+``problems`` names what is wrong with the fixing command, as ``vibey doctor`` does: a lane
+queue nobody consumes (a stopped consumer), a missing queue, an outbox row unsent for longer
+than :func:`stale_after` (nobody relays or reconciles).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from actors import amqp
@@ -21,6 +26,19 @@ from store.operations import OperationsStore
 from workflows.dispatch import Lane
 
 PROBE_TIMEOUT_S = 5.0
+STALE_FACTOR = 3  # a heartbeat or an unsent row older than this many intervals is stale
+STALE_FLOOR = timedelta(seconds=60)
+
+
+def stale_after(config: WorkerConfig) -> timedelta:
+    """How old a reconcile heartbeat or an unsent outbox row may be before it is a problem."""
+    return max(config.reconcile_interval * STALE_FACTOR, STALE_FLOOR)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    what: str
+    fix: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +61,7 @@ class QueueStats:
     outbox_unsent: int
     outbox_oldest_s: float
     oldest_ready: dict[str, Any] | None = field(default=None)
+    problems: list[Problem] = field(default_factory=list)
 
 
 def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
@@ -60,6 +79,10 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
         queues, dead_queue = _broker_queues(config)
     unsent, oldest = ops.outbox_lag()
     oldest_ready = ops.oldest_ready()
+    problems = _queue_problems(queues)
+    if config.backend == "rabbitmq" and unsent and oldest > stale_after(config).total_seconds():
+        what = f"{unsent} dispatches unsent, the oldest for {oldest:.0f} s (a stale outbox)"
+        problems.append(Problem(what, "vibey reconcile --once"))
     return QueueStats(
         backend=config.backend,
         queues=queues,
@@ -71,7 +94,22 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
         oldest_ready=None
         if oldest_ready is None
         else {**oldest_ready, "id": str(oldest_ready["id"])},
+        problems=problems,
     )
+
+
+def _queue_problems(queues: Sequence[QueueRow]) -> list[Problem]:
+    problems = []
+    for row in queues:
+        if row.lane is None:
+            continue
+        flags = f" --lanes {row.lane}" + (f" --project {row.project}" if row.project else "")
+        if not row.exists:
+            problems.append(Problem(f"{row.name} is missing", "vibey worker"))
+        elif row.consumers == 0:
+            what = f"no consumer on {row.name}: its jobs wait (a stopped consumer)"
+            problems.append(Problem(what, f"vibey worker{flags}"))
+    return problems
 
 
 def _claimable(config: WorkerConfig, pool: Pool, building: frozenset[str]) -> list[QueueRow]:

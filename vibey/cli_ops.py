@@ -77,7 +77,8 @@ def stats(
 ) -> ExitCode:
     """Each queue's ready messages and consumers, the jobs leased per lane (each holds its
     delivery unacknowledged), the dead letters (in the dead-letter queue, and kept), the
-    outbox's unsent rows and the age of the oldest, and the claimable job waiting longest.
+    outbox's unsent rows and the age of the oldest, and the claimable job waiting longest;
+    then each problem (a queue nobody consumes, a stale outbox) with the command that fixes it.
 
     On the postgres backend a lane's queue is its claimable rows. Exits 3 when PostgreSQL or
     RabbitMQ does not answer.
@@ -87,7 +88,7 @@ def stats(
     json_output
         One JSON object: {"backend", "queues": [{"name", "lane", "project", "exists",
         "ready", "consumers"}], "leased_by_lane", "dead_queue", "dead_kept",
-        "outbox_unsent", "outbox_oldest_s", "oldest_ready"}.
+        "outbox_unsent", "outbox_oldest_s", "oldest_ready", "problems": [{"what", "fix"}]}.
     """
     from actors.queue_stats import gather
 
@@ -110,6 +111,10 @@ def stats(
             f"{'oldest claimable job':<40} {ready['kind']} of {ready['project_id']} "
             f"({ready['id']}), due {ready['waited_s']:.1f} s ago"
         )
+    for problem in found.problems:
+        print(f"PROBLEM: {problem.what}; fix: {problem.fix}")
+    if found.problems:
+        print(f"next: {found.problems[0].fix}")
     return ExitCode.OK
 
 
