@@ -4,7 +4,9 @@ in bounded batches; the history stays readable, live and recent workflows are un
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from pathlib import Path
 from uuid import UUID
 
 import psycopg
@@ -18,6 +20,7 @@ from store.operations import OperationsStore
 from store.retention import WorkflowRetention
 from store.workflows import WorkflowStore
 from tests import tiny_definition
+from tests.acceptance.test_cli import clean_env, vibey
 from tests.integration.test_workflow_store import claim_one, gate_id, succeed
 from tests.tiny_definition import Tiny
 from workflows.engine import Registry, Status
@@ -131,3 +134,22 @@ def test_history_still_refuses_a_delete_it_has_not_archived(
     workflow_id = finish(store, jobs, "p")
     with pool.connection() as conn, pytest.raises(psycopg.errors.RaiseException, match="append"):
         conn.execute("DELETE FROM workflow_history WHERE workflow_id = %s", (workflow_id,))
+
+
+def test_vibey_workflow_history_reads_an_archived_workflow(
+    pool: ConnectionPool,
+    pg_url: str,
+    store: WorkflowStore,
+    jobs: PostgresJobRepository,
+    tmp_path: Path,
+) -> None:
+    workflow_id = finish(store, jobs, "arch")
+    age(pool, workflow_id, 40)
+    assert WorkflowRetention(pool, retention=RETENTION).archive().workflows == 1
+    env = clean_env(
+        VIBEY_PG_URL=pg_url,
+        VIBEY_QUEUE_BACKEND="postgres",
+        VIBEY_WORKFLOW_DEFINITIONS="tests.tiny_definition:DEFINITIONS",
+    )
+    shown = json.loads(vibey("workflow", "history", "arch", "--json", cwd=tmp_path, env=env).stdout)
+    assert [e["seq"] for e in shown["events"]] == [1, 2, 3, 4], shown
