@@ -14,15 +14,13 @@ from datetime import timedelta
 
 from actors import amqp
 from actors.capabilities import BrokerCapabilities
-from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues
+from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues, stale_after
 from actors.worker import WorkerConfig
 from store.db import Pool
 from store.operations import OperationsStore
 from store.routes import read_routes
 
 OK, PROBLEM, INFO = "ok", "problem", "info"
-STALE_FACTOR = 3  # a heartbeat or an unsent row older than this many intervals is stale
-STALE_FLOOR = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +38,7 @@ def stack_checks(
     checks: list[Check] = []
     if config.backend == "rabbitmq":
         checks += _broker_checks(config, read_routes(pool).projects)
-    stale = max(config.reconcile_interval * STALE_FACTOR, STALE_FLOOR)
+    stale = stale_after(config)
     checks.append(_heartbeat(ops, stale))
     if config.backend == "rabbitmq":
         checks.append(_outbox(ops, stale))

@@ -19,7 +19,7 @@ import threading
 import time
 from datetime import timedelta
 
-from actors import metrics
+from actors import metrics, tracing
 from actors.steps import StepResult, StepRunner
 from actors.worker import (
     WorkerConfig,
@@ -37,6 +37,7 @@ from store.ledger import Ledger
 from store.notify import PostgresJobReadyNotifier
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.retention import WorkflowRetention
 from store.workflows import WorkflowStore
 from workflows.queue import ReapResult
 from workflows.steps import Handlers
@@ -69,16 +70,21 @@ class PostgresRuntime:
             handlers = load_handlers(config.handlers, handler_context(config, self.pool))
         handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
+        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
+        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
+        claims, handlers, on_result = tracing.hooked(
+            self.tracer, DispatchRecords(pool=self.pool, relay_id=self.owner), handlers, self._count
+        )
         self.runner = StepRunner(
             jobs=self.jobs,
-            records=DispatchRecords(pool=self.pool, relay_id=self.owner),
+            records=claims,
             broker=None,
             names=config.names,
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
             crash=load_object(config.crash_points) if config.crash_points else None,
-            on_result=self._count,
+            on_result=on_result,
             workflows=self.workflows,
         )
         self.work = Work.for_lanes(
@@ -116,9 +122,12 @@ class PostgresRuntime:
 
     def run_one(self) -> StepResult | None:
         """Claim and run one job; None when nothing was claimable."""
+        started = time.time_ns()
         jobs = claim_next(self.pool, self.work, owner=self.owner)
         if not jobs:
             return None
+        if self.tracer is not None:
+            self.tracer.claimed(jobs[0], started)
         return self.runner.run_claimed(jobs[0])
 
     def _drive(self) -> None:
@@ -147,7 +156,7 @@ class PostgresRuntime:
         interval = self.config.reconcile_interval.total_seconds()
         while not self._stop.wait(interval):
             try:
-                reaped = reap_once(self.jobs, self.operations, self.owner)
+                reaped = reap_once(self.jobs, self.operations, self.owner, self.retention)
             except StoreError as exc:
                 metrics.RECONCILE_FAILURES.inc()
                 log.warning("reap: %s; again in %g s", exc, interval)
@@ -165,12 +174,19 @@ class PostgresRuntime:
                 out.write(f"{result.value}\n")
 
 
-def reap_once(jobs: PostgresJobRepository, operations: OperationsStore, owner: str) -> ReapResult:
-    """The postgres backend's reconcile: reap expired leases; its metrics and heartbeat."""
+def reap_once(
+    jobs: PostgresJobRepository,
+    operations: OperationsStore,
+    owner: str,
+    retention: WorkflowRetention | None = None,
+) -> ReapResult:
+    """The postgres backend's reconcile: reap expired leases, archive finished workflows past
+    their retention; its metrics and heartbeat."""
     started = time.monotonic()
     reaped = jobs.reap()
+    archived = 0 if retention is None else retention.archive().workflows
     elapsed = time.monotonic() - started
-    findings = {"requeued": reaped.requeued, "parked": reaped.parked}
+    findings = {"requeued": reaped.requeued, "parked": reaped.parked, "archived": archived}
     metrics.observe_reconcile(findings, elapsed)
     operations.record_heartbeat(owner, timedelta(seconds=elapsed), findings)
     return reaped

@@ -8,12 +8,17 @@ as "waiting for a worker on <queue>: none is consuming". The dedicated queues li
 routed projects' (``project_route``, the table every publisher routes by), plus those a
 ``--project`` names. On the postgres backend a lane's "queue" is its claimable rows.
 Everything else comes from PostgreSQL.
+
+``problems`` names what is wrong with the fixing command, as ``vibey doctor`` does: a lane
+queue nobody consumes (a stopped consumer), a missing queue, an outbox row unsent for longer
+than :func:`stale_after` (nobody relays or reconciles).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from actors import amqp
@@ -25,6 +30,19 @@ from store.routes import read_routes
 from workflows.dispatch import Lane
 
 PROBE_TIMEOUT_S = 5.0
+STALE_FACTOR = 3  # a heartbeat or an unsent row older than this many intervals is stale
+STALE_FLOOR = timedelta(seconds=60)
+
+
+def stale_after(config: WorkerConfig) -> timedelta:
+    """How old a reconcile heartbeat or an unsent outbox row may be before it is a problem."""
+    return max(config.reconcile_interval * STALE_FACTOR, STALE_FLOOR)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    what: str
+    fix: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +76,7 @@ class QueueStats:
     oldest_ready: dict[str, Any] | None = field(default=None)
     routed: list[str] = field(default_factory=list)  # projects with dedicated queues
     waiting: list[str] = field(default_factory=list)  # queues holding pointers, no consumer
+    problems: list[Problem] = field(default_factory=list)
 
 
 def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
@@ -76,6 +95,10 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
         queues, dead_queue = _broker_queues(config, routed)
     unsent, oldest = ops.outbox_lag()
     oldest_ready = ops.oldest_ready()
+    problems = _queue_problems(queues)
+    if config.backend == "rabbitmq" and unsent and oldest > stale_after(config).total_seconds():
+        what = f"{unsent} dispatches unsent, the oldest for {oldest:.0f} s (a stale outbox)"
+        problems.append(Problem(what, "vibey reconcile --once"))
     return QueueStats(
         backend=config.backend,
         queues=queues,
@@ -89,7 +112,22 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
         else {**oldest_ready, "id": str(oldest_ready["id"])},
         routed=routed,
         waiting=[row.name for row in queues if row.unserved],
+        problems=problems,
     )
+
+
+def _queue_problems(queues: Sequence[QueueRow]) -> list[Problem]:
+    problems = []
+    for row in queues:
+        if row.lane is None:
+            continue
+        flags = f" --lanes {row.lane}" + (f" --project {row.project}" if row.project else "")
+        if not row.exists:
+            problems.append(Problem(f"{row.name} is missing", "vibey worker"))
+        elif row.consumers == 0:
+            what = f"no consumer on {row.name}: its jobs wait (a stopped consumer)"
+            problems.append(Problem(what, f"vibey worker{flags}"))
+    return problems
 
 
 def _claimable(config: WorkerConfig, pool: Pool, building: frozenset[str]) -> list[QueueRow]:

@@ -2,10 +2,11 @@
 
 In order: reap expired leases (with a redispatch at a new generation, or a park when the
 attempts are spent), sweep lost dispatches (claimable rows whose pointer never arrived), drain
-the outbox (rows nobody holds, or a dead relay held), and park the jobs whose pointers the
+the outbox (rows nobody holds, or a dead relay held), park the jobs whose pointers the
 dead-letter queue holds (they exceeded the delivery limit: they killed their consumer every
-time). Every step is idempotent and safe to run in several processes at once (constraints,
-SKIP LOCKED, generation checks). APScheduler runs it every ``interval`` in each worker.
+time), prune sent outbox rows and archive finished workflows past their retention. Every
+step is idempotent and safe to run in several processes at once (constraints, SKIP LOCKED,
+generation checks). APScheduler runs it every ``interval`` in each worker.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from actors.topology import QueueNames
 from store.dispatch import DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.operations import OperationsStore
+from store.retention import WorkflowRetention
 from workflows.dispatch import EnvelopeError, decode
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class ReconcileReport:
     dead_letters_parked: int
     dead_letters_kept: int = 0  # malformed or rejected: stored in dead_letter, never dropped
     pruned: int = 0  # sent outbox rows past their retention
+    archived: int = 0  # finished workflows past theirs (jobs and gates deleted, history kept)
 
 
 class Reconciler:
@@ -59,10 +62,12 @@ class Reconciler:
         reclaim_after: timedelta = timedelta(seconds=30),
         operations: OperationsStore | None = None,
         outbox_retention: timedelta = timedelta(days=1),
+        retention: WorkflowRetention | None = None,
         owner: str = "reconciler",
     ) -> None:
         """With ``operations``: dead letters that name no job are kept there, sent outbox
-        rows past ``outbox_retention`` are pruned, and each pass records its heartbeat."""
+        rows past ``outbox_retention`` are pruned, and each pass records its heartbeat. With
+        ``retention``: finished workflows past it are archived (``store.retention``)."""
         self._jobs = jobs
         self._records = records
         self._relay = relay
@@ -72,6 +77,7 @@ class Reconciler:
         self._reclaim_after = reclaim_after
         self._ops = operations
         self._retention = outbox_retention
+        self._workflow_retention = retention
         self._owner = owner
         self._kept = 0
         self._scheduler: BackgroundScheduler | None = None
@@ -87,8 +93,17 @@ class Reconciler:
         self._kept = 0
         parked = self.drain_dead_letters()
         pruned = 0 if self._ops is None else self._ops.prune_outbox(retention=self._retention)
+        retention = self._workflow_retention
+        archived = 0 if retention is None else retention.archive().workflows
         report = ReconcileReport(
-            reaped.requeued, reaped.parked, len(swept), drained, parked, self._kept, pruned
+            reaped.requeued,
+            reaped.parked,
+            len(swept),
+            drained,
+            parked,
+            self._kept,
+            pruned,
+            archived,
         )
         elapsed = time.monotonic() - started
         metrics.observe_reconcile(asdict(report), elapsed)

@@ -29,6 +29,7 @@ from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.retention import WorkflowRetention
 from store.routes import RouteCache
 from store.workflows import WorkflowStore
 from workflows.engine import Registry
@@ -46,6 +47,7 @@ class ReconcileService:
         self.routes: RouteCache | None = None
         self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
+        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
         registry = load_registry(config.definitions)
         kinds = registry.kinds
         leases = config.leases.resolved(kinds.canonical)
@@ -80,6 +82,7 @@ class ReconcileService:
             reclaim_after=config.reclaim_after,
             operations=self.operations,
             outbox_retention=config.outbox_retention,
+            retention=self.retention,
             owner=self.owner,
         )
 
@@ -92,7 +95,7 @@ class ReconcileService:
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
         if self.reconciler is None:
-            return reap_once(self.jobs, self.operations, self.owner)
+            return reap_once(self.jobs, self.operations, self.owner, self.retention)
         return self.reconciler.run_once()
 
     def declare(self) -> None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
-from actors import metrics
+from actors import metrics, tracing
 from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
@@ -53,6 +53,7 @@ from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
+from store.retention import WorkflowRetention
 from store.routes import RouteCache
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
@@ -100,6 +101,9 @@ class WorkerConfig:
     poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
     metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
     outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
+    workflow_retention: timedelta = timedelta(days=30)  # finished workflows archived after this
+    otlp_endpoint: str | None = None  # export step traces over OTLP/HTTP (None: no tracing)
+    tracing_service: str = "vibey"
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
 
@@ -218,16 +222,20 @@ class Runtime:
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
         )
+        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
+        claims, handlers, on_result = tracing.hooked(
+            self.tracer, self.records, handlers, self._count
+        )
         self.runner = StepRunner(
             jobs=self.jobs,
-            records=self.records,
+            records=claims,
             broker=self.broker,
             names=names,
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
             crash=load_object(config.crash_points) if config.crash_points else None,
-            on_result=self._count,
+            on_result=on_result,
             workflows=self.workflows,
         )
         self.reconciler = Reconciler(
@@ -240,6 +248,7 @@ class Runtime:
             reclaim_after=config.reclaim_after,
             operations=OperationsStore(self.pool),
             outbox_retention=config.outbox_retention,
+            retention=WorkflowRetention(self.pool, retention=config.workflow_retention),
             owner=self.owner,
         )
         self.events = event_service(config, self.pool, self.workflows)

@@ -138,6 +138,14 @@ WORKFLOWS: _List[Workflow] = _List(
 HISTORY: _List[HistoryEntry] = _List(
     "history_page", "history_count", _after_seq, lambda r: (r["seq"],), _history_item
 )
+# A workflow past its retention: its events come from its archive (store/retention.py).
+ARCHIVED_HISTORY: _List[HistoryEntry] = _List(
+    "archived_history_page",
+    "archived_history_count",
+    _after_seq,
+    lambda r: (r["seq"],),
+    _history_item,
+)
 LEDGER: _List[LedgerEvent] = _List(
     "ledger_page", "ledger_count", _after_seq, lambda r: (int(r["seq"]),), _ledger_item
 )
@@ -187,7 +195,8 @@ class Listings:
 
     def history(self, workflow_id: UUID, kind: str | None, spec: PageSpec) -> Page[HistoryEntry]:
         """A workflow's history events by seq; ``kind``: only events of that type."""
-        return self._page(HISTORY, {"workflow_id": workflow_id, "kind": kind}, spec)
+        listing = self._history_of(workflow_id)
+        return self._page(listing, {"workflow_id": workflow_id, "kind": kind}, spec)
 
     def ledger(self, project_id: str, kind: str | None, spec: PageSpec) -> Page[LedgerEvent]:
         """A project's ledger events by seq; ``kind``: only events of that kind."""
@@ -204,7 +213,14 @@ class Listings:
     def stream_history(
         self, workflow_id: UUID, kind: str | None, *, newest_first: bool
     ) -> Iterator[HistoryEntry]:
-        return self._stream(HISTORY, {"workflow_id": workflow_id, "kind": kind}, newest_first)
+        listing = self._history_of(workflow_id)
+        return self._stream(listing, {"workflow_id": workflow_id, "kind": kind}, newest_first)
+
+    def _history_of(self, workflow_id: UUID) -> _List[HistoryEntry]:
+        """The live history's listing, or the archive's once the workflow was archived."""
+        with transaction(self._pool) as conn:
+            row = fetch_one(conn, Q["is_archived"], {"workflow_id": workflow_id})
+        return ARCHIVED_HISTORY if row is not None and row["archived"] else HISTORY
 
     def stream_ledger(
         self, project_id: str, kind: str | None, *, newest_first: bool

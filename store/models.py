@@ -250,6 +250,9 @@ class WorkflowRow(SQLModel, table=True):
             "(status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL)",
             name="workflow_finished",
         ),
+        CheckConstraint(
+            "archived_at IS NULL OR finished_at IS NOT NULL", name="workflow_archived_finished"
+        ),
     )
 
     id: uuid.UUID = Field(sa_column=Column(Uuid, primary_key=True))
@@ -273,6 +276,8 @@ class WorkflowRow(SQLModel, table=True):
     created_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
     updated_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
     finished_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
+    # 0016_workflow_retention: its jobs and gates deleted, its history in workflow_archive
+    archived_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
 
 
 class WorkflowHistoryRow(SQLModel, table=True):
@@ -379,6 +384,15 @@ Index("workflow_by_project_update", _workflow.c.project_id, _workflow.c.updated_
 Index(
     "workflow_by_definition_update", _workflow.c.definition, _workflow.c.updated_at, _workflow.c.id
 )
+# Retention (migrations/0016_workflow_retention.sql): its scan, and what deleting jobs looks up.
+Index(
+    "workflow_to_archive",
+    _workflow.c.finished_at,
+    postgresql_where=_workflow.c.finished_at.is_not(None) & _workflow.c.archived_at.is_(None),
+)
+Index("job_outbox_by_job", _outbox.c.job_id)
+Index("gate_by_job", _gate.c.job_id, postgresql_where=_gate.c.job_id.is_not(None))
+Index("gate_by_workflow", _gate.c.workflow_id, postgresql_where=_gate.c.workflow_id.is_not(None))
 
 Index(
     "gate_deadline_due",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -10,16 +11,18 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
     Text,
+    Uuid,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-__all__ = ["DeadLetterRow", "ReconcileHeartbeatRow"]
+__all__ = ["DeadLetterRow", "ReconcileHeartbeatRow", "WorkflowArchiveRow"]
 
 
 class ReconcileHeartbeatRow(SQLModel, table=True):
@@ -59,3 +62,24 @@ class DeadLetterRow(SQLModel, table=True):
 
 _dead = SQLModel.metadata.tables["dead_letter"]
 Index("dead_letter_received", _dead.c.received_at, _dead.c.id)
+
+
+class WorkflowArchiveRow(SQLModel, table=True):
+    """``workflow_archive`` (0016_workflow_retention): a finished workflow's history, events
+    1..last_seq as one JSON array, once its jobs and gates were deleted."""
+
+    __tablename__ = "workflow_archive"
+    __table_args__ = (
+        CheckConstraint("jsonb_typeof(history) = 'array'", name="workflow_archive_history_array"),
+        CheckConstraint("last_seq >= 0 AND jobs >= 0", name="workflow_archive_counts"),
+    )
+
+    workflow_id: uuid.UUID = Field(
+        sa_column=Column(Uuid, ForeignKey("workflow.id"), primary_key=True)
+    )
+    last_seq: int = Field(sa_column=Column(Integer, nullable=False))
+    history: list[dict[str, Any]] = Field(sa_column=Column(JSONB, nullable=False))
+    jobs: int = Field(sa_column=Column(Integer, nullable=False))
+    archived_at: datetime = Field(
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=text("now()"))
+    )

@@ -80,7 +80,8 @@ def stats(
     delivery unacknowledged), the dead letters (in the dead-letter queue, and kept), the
     outbox's unsent rows and the age of the oldest, the projects routed to dedicated queues,
     and the claimable job waiting longest. A queue holding pointers that no consumer serves
-    says "waiting for a worker on <queue>: none is consuming".
+    says "waiting for a worker on <queue>: none is consuming"; then each problem (a queue
+    nobody consumes, a stale outbox) with the command that fixes it.
 
     On the postgres backend a lane's queue is its claimable rows. Exits 3 when PostgreSQL or
     RabbitMQ does not answer.
@@ -91,7 +92,8 @@ def stats(
         One JSON object: {"backend", "queues": [{"name", "lane", "project", "exists",
         "ready", "consumers"}], "leased_by_lane", "dead_queue", "dead_kept",
         "outbox_unsent", "outbox_oldest_s", "oldest_ready", "routed" (project ids),
-        "waiting" (queues holding pointers that no consumer serves)}.
+        "waiting" (queues holding pointers that no consumer serves),
+        "problems": [{"what", "fix"}]}.
     """
     from actors.queue_stats import gather
 
@@ -119,6 +121,10 @@ def stats(
             f"{'oldest claimable job':<40} {ready['kind']} of {ready['project_id']} "
             f"({ready['id']}), due {ready['waited_s']:.1f} s ago"
         )
+    for problem in found.problems:
+        print(f"PROBLEM: {problem.what}; fix: {problem.fix}")
+    if found.problems:
+        print(f"next: {found.problems[0].fix}")
     return ExitCode.OK
 
 

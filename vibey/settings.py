@@ -177,6 +177,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
     "workflow": {
         "definitions": "VIBEY_WORKFLOW_DEFINITIONS",
         "default_definition": "VIBEY_WORKFLOW_DEFAULT_DEFINITION",
+        "archive_after_seconds": "VIBEY_WORKFLOW_ARCHIVE_AFTER",
     },
     "engine": {
         "name": "VIBEY_ENGINE_NAME",
@@ -199,6 +200,10 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "read_only": "VIBEY_CONSOLE_READ_ONLY",
         "anonymous_read": "VIBEY_CONSOLE_ANONYMOUS_READ",
         "poll_seconds": "VIBEY_CONSOLE_POLL",
+    },
+    "tracing": {
+        "otlp_endpoint": "VIBEY_TRACING_OTLP_ENDPOINT",
+        "service_name": "VIBEY_TRACING_SERVICE_NAME",
     },
 }
 ENGINES: tuple[str, ...] = ("scripted", "command")
@@ -458,8 +463,15 @@ class WorkflowSettings:
 
     definitions: str = "workflows.protocol:DEFINITIONS"
     default_definition: str = "vibey-protocol"
+    # a finished workflow's jobs and gates are deleted, its history archived, after this
+    archive_after_seconds: float = 30 * 86400.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.archive_after_seconds) and self.archive_after_seconds > 0):
+            raise SettingsError(
+                f"archive_after_seconds must be more than 0, got {self.archive_after_seconds}: "
+                + _fix("VIBEY_WORKFLOW_ARCHIVE_AFTER", "archive_after_seconds", "workflow")
+            )
         if not _IMPORT_PATH.fullmatch(self.definitions):
             raise SettingsError(
                 f"the workflow definitions {self.definitions!r} are not an import path "
@@ -582,6 +594,23 @@ def is_loopback(host: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """``[tracing]``: OpenTelemetry traces of the steps, exported over OTLP/HTTP to
+    ``otlp_endpoint`` (None: off, the API's no-op; ``actors/tracing.py``)."""
+
+    otlp_endpoint: str | None = None
+    service_name: str = "vibey"
+
+    def __post_init__(self) -> None:
+        endpoint = self.otlp_endpoint
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"the OTLP endpoint must be an http(s) URL, got {endpoint!r}: fix "
+                "VIBEY_TRACING_OTLP_ENDPOINT (or otlp_endpoint under [tracing]), or leave it unset"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
@@ -594,6 +623,7 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
     webhooks: tuple[WebhookSpec, ...] = ()  # [notify.webhooks.<name>] tables, in name order
+    tracing: TracingSettings = field(default_factory=TracingSettings)
     config_file: Path | None = None
 
     def roster(self, only: Iterable[str] = ()) -> tuple[AgentSpec, ...]:
@@ -642,6 +672,12 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
         console=_console(src["console"]),
         webhooks=_webhooks(table.get("notify", {}), env, where),
+        tracing=TracingSettings(
+            **_given(
+                otlp_endpoint=src["tracing"].text("otlp_endpoint") or None,
+                service_name=src["tracing"].text("service_name"),
+            )
+        ),
         config_file=path,
     )
 
@@ -998,6 +1034,7 @@ def _workflow(src: _Source) -> WorkflowSettings:
         **_given(
             definitions=src.text("definitions"),
             default_definition=src.text("default_definition"),
+            archive_after_seconds=src.seconds("archive_after_seconds"),
         )
     )
 

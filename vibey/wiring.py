@@ -71,6 +71,9 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
         metrics_port=settings.metrics.port,
         outbox_retention=timedelta(seconds=rabbitmq.outbox_retention_seconds),
+        workflow_retention=timedelta(seconds=settings.workflow.archive_after_seconds),
+        otlp_endpoint=settings.tracing.otlp_endpoint,
+        tracing_service=settings.tracing.service_name,
     )
     _check_names(config)
     _check_handlers(config.handlers)

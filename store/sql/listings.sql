@@ -78,6 +78,26 @@ SELECT count(*) AS n FROM (
     LIMIT %(cap)s
 ) AS matching
 
+-- name: archived_history_page
+-- An archived workflow's events (migrations/0016_workflow_retention.sql), paged as above.
+SELECT h.seq, h.event, h.commands, h.recorded_at FROM workflow_history_all h
+WHERE h.workflow_id = %(workflow_id)s
+  AND (%(kind)s::text IS NULL OR h.event->>'type' = %(kind)s::text)
+  AND (%(after_seq)s::bigint IS NULL OR h.seq {cmp} %(after_seq)s::bigint)
+ORDER BY h.seq {dir}
+LIMIT %(limit)s
+
+-- name: archived_history_count
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM workflow_history_all h
+    WHERE h.workflow_id = %(workflow_id)s
+      AND (%(kind)s::text IS NULL OR h.event->>'type' = %(kind)s::text)
+    LIMIT %(cap)s
+) AS matching
+
+-- name: is_archived
+SELECT archived_at IS NOT NULL AS archived FROM workflow WHERE id = %(workflow_id)s
+
 -- name: ledger_page
 SELECT e.* FROM ledger_event e
 WHERE e.project_id = %(project_id)s

@@ -64,7 +64,7 @@ UPDATE workflow_history SET commands = %(commands)s
 WHERE workflow_id = %(workflow_id)s AND seq = %(seq)s AND commands IS NULL
 
 -- name: history
-SELECT seq, event, commands, recorded_at FROM workflow_history
+SELECT seq, event, commands, recorded_at FROM workflow_history_all
 WHERE workflow_id = %(workflow_id)s AND seq > %(after)s
 ORDER BY seq
 

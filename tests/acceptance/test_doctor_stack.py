@@ -1,4 +1,5 @@
-"""`vibey doctor` on a deliberately broken stack names each problem and the fixing command.
+"""`vibey doctor` and `vibey queue stats` on a deliberately broken stack name each problem
+and the fixing command.
 
 Broken: the topology is declared but no worker consumes (a stopped consumer), no process ever
 reconciled, and a dispatch has been unsent for ten minutes (a stale outbox). Then the fixes
@@ -64,6 +65,14 @@ def test_doctor_names_each_problem_with_its_fix_until_the_stack_is_whole(broken:
     assert text.returncode == 0  # without --stack only the services decide the exit code
     assert "consumers:      PROBLEM: no consumer on" in text.stdout
     assert text.stdout.splitlines()[-2:] == ["next: vibey worker --lanes interactive", "healthy"]
+    stats = json.loads(broken.vibey("queue", "stats", "--json").stdout)
+    fixes = {p["fix"] for p in stats["problems"]}
+    assert fixes == {"vibey worker --lanes interactive", "vibey worker --lanes build"} | {
+        "vibey reconcile --once"
+    }, stats["problems"]
+    shown = broken.vibey("queue", "stats").stdout
+    assert "PROBLEM: no consumer on" in shown and "(a stale outbox); fix: vibey reconcile" in shown
+    assert shown.splitlines()[-1] == "next: vibey worker --lanes interactive"
 
     broken.vibey("reconcile", "--once")  # the outbox's fix: sends it, records a heartbeat
     code, report = doctor(broken)

@@ -3,8 +3,9 @@
 Three private nodes (own ports, data and cookie) form a cluster; vibey's topology is declared
 on it, so every work, tier and dead-letter queue is a quorum queue replicated on all three.
 A supervised fleet of Dramatiq workers, given all three AMQP URLs, runs chains of dependent
-steps. Mid-run the build queue's leader node is SIGKILLed and later started again (it
-rejoins), then another node is stopped and started (stop_app / start_app).
+steps (in the second test, whole protocol workflows with their gates answered). Mid-run the
+build queue's leader node is SIGKILLed and later started again (it rejoins), then another
+node is stopped and started (stop_app / start_app).
 
 Invariants: nothing lost (every job terminal), exactly one commit per succeeded job (the
 audit trigger's primary key), at quiescence the work and tier queues are empty on the
@@ -30,12 +31,18 @@ from actors.amqp import parameters
 from actors.capabilities import detect
 from actors.worker import Supervisor, WorkerConfig
 from store.jobs import PostgresJobRepository
+from store.ledger import Ledger
+from store.workflows import WorkflowStore
 from tests.chaos.fleet import chaos_seed, count
 from tests.chaos.rabbit_cluster import ClusterNode, rabbit_cluster
 from tests.chaos.test_chaos_rabbitmq import STEPS, unsettled
+from tests.chaos.test_chaos_workflows import SCRIPT, answer_for
 from tests.commit_audit import COMMIT_AUDIT
 from workflows.dispatch import WaitTiers
+from workflows.engine import Registry, Status
 from workflows.job import LeasePolicy
+from workflows.protocol import DEFINITIONS
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest
 
 pytestmark = pytest.mark.chaos
@@ -185,3 +192,105 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
     assert commits == succeeded == total, "a succeeded job without exactly one commit"
     assert sum(left.values()) == 0, f"messages left at quiescence: {left}"
     assert unsent == 0, "outbox rows left unsent"
+
+
+PROTOCOL_WORKFLOWS = int(os.environ.get("VIBEY_CLUSTER_WORKFLOWS", "8"))
+
+
+def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The same faults under whole protocol workflows (scripted engine, git worktrees, gates
+    answered as they open): every workflow completes, each step's result is recorded once,
+    every history replays and every ledger verifies, nothing is leased or left unsent."""
+    seed = chaos_seed("rabbitmq cluster, protocol workflows", lease=LEASE)
+    with rabbit_cluster(3) as nodes:
+        url = ";".join(node.rabbit.url for node in nodes)
+        config = WorkerConfig(
+            pg_url=pg_url,
+            amqp_url=url,
+            tiers=TIERS,
+            leases=LeasePolicy(default=LEASE, by_kind=dict.fromkeys(STEP_KINDS, LEASE)),
+            threads=2,
+            reconcile_interval=timedelta(seconds=1),
+            redispatch_after=timedelta(seconds=8),
+            reclaim_after=timedelta(seconds=5),
+            workspace=str(tmp_path / "work"),
+        )
+        connection = pika.BlockingConnection(parameters(url))
+        config.topology().declare(connection.channel(), detect(connection))
+        connection.close()
+        build_queue = config.names.work_queue("build")
+        leader_of(nodes, build_queue)
+        started = time.monotonic()
+        with ConnectionPool(
+            pg_url, min_size=1, max_size=4, open=True, kwargs={"autocommit": True}
+        ) as pool:
+            jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+            ledger = Ledger(pool)
+            store = WorkflowStore(
+                pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=ledger
+            )
+            ids = [
+                store.start(
+                    f"cl{n:02d}",
+                    definition="vibey-protocol",
+                    input={"engine": {"name": "scripted", "script": SCRIPT}},
+                ).workflow.id
+                for n in range(PROTOCOL_WORKFLOWS)
+            ]
+            supervisor = Supervisor(config, processes=WORKERS)
+            fleet = threading.Thread(target=supervisor.run, daemon=True)
+            fleet.start()
+            log: list[str] = []
+            faulted = threading.Event()
+            threading.Thread(
+                target=faults, args=(nodes, build_queue, log, faulted), daemon=True
+            ).start()
+            answered = 0
+            try:
+                while time.monotonic() - started < DEADLINE_S:
+                    for gate, _waited in store.inbox():
+                        store.answer(gate.id, answer_for(gate), by="chaos")
+                        answered += 1
+                    if faulted.is_set() and all(store.get(i).status.finished for i in ids):
+                        break
+                    time.sleep(0.3)
+                quiet = time.monotonic()
+                while (
+                    count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+                    and time.monotonic() - quiet < 60
+                ):
+                    time.sleep(0.5)
+            finally:
+                supervisor.stop()
+                fleet.join(timeout=120)
+            workflows = [store.get(i) for i in ids]
+            with pool.connection() as conn:
+                dupes = conn.execute(
+                    "SELECT workflow_id, event->>'step', count(*) FROM workflow_history "
+                    "WHERE event->>'type' = 'step_succeeded' GROUP BY 1, 2 HAVING count(*) > 1"
+                ).fetchall()
+            total = count(pool, "SELECT count(*) FROM job")
+            commits = count(
+                pool,
+                "SELECT count(*) FROM workflow_history WHERE event->>'type' = 'step_succeeded'",
+            )
+            live = count(pool, "SELECT count(*) FROM job WHERE state IN ('ready', 'leased')")
+            unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+            claims = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")
+            verified = [store.verify(i) for i in ids]
+            ledgers = [ledger.verify(wf.project_id) for wf in workflows]
+    unfinished = [w.project_id for w in workflows if w.status is not Status.COMPLETED]
+    print(
+        f"rabbitmq cluster, protocol (seed {seed}): workflows={PROTOCOL_WORKFLOWS} jobs={total} "
+        f"claims={claims} faults={log} commits={commits} lost={len(unfinished) + live} "
+        f"double={len(dupes)} gates answered={answered} unsent={unsent} "
+        f"respawns={supervisor.respawns} wall={time.monotonic() - started:.1f}s"
+    )
+    assert len(log) == 4, f"the faults did not all happen: {log}"
+    assert unfinished == [], [(w.project_id, w.status.value, w.phase) for w in workflows]
+    assert dupes == [], f"a step's result recorded more than once: {dupes}"
+    assert all(v.ok for v in verified), [v.divergence for v in verified if not v.ok]
+    assert all(v.ok for v in ledgers), [v.problem for v in ledgers if not v.ok]
+    assert live == 0 and unsent == 0

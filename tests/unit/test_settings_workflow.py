@@ -121,6 +121,18 @@ def test_the_worker_gets_the_engine_and_the_definitions(empty_dir: Path) -> None
     assert config.engine_command == ("agent", "--go")
     assert config.engine_timeout == timedelta(seconds=30)
     assert config.workspace == "/w"
+    assert config.workflow_retention == timedelta(days=30)  # the default window
+
+
+def test_the_workflow_retention_comes_from_the_settings_and_must_be_positive(
+    tmp_path: Path,
+) -> None:
+    write_toml(tmp_path, "[workflow]\narchive_after_seconds = 3600\n")
+    env = {"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP}
+    assert worker_config(load_settings(env, tmp_path)).workflow_retention == timedelta(hours=1)
+    env["VIBEY_WORKFLOW_ARCHIVE_AFTER"] = "0"
+    message = settings_error(env, tmp_path)
+    assert "VIBEY_WORKFLOW_ARCHIVE_AFTER" in message and "[workflow]" in message
 
 
 @pytest.mark.parametrize(
