@@ -35,6 +35,7 @@ from vibey import __version__
 from vibey.cli_engine import engine_app
 from vibey.cli_gate import gate_app
 from vibey.cli_ledger import ledger_app
+from vibey.cli_loop import loop_service
 from vibey.cli_ops import queue_app, reconcile
 from vibey.cli_workflow import workflow_app
 from vibey.render import CommandError, ExitCode
@@ -76,6 +77,7 @@ app.command(gate_app)
 app.command(ledger_app)
 app.command(engine_app)
 app.command(reconcile)
+app.command(loop_service, name="loop-service")
 app.command(queue_app)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
