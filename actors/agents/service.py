@@ -110,6 +110,8 @@ class LoopService:
         self._connection: Any = None
         self._publisher: Any = None
         self._running = 0
+        self._pending: list[Callable[[], None]] = []
+        self._pending_lock = threading.Lock()
         self.ready = threading.Event()  # consuming (tests wait for it)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -142,6 +144,9 @@ class LoopService:
             control = connection.channel()
             queue = self._topology.declare_control_queue(control, self.engine)
             control.basic_consume(queue, self._on_control, auto_ack=True)
+            self._deliveries.tags.clear()  # the old channels' deliveries come back redelivered
+            self._deliveries.waiting.clear()
+            self._run_pending()
             self.ready.set()
             while not stop.is_set():
                 connection.process_data_events(time_limit=0.2)
@@ -185,6 +190,9 @@ class LoopService:
             log.info("run %s: redelivered; its result is republished", request.run_id)
             self._settle(request, existing, [(channel, delivery)], persist=False)
             return
+        if self.host.find(request.run_id) is not None:  # redelivered while it runs here
+            self._deliveries.tags.setdefault(str(request.run_id), []).append((channel, delivery))
+            return
         if self.host.orphaned(request):
             ended = self.host.ended(request, RunStatus.ABANDONED, "its service went away mid-run")
             self._settle(request, ended, [(channel, delivery)])
@@ -195,7 +203,7 @@ class LoopService:
                 request, self.host.ended(request, RunStatus.REJECTED, late), [(channel, delivery)]
             )
             return
-        if self._running >= self._prefetch and self.host.find(request.run_id) is None:
+        if self._running >= self._prefetch:
             decision, active = self._peek(request)
             if decision is Admission.START:
                 self._deliveries.waiting.append((request, channel, delivery))
@@ -389,7 +397,19 @@ class LoopService:
     # -- publishing (on the connection's thread) -----------------------------------------------
 
     def _later(self, callback: Callable[[], None]) -> None:
-        self._connection.add_callback_threadsafe(callback)
+        """Runs ``callback`` on the connection's thread; while the broker is away, after the
+        reconnect (a run that ends meanwhile is settled then)."""
+        with self._pending_lock:
+            try:
+                self._connection.add_callback_threadsafe(callback)
+            except (pika.exceptions.AMQPError, AttributeError):
+                self._pending.append(callback)
+
+    def _run_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for callback in pending:
+            callback()
 
     def _reply(self, reply_to: str, run_id: object, message: RunAccepted | RunResult) -> None:
         self._publish("", reply_to, encode(message), str(run_id))
