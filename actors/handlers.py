@@ -52,7 +52,7 @@ from actors.agents import (
 from actors.agents.adapters import engine_for
 from actors.agents.lease import Held, Holder, WorktreeBusy, WorktreeLease
 from actors.agents.roster import AgentSpec
-from actors.agents.run_client import EngineQueueSaturated, RunClient
+from actors.agents.run_client import RunClient, RunDeferred
 from actors.agents.tests_run import TestsRun, find_test_command, run_tests
 from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
@@ -241,7 +241,7 @@ class Steps:
             verdict = ran
             if worktree is not None and verdict.status == "ok":
                 verdict = _finish_implement(worktree, task, verdict)
-        except (WorktreeBusy, EngineQueueSaturated) as exc:  # neither burns an attempt
+        except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:  # build.verify merging the cycle's items
             verdict = EngineVerdict("failed", detail=str(exc))
@@ -351,7 +351,7 @@ class Steps:
             tree = self.workspace.integrated(job.project_id)
             with self.integration_lock(job.project_id, job.cycle), self._held(job, tree):
                 commit = self.workspace.integrate(job.project_id, job.cycle, items)
-        except (WorktreeBusy, EngineQueueSaturated) as exc:  # neither burns an attempt
+        except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:
             return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])

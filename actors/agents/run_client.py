@@ -22,6 +22,7 @@ no ``accepted`` by ``start_by``          :class:`EngineQueueSaturated`: the step
 ``rejected`` otherwise (forged, no       an engine fault (the job's attempt fails)
 binary), ``superseded``, ``abandoned``,
 ``dead_lettered``
+``exited`` with 75 (a wind-down)         :class:`RunWoundDown`: defers, no attempt burned
 ``exited`` / ``deadline_exceeded``       the adapter judges the transcript, as ever
 the reply lost (connection gone, reply   the result file ``<cwd>/.vibey/diagnostics/
 queue gone)                              <run_id>.result.json`` is read until the deadline
@@ -68,9 +69,21 @@ SLACK = timedelta(seconds=30)  # past the deadline, before the result file is gi
 UNSET_REPLY = "unset"
 
 
-class EngineQueueSaturated(EngineError):
-    """No loop service accepted the run by its ``start_by``. Not an engine capacity signal: the
-    step defers with ``capacity=False`` (no attempt burned, no circuit opened)."""
+WIND_DOWN_EXIT = 75  # the engine wound down on request (EX_TEMPFAIL): run it again later
+
+
+class RunDeferred(EngineError):
+    """The run did not happen, or stopped short, for a reason that is not the work's nor the
+    engine's capacity: the step defers with ``capacity=False`` (no attempt burned, no circuit
+    opened)."""
+
+
+class EngineQueueSaturated(RunDeferred):
+    """No loop service accepted the run by its ``start_by`` (or it arrived late)."""
+
+
+class RunWoundDown(RunDeferred):
+    """The engine exited 75: it wound down on request, and the step runs again later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +254,8 @@ class ServiceLaunch:
         if not stdout.exists():
             stdout.parent.mkdir(parents=True, exist_ok=True)
             stdout.touch()
+        if result.status is RunStatus.EXITED and result.exit_code == WIND_DOWN_EXIT:
+            raise RunWoundDown(f"engine {engine}: run {request.run_id} wound down (exit 75)")
         timed_out = result.status is RunStatus.DEADLINE_EXCEEDED
         code = result.exit_code if result.exit_code is not None else -9
         text = stderr.read_text(encoding="utf-8", errors="replace") if stderr.exists() else ""

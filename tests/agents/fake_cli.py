@@ -17,7 +17,8 @@ own ``env``):
 ``garbage``  prints what is not its format, exits 0
 ``noop``     says it succeeded, changed nothing, exits 0
 
-A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays. With
+A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and its
+``fake_exit`` makes it exit with that status then (75: a wind-down). With
 ``FAKE_STATE`` set, every run appends ``start`` and ``end`` spans (pid, cwd, time) to
 ``$FAKE_STATE/spans.jsonl`` (a killed run has no ``end``): the tests count overlaps with them.
 
@@ -121,9 +122,12 @@ def _span(event: str) -> None:
 
 def _pause(prompt: str) -> None:
     if re.search(r"\.vibey/plans/", prompt):
-        seconds = float(plan_of(prompt)["input"].get("fake_sleep", 0))
+        step_input = plan_of(prompt)["input"]
+        seconds = float(step_input.get("fake_sleep", 0))
         if seconds > 0:
             time.sleep(seconds)
+        if "fake_exit" in step_input:
+            sys.exit(int(step_input["fake_exit"]))
 
 
 def _scenario(cli: str, prompt: str) -> str:

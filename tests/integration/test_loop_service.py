@@ -269,6 +269,19 @@ def test_a_worktree_busy_under_another_key_defers_the_step_without_an_attempt(ri
     assert isinstance(steps.run(job), Success)  # free again: the deferred step runs
 
 
+def test_exit_75_defers_the_step_without_an_attempt(rig: Rig) -> None:
+    rig.start()
+    steps = Steps(
+        HandlerContext(
+            pool=None, workspace=rig.root, engines={"svc": rig.engine()}, runs=rig.client
+        )
+    )
+    step_input = {"answers": {}, "engine": {"name": "svc"}, "fake_exit": 75}
+    outcome = steps.run(leased_job("design.research", {"input": step_input}))
+    assert isinstance(outcome, Defer) and not outcome.capacity, outcome
+    assert "wound down" in outcome.reason
+
+
 # -- queue wait, late requests, a lost reply ---------------------------------------------------
 
 
