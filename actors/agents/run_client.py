@@ -142,6 +142,29 @@ class RunClient:
             if connection.is_open:
                 connection.close()
 
+    def queue_status(self, engine: str) -> tuple[int, int] | None:
+        """``(consumers, queued requests)`` of the engine's run queue; None when it is not
+        declared (no service ever started) or the broker does not answer."""
+        try:
+            connection = pika.BlockingConnection(parameters(self.amqp_url, timeout=5))
+        except pika.exceptions.AMQPError:
+            return None
+        try:
+            frame = connection.channel().queue_declare(self.topology.queue(engine), passive=True)
+            return int(frame.method.consumer_count), int(frame.method.message_count)
+        except pika.exceptions.AMQPError:
+            return None
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    def probe(self, spec: AgentSpec, cwd: Path, args: Sequence[str], wait: float) -> RunResult:
+        """A probe (``args``: the adapter's version argv) answered within ``wait`` seconds;
+        :class:`EngineQueueSaturated` when no service answered."""
+        request = self.request(replace(spec, queue_wait_seconds=wait), args, cwd,
+                               purpose=Purpose.PROBE, deadline_seconds=wait)  # fmt: skip
+        return self.run(request)
+
     def _send(self, channel: Any, request: RunRequest) -> None:
         channel.confirm_delivery()
         key = (

@@ -196,3 +196,17 @@ def test_a_sigkilled_service_abandons_its_run_and_the_next_attempt_runs_alone(
     assert len(starts) == 2  # attempt 1 once, attempt 2 once
     assert starts[1]["at"] >= died_at - 0.5
     assert sorted(r.status for r in results(workdir)) == [RunStatus.ABANDONED, RunStatus.EXITED]
+
+
+def test_engine_list_shows_the_loop_service_and_a_probe(services: Services) -> None:
+    services.start()
+    done = subprocess.run(
+        [sys.executable, "-m", "vibey", "engine", "list", "--json"],
+        env=services.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["engines"]
+    assert row["invocation"] == "service"
+    assert row["service"]["consumers"] == 1 and row["service"]["queued"] == 0
+    assert row["service"]["probe"].startswith("exited: claude 9.9.9"), row
+    assert row["service"]["probe_seconds"] < 1.0
