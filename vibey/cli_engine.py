@@ -9,6 +9,7 @@ reset time of a rate-limit window) from ``engine_health``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from cyclopts import App, Parameter
@@ -95,7 +96,6 @@ def roster_rows(settings: Settings) -> list[dict[str, Any]]:
 
 def _service_row(settings: Settings, spec: Any) -> dict[str, Any]:
     import time
-    from pathlib import Path
 
     from actors.agents.adapters import CLI_ADAPTERS
     from actors.agents.run_client import EngineQueueSaturated, RunClient
@@ -120,6 +120,17 @@ def _service_row(settings: Settings, spec: Any) -> dict[str, Any]:
     row["probe"] = f"{result.status.value}: {answer[0][:80]}"
     row["probe_seconds"] = round(time.monotonic() - began, 3)
     return row
+
+
+def _run_client(settings: Settings, specs: Any) -> Any:
+    """The loop services' client when an engine checked runs in one (and a broker is set)."""
+    engines = tuple(spec.id for spec in specs if spec.as_service)
+    if not engines or settings.bus.amqp_url is None:
+        return None
+    from actors.agents.run_client import RunClient
+    from actors.runs_topology import RunsTopology
+
+    return RunClient(settings.bus.amqp_url, RunsTopology(settings.bus.prefix, engines))
 
 
 def _healths(settings: Settings) -> dict[str, Any]:
@@ -149,7 +160,8 @@ def run_conformance(engine: str | None, *, record: bool, json_output: bool) -> E
     from actors.agents.conformance import check
     from actors.agents.conformance import record as save
 
-    results = [check(spec, worker_env=settings.agent_env) for spec in specs]
+    runs, root = _run_client(settings, specs), Path(settings.engine.workspace).resolve()
+    results = [check(spec, worker_env=settings.agent_env, runs=runs, root=root) for spec in specs]
     if record:
         from store.pool import open_pool
 
