@@ -87,6 +87,7 @@ class _Deliveries:
     """The unacked deliveries of each run, and the request waiting for a free slot."""
 
     tags: dict[str, list[tuple[Any, int]]] = field(default_factory=dict)
+    listeners: dict[str, set[str]] = field(default_factory=dict)  # other reply queues of a run
     waiting: list[tuple[RunRequest, Any, int]] = field(default_factory=list)
 
 
@@ -190,8 +191,9 @@ class LoopService:
             log.info("run %s: redelivered; its result is republished", request.run_id)
             self._settle(request, existing, [(channel, delivery)], persist=False)
             return
-        if self.host.find(request.run_id) is not None:  # redelivered while it runs here
-            self._deliveries.tags.setdefault(str(request.run_id), []).append((channel, delivery))
+        active = self.host.find(request.run_id)
+        if active is not None:  # redelivered while it runs here: its end settles this one too
+            self._attach(active, request, channel, delivery)
             return
         if self.host.orphaned(request):
             ended = self.host.ended(request, RunStatus.ABANDONED, "its service went away mid-run")
@@ -231,7 +233,8 @@ class LoopService:
             self._deliveries.tags[run_id] = [(channel, delivery)]
             self._spawn(lambda: self._execute(active), f"run-{run_id}")
         elif decision is Admission.ATTACH:
-            self._deliveries.tags.setdefault(run_id, []).append((channel, delivery))
+            assert active is not None
+            self._attach(active, request, channel, delivery)
         elif decision is Admission.SUPERSEDE:
             assert active is not None
             self._deliveries.tags[run_id] = [(channel, delivery)]
@@ -283,10 +286,23 @@ class LoopService:
         )
         self._later(lambda: self._reply(active.request.reply_to, active.request.run_id, accepted))
 
+    def _attach(self, active: Active, request: RunRequest, channel: Any, delivery: int) -> None:
+        run_id = str(request.run_id)
+        self._deliveries.tags.setdefault(run_id, []).append((channel, delivery))
+        if request.reply_to != active.request.reply_to:
+            self._deliveries.listeners.setdefault(run_id, set()).add(request.reply_to)
+            if active.pid is not None and active.started_at is not None:
+                accepted = RunAccepted(
+                    request.run_id, self.host.instance, active.pid, active.started_at
+                )
+                self._reply(request.reply_to, request.run_id, accepted)
+
     def _finish(self, request: RunRequest, result: RunResult, active: Active | None = None) -> None:
         """On the connection's thread: publish, ack every delivery of the run, start the next."""
         self._running -= 1
         tags = self._deliveries.tags.pop(str(request.run_id), [])
+        for reply_to in self._deliveries.listeners.pop(str(request.run_id), set()):
+            self._reply(reply_to, request.run_id, result)
         self._settle(request, result, tags, persist=False)
         if active is not None:
             active.settled.set()

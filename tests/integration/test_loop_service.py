@@ -188,6 +188,23 @@ def test_a_redelivered_request_whose_result_exists_is_not_run_again(rig: Rig) ->
     assert len([s for s in rig.spans() if s["event"] == "start"]) <= 1
 
 
+def test_a_request_redelivered_while_it_runs_attaches_to_the_run(rig: Rig) -> None:
+    rig.start()
+    workdir = rig.workdir("wt")
+    engine = rig.engine()
+    first, out = in_thread(engine.run, task(workdir, sleep=3))
+    wait_for(lambda: any(s["event"] == "start" for s in rig.spans()))
+    (sent,) = [p for p in (workdir / ".vibey/diagnostics").glob("*.started")]
+    run_id = sent.name.removesuffix(".started")
+    # the same request again (as a redelivery would bring it), with its own reply queue
+    again = rig.client.request(rig.spec, ["-p", "x"], workdir)
+    result = rig.client.run(replace(again, run_id=uuid.UUID(run_id)))
+    first.join(30)
+    assert isinstance(out[0], EngineVerdict) and out[0].status == "ok"
+    assert result.status is RunStatus.EXITED and result.exit_code == 0
+    assert len([s for s in rig.spans() if s["event"] == "start"]) == 1
+
+
 # -- probes ---------------------------------------------------------------------------------------
 
 
