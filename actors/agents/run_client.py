@@ -19,9 +19,12 @@ no ``accepted`` by ``start_by``          :class:`EngineQueueSaturated`: the step
 (the service is saturated or down)       ``capacity=False``, no attempt burned
 ``rejected: worktree busy``              :class:`~actors.agents.lease.WorktreeBusy`: defers
 ``rejected`` as late                     :class:`EngineQueueSaturated`
+``superseded``, ``abandoned`` (the       :class:`RunCut`: defers, no attempt burned, no
+fleet cut it: a higher attempt, its      circuit failure recorded
+service gone or drained)
 ``rejected`` otherwise (forged, no       an engine fault (the job's attempt fails)
-binary), ``superseded``, ``abandoned``,
-``dead_lettered``
+binary), ``dead_lettered``, no result
+by the deadline
 ``exited`` with 75 (a wind-down)         :class:`RunWoundDown`: defers, no attempt burned
 ``exited`` / ``deadline_exceeded``       the adapter judges the transcript, as ever
 the reply lost (connection gone, reply   the result file ``<cwd>/.vibey/diagnostics/
@@ -84,6 +87,11 @@ class EngineQueueSaturated(RunDeferred):
 
 class RunWoundDown(RunDeferred):
     """The engine exited 75: it wound down on request, and the step runs again later."""
+
+
+class RunCut(RunDeferred):
+    """The fleet cut the run short: a higher attempt superseded it, or its service went away
+    or drained. Neither the work's fault nor the engine's: no attempt, no circuit failure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +279,8 @@ class ServiceLaunch:
             raise WorktreeBusy(workdir, None)
         if result.status is RunStatus.REJECTED and result.detail.startswith("late"):
             raise EngineQueueSaturated(f"engine {engine}: {result.detail}")
+        if result.status in (RunStatus.SUPERSEDED, RunStatus.ABANDONED) and result.service_instance:
+            raise RunCut(f"engine {engine}: run {request.run_id} {result.status}: {result.detail}")
         if result.status not in (RunStatus.EXITED, RunStatus.DEADLINE_EXCEEDED):
             detail = f"engine {engine}: run {request.run_id} {result.status}: {result.detail}"
             return fault(detail, {"engine_id": engine, "run_id": str(request.run_id)})

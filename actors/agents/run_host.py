@@ -215,13 +215,13 @@ class RunHost:
     # -- running -----------------------------------------------------------------------------
 
     def execute(self, active: Active, on_start: Callable[[Active], None]) -> RunResult:
-        """Runs ``active``'s request to its end and persists the result; always releases the
-        worktree."""
+        """Runs ``active``'s request to its end and persists the result, then releases the
+        worktree (always; a redelivery that finds it free finds the result too)."""
         try:
             result = self._execute(active, on_start)
+            write_result(active.request.cwd, result)
         finally:
             self._release(active)
-        write_result(active.request.cwd, result)
         return result
 
     def _execute(self, active: Active, on_start: Callable[[Active], None]) -> RunResult:

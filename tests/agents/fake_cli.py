@@ -20,7 +20,8 @@ own ``env``):
 A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and its
 ``fake_exit`` makes it exit with that status then (75: a wind-down). With
 ``FAKE_STATE`` set, every run appends ``start`` and ``end`` spans (pid, cwd, time) to
-``$FAKE_STATE/spans.jsonl`` (a killed run has no ``end``): the tests count overlaps with them.
+``$FAKE_STATE/spans.jsonl`` (a SIGTERM ends the span too; a SIGKILLed run has no ``end``):
+the tests count overlaps with them.
 
 ``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
@@ -105,11 +106,18 @@ def main(cli: str) -> None:
     scenario = _scenario(cli, getattr(args, "prompt", ""))
     play = {"claude": claude, "codex": codex, "gemini": gemini, "aider": aider}[cli]
     _span("start")
+    signal.signal(signal.SIGTERM, _stopped)
     try:
         _pause(getattr(args, "prompt", ""))
         play(scenario, args)
     finally:
         _span("end")
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """A stop (a supersede, a drain, the service gone): the span ends now, as the run does."""
+    _span("end")
+    os._exit(128 + signum)
 
 
 def _span(event: str) -> None:
