@@ -44,7 +44,8 @@ def loop_service(
         print(f'vibey: engine {engine} has invocation = "subprocess"; its steps do not come here')
     root = Path(settings.engine.workspace).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for name in ("vibey.loop_service", "vibey.run_client"):  # supersedes, refusals, reconnects
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         service = build_service(
             spec,
