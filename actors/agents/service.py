@@ -32,9 +32,11 @@ SIGTERM drains: consuming stops, runs get ``drain_grace`` seconds to finish, the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -111,8 +113,7 @@ class LoopService:
         self._connection: Any = None
         self._publisher: Any = None
         self._running = 0
-        self._pending: list[Callable[[], None]] = []
-        self._pending_lock = threading.Lock()
+        self._queued: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.ready = threading.Event()  # consuming (tests wait for it)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -147,10 +148,10 @@ class LoopService:
             control.basic_consume(queue, self._on_control, auto_ack=True)
             self._deliveries.tags.clear()  # the old channels' deliveries come back redelivered
             self._deliveries.waiting.clear()
-            self._run_pending()
+            self._run_queued()
             self.ready.set()
             while not stop.is_set():
-                connection.process_data_events(time_limit=0.2)
+                self._process(connection)
             self._drain(runs, tag)
         finally:
             self.ready.clear()
@@ -164,12 +165,12 @@ class LoopService:
         self._deliveries.waiting.clear()
         deadline = time.monotonic() + self._drain_grace
         while self.host.active() and time.monotonic() < deadline:
-            self._connection.process_data_events(time_limit=0.2)
+            self._process(self._connection)
         for active in self.host.active():
             active.why_stopped, active.detail = RunStatus.ABANDONED, "the service drained"
             active.stop.set()
         while self._running:
-            self._connection.process_data_events(time_limit=0.2)
+            self._process(self._connection)
 
     # -- run requests --------------------------------------------------------------------------
 
@@ -413,19 +414,23 @@ class LoopService:
     # -- publishing (on the connection's thread) -----------------------------------------------
 
     def _later(self, callback: Callable[[], None]) -> None:
-        """Runs ``callback`` on the connection's thread; while the broker is away, after the
-        reconnect (a run that ends meanwhile is settled then)."""
-        with self._pending_lock:
-            try:
-                self._connection.add_callback_threadsafe(callback)
-            except (pika.exceptions.AMQPError, AttributeError):
-                self._pending.append(callback)
+        """Runs ``callback`` on the connection's thread. It is queued, so a run that ends while
+        the broker is away is settled after the reconnect; the loop is woken when it can be."""
+        self._queued.put(callback)
+        with contextlib.suppress(pika.exceptions.AMQPError, AttributeError):
+            self._connection.add_callback_threadsafe(self._run_queued)
 
-    def _run_pending(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
-        for callback in pending:
+    def _run_queued(self) -> None:
+        while True:
+            try:
+                callback = self._queued.get_nowait()
+            except queue.Empty:
+                return
             callback()
+
+    def _process(self, connection: Any) -> None:
+        connection.process_data_events(time_limit=0.2)
+        self._run_queued()
 
     def _reply(self, reply_to: str, run_id: object, message: RunAccepted | RunResult) -> None:
         self._publish("", reply_to, encode(message), str(run_id))
