@@ -4,11 +4,20 @@
 RabbitmqBroker takes them. A connection tries them in order (pika's BlockingConnection takes
 the list), so a client whose node went away reconnects to the next one; the relay's
 asynchronous connection moves to the next URL at each reconnect.
+
+The blocking connection and the errors its users catch are named here, so that pika stays in
+the broker modules (the import-linter contract "pika stays in the broker modules").
 """
 
 from __future__ import annotations
 
 import pika
+from pika import BlockingConnection as BlockingConnection
+from pika.exceptions import AMQPError as AMQPError
+from pika.exceptions import ChannelClosedByBroker as ChannelClosedByBroker
+from pika.exceptions import IncompatibleProtocolError as IncompatibleProtocolError
+from pika.exceptions import ProbableAccessDeniedError as ProbableAccessDeniedError
+from pika.exceptions import ProbableAuthenticationError as ProbableAuthenticationError
 
 
 def split_urls(url: str) -> list[str]:
@@ -32,3 +41,8 @@ def parameters(url: str, *, timeout: float | None = None) -> list[pika.URLParame
 def with_query(url: str, query: str) -> str:
     """``query`` (as ``heartbeat=30``) added to every URL of ``url``."""
     return ";".join(f"{u}{'&' if '?' in u else '?'}{query}" for u in split_urls(url))
+
+
+def connect(url: str, *, timeout: float | None = None) -> BlockingConnection:
+    """A blocking connection to the first node of ``url`` that answers (see :func:`parameters`)."""
+    return BlockingConnection(parameters(url, timeout=timeout))

@@ -12,10 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-import pika
-import pika.exceptions
-
-from actors.amqp import parameters
+from actors import amqp
 from actors.capabilities import BrokerCapabilities
 from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues
 from actors.worker import WorkerConfig
@@ -53,8 +50,8 @@ def stack_checks(
 
 def _broker_checks(config: WorkerConfig) -> list[Check]:
     try:
-        connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=PROBE_TIMEOUT_S))
-    except pika.exceptions.AMQPError as exc:
+        connection = amqp.connect(config.amqp_url, timeout=PROBE_TIMEOUT_S)
+    except amqp.AMQPError as exc:
         return [Check("topology", PROBLEM, f"RabbitMQ did not answer ({exc!r})", None)]
     missing: list[str] = []
     idle: list[tuple[str, str | None, str | None]] = []
@@ -63,7 +60,7 @@ def _broker_checks(config: WorkerConfig) -> list[Check]:
             channel = connection.channel()
             try:
                 method = channel.queue_declare(name, passive=True).method
-            except pika.exceptions.ChannelClosedByBroker:
+            except amqp.ChannelClosedByBroker:
                 missing.append(name)
                 continue
             if lane is not None and method.consumer_count == 0:

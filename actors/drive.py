@@ -49,12 +49,12 @@ class PostgresRuntime:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 3)
         registry = load_registry(config.definitions)
-        self.store = PostgresJobRepository(
+        self.jobs = PostgresJobRepository(
             pool=self.pool, leases=config.leases.resolved(registry.kinds.canonical)
         )
         self.workflows = WorkflowStore(
             pool=self.pool,
-            jobs=self.store,
+            jobs=self.jobs,
             registry=registry,
             ledger=Ledger(self.pool),
         )
@@ -63,7 +63,7 @@ class PostgresRuntime:
         handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
         self.runner = StepRunner(
-            store=self.store,
+            jobs=self.jobs,
             records=DispatchRecords(pool=self.pool, relay_id=self.owner),
             broker=None,
             names=config.names,
@@ -137,7 +137,7 @@ class PostgresRuntime:
         interval = self.config.reconcile_interval.total_seconds()
         while not self._stop.wait(interval):
             try:
-                reaped = reap_once(self.store, self.operations, self.owner)
+                reaped = reap_once(self.jobs, self.operations, self.owner)
             except StoreError as exc:
                 metrics.RECONCILE_FAILURES.inc()
                 log.warning("reap: %s; again in %g s", exc, interval)
@@ -155,10 +155,10 @@ class PostgresRuntime:
                 out.write(f"{result.value}\n")
 
 
-def reap_once(store: PostgresJobRepository, operations: OperationsStore, owner: str) -> ReapResult:
+def reap_once(jobs: PostgresJobRepository, operations: OperationsStore, owner: str) -> ReapResult:
     """The postgres backend's reconcile: reap expired leases; its metrics and heartbeat."""
     started = time.monotonic()
-    reaped = store.reap()
+    reaped = jobs.reap()
     elapsed = time.monotonic() - started
     findings = {"requeued": reaped.requeued, "parked": reaped.parked}
     metrics.observe_reconcile(findings, elapsed)

@@ -39,8 +39,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from psycopg_pool import ConnectionPool
-
 from actors.agents import (
     CommandEngine,
     Engine,
@@ -64,6 +62,8 @@ from actors.worktrees import (
     commit_all,
     current_branch,
 )
+from store.db import Pool
+from store.step_records import PostgresStepRecords, StepRecords
 from workflows.effort import Attempt, Effort, LadderExhausted, climb, next_rung
 from workflows.gates import GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
 from workflows.job import TIMER_KIND, FailureClass
@@ -75,34 +75,15 @@ from workflows.queue import GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
 IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
-SPENT = (
-    "SELECT coalesce(sum((payload->>'dollars')::numeric), 0), "
-    "coalesce(sum((payload->>'turns')::numeric), 0) FROM ledger_event "
-    "WHERE job_id = %s AND kind = 'BudgetSpent'"
-)
-SPEND_GRANTED = (
-    "SELECT context->>'grant', sum(answer::numeric) FROM gate WHERE job_id = %s AND kind = %s "
-    "AND answered_at IS NOT NULL AND answer ~ '^[0-9]+$' GROUP BY 1"
-)
-GRANTED = (
-    "SELECT coalesce(sum(answer::int), 0) FROM gate "
-    "WHERE job_id = %s AND kind = %s AND answered_at IS NOT NULL AND answer ~ '^[0-9]+$'"
-)
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
 NO_ROSTER = "the workflow runs on the roster but no engine is configured: add [engines.<id>]"
-PLAN_CONTEXT = (
-    "SELECT w.state->>'spec', w.state->'answers' FROM job j JOIN workflow w "
-    "ON w.id = j.workflow_id WHERE j.id = %s::uuid"
-)
-FENCE = "SELECT 1 FROM job WHERE id = %s::uuid AND state = 'leased' AND lease_token::text = %s"
 BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
 LEASE_GRACE_S = 2.0
 INTEGRATED_PHASES: frozenset[str] = frozenset(
     {Phase.REVIEW, Phase.DEPLOY_DESIGN, Phase.DEPLOY_EXECUTE, Phase.DEPLOY_REVIEW}
 )
-INTEGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %s::text), %s::int)"
 
 
 Engines = Engine | Callable[[str], Engine]  # one engine, or a roster's engine by id
@@ -115,9 +96,11 @@ class StepInputError(Exception):
 @dataclass(frozen=True, slots=True)
 class HandlerContext:
     """What the handlers need, passed in once. ``engines`` adds or overrides engines by
-    name (a test registers a ``FakeEngine``); ``scripted`` and ``command`` are built in."""
+    name (a test registers a ``FakeEngine``); ``scripted`` and ``command`` are built in.
+    ``records`` is what the handlers read (None: :class:`store.step_records.PostgresStepRecords`
+    on ``pool``, or nothing without one); the handoff flow writes through ``pool``."""
 
-    pool: ConnectionPool | None
+    pool: Pool | None
     workspace: Path
     command: tuple[str, ...] = ()
     command_timeout: timedelta = timedelta(hours=2)
@@ -126,6 +109,7 @@ class HandlerContext:
     max_turns: int | None = None
     roster: tuple[AgentSpec, ...] = ()  # the configured engines ([engines.<id>])
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base they get
+    records: StepRecords | None = None
     runs: RunClient | None = None  # service-mode engines' loop services (None: no broker)
 
 
@@ -175,6 +159,9 @@ class Steps:
 
     def __init__(self, context: HandlerContext) -> None:
         self.context = context
+        self.records = context.records
+        if self.records is None and context.pool is not None:
+            self.records = PostgresStepRecords(pool=context.pool)
         self.workspace = Workspace(context.workspace)
         self._engines: dict[str, Engine] = {"scripted": ScriptedEngine()}
         if context.command:
@@ -193,16 +180,16 @@ class Steps:
             for spec in context.roster
         }
         # rotation and handoff: build.implement on any engine, every kind on the roster
-        self.handoffs = Handoffs(context.pool, specs=context.roster, agent_env=context.agent_env)
+        self.handoffs = Handoffs(
+            context.pool, specs=context.roster, agent_env=context.agent_env, records=self.records
+        )
         self.leases = WorktreeLease(grace=LEASE_GRACE_S, fence=self._fence)
 
     def _fence(self, holder: Holder) -> bool:
         """Whether PostgreSQL still grants ``holder``'s job to the claim that started it."""
-        if self.context.pool is None:
+        if self.records is None:
             return True
-        with self.context.pool.connection() as conn:
-            row = conn.execute(FENCE, (holder.job_id, holder.owner)).fetchone()
-        return row is not None
+        return self.records.lease_held(holder.job_id, holder.owner)
 
     def run(self, job: Job) -> Outcome:
         step_kind = STEP_KINDS.get_kind(job.kind)
@@ -289,12 +276,11 @@ class Steps:
             project_dir = self.workspace.project_dir(task.project_id)
             command = find_test_command(project_dir, task.workdir)
             context["test_command"] = " ".join(command) if command else None
-        if self.context.pool is None or not task.job_id:
+        if self.records is None or not task.job_id:
             return context
-        with self.context.pool.connection() as conn:
-            row = conn.execute(PLAN_CONTEXT, (task.job_id,)).fetchone()
-        if row is not None:
-            context.update(spec=row[0] or "", answers=row[1] or {})
+        plan = self.records.plan_context(task.job_id)
+        if plan is not None:
+            context.update(spec=plan.spec, answers=plan.answers)
         return context
 
     @contextmanager
@@ -322,13 +308,11 @@ class Steps:
         """A bounded job whose recorded spend (the ledger's BudgetSpent for it) reached a cap
         plus what answers granted parks before it runs again; its gate grants more."""
         caps = {"max_dollars": self.context.max_dollars, "max_turns": self.context.max_turns}
-        if self.context.pool is None or not any(caps.values()):
+        if self.records is None or not any(caps.values()):
             return None
-        with self.context.pool.connection() as conn:
-            spent = conn.execute(SPENT, (job.id,)).fetchone() or (0, 0)
-            rows = conn.execute(SPEND_GRANTED, (job.id, SPEND_EXHAUSTED.name)).fetchall()
-        granted: dict[str, float] = {str(bound): float(amount) for bound, amount in rows}
-        for (bound, cap), used in zip(caps.items(), spent, strict=True):
+        spent = self.records.spent(job.id)
+        granted = self.records.spend_granted(job.id, SPEND_EXHAUSTED.name)
+        for (bound, cap), used in zip(caps.items(), (spent.dollars, spent.turns), strict=True):
             limit = None if cap is None else cap + granted.get(bound, 0.0)
             if limit is not None and float(used) >= limit:
                 return _spend_gate(job, bound, float(used), limit)
@@ -339,11 +323,9 @@ class Steps:
         Grants matter only once the ladder's rungs are spent: before that, no query."""
         if job.attempts < len(kind.effort):
             return 0
-        if self.context.pool is None:
+        if self.records is None:
             return max(0, job.max_attempts - kind.max_attempts)
-        with self.context.pool.connection() as conn:
-            row = conn.execute(GRANTED, (job.id, LADDER_EXHAUSTED.name)).fetchone()
-        return int(row[0]) if row else 0
+        return self.records.attempts_granted(job.id, LADDER_EXHAUSTED.name)
 
     def integrate(self, job: Job) -> Outcome:
         try:
@@ -363,14 +345,14 @@ class Steps:
     @contextmanager
     def integration_lock(self, project: str, cycle: int) -> Iterator[None]:
         """Held for the whole merge: ``pg_advisory_xact_lock(hashtext('vibey.integrate:' ||
-        project), cycle)`` in a transaction on a pooled connection. Without a pool (unit
-        tests) a process-local lock stands in; it serialises nothing across processes."""
-        if self.context.pool is None:
+        project), cycle)`` in a transaction on a pooled connection (the records' lock).
+        Without records (unit tests) a process-local lock stands in; it serialises nothing
+        across processes."""
+        if self.records is None:
             with _local_lock(project, cycle):
                 yield
             return
-        with self.context.pool.connection() as conn, conn.transaction():
-            conn.execute(INTEGRATE_LOCK, (project, cycle))
+        with self.records.integration_lock(project, cycle):
             yield
 
     def _engine(self, step_input: Mapping[str, Any]) -> Engines:

@@ -54,8 +54,9 @@ capacity rejection, is appended here at once instead (its own transaction, with 
 causation and correlation ids).
 
 Without a pool (unit tests) there is no ``engine_health`` and no ledger: the roster is
-selected from scratch each time (every engine authenticated, circuits closed), the range is
-empty, and no gate answer is ever read.
+selected from scratch each time (every engine authenticated, circuits closed) and the range is
+empty; gate answers are read from the ``records`` given
+(``store.memory_records.MemoryStepRecords``), and with none, never.
 """
 
 from __future__ import annotations
@@ -67,16 +68,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
-
 from actors.agents import Engine, EngineError, EngineTask, EngineVerdict
 from actors.agents.roster import AgentSpec, installed
 from actors.agents.script import Script
-from store.db import transaction
+from store.db import Pool, transaction
 from store.engine_health import EngineHealthStore
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
+from store.step_records import PostgresStepRecords, StepRecords
 from workflows import handoff as flow
 from workflows.capacity import CreditsExhausted, Exhausted, encode_state, rejection_from_payload
 from workflows.circuit import (
@@ -103,10 +102,6 @@ HANDOFF_GATE = HANDOFF.name
 CAPACITY_DELAY = timedelta(seconds=60)
 ROSTER = "roster"  # the step input's engine name for the configured roster
 REJECTED = "CapacityRejected"
-ANSWERED = (
-    "SELECT answer, answered_by, context FROM gate WHERE job_id = %s AND kind = %s "
-    "AND answered_at IS NOT NULL ORDER BY answered_at DESC LIMIT 1"
-)
 
 Entry = dict[str, Any]
 """A ledger entry of ``evidence["ledger"]``: ``{"kind": <EventKind name>, "payload": {…}}``."""
@@ -194,13 +189,16 @@ class Handoffs:
 
     def __init__(
         self,
-        pool: ConnectionPool[Any] | None,
+        pool: Pool | None,
         *,
         specs: Sequence[AgentSpec] = (),
         agent_env: Mapping[str, str] = {},
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         policy: RotationPolicy | None = None,
+        records: StepRecords | None = None,
     ) -> None:
+        """``records``: where gate answers are read (None: PostgreSQL on ``pool``, or none
+        without one)."""
         self._pool = pool
         self._specs = tuple(specs)
         self._agent_env = dict(agent_env)
@@ -209,6 +207,9 @@ class Handoffs:
         self._health = EngineHealthStore(pool=pool) if pool is not None else None
         self._ledger = Ledger(pool) if pool is not None else None
         self._jobs = PostgresJobRepository(pool=pool) if pool is not None else None
+        if records is None and pool is not None:
+            records = PostgresStepRecords(pool=pool)
+        self._records = records
 
     def run(
         self,
@@ -528,16 +529,15 @@ class Handoffs:
     def _answered(self, job: Job) -> Answered | None:
         """The handoff gate answered just before this attempt (its context's ``attempt`` is
         the one before), if any."""
-        if self._pool is None:
+        if self._records is None:
             return None
-        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(ANSWERED, (job.id, HANDOFF_GATE)).fetchone()
-        if row is None or not isinstance(row["context"], Mapping):
+        row = self._records.last_answer(job.id, HANDOFF_GATE)
+        if row is None or not isinstance(row.context, Mapping):
             return None
-        context = row["context"]
+        context = row.context
         if context.get("attempt") != job.attempts - 1 or "outgoing" not in context:
             return None
-        return Answered(str(row["answer"]), str(row["answered_by"]), context)
+        return Answered(row.answer, row.by, context)
 
 
 # -- settling one engine's attempt ---------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from actors.topology import QueueNames
-from store.dispatch import DispatchRecords
+from store.ports import PointerClaims
 from workflows.dispatch import (
     DispatchEnvelope,
     Drop,
@@ -29,7 +29,7 @@ class Hop:
 
 
 def plan_miss(
-    records: DispatchRecords, names: QueueNames, tiers: WaitTiers, envelope: DispatchEnvelope
+    records: PointerClaims, names: QueueNames, tiers: WaitTiers, envelope: DispatchEnvelope
 ) -> Hop | None:
     """None to drop the pointer; else the hop that re-delays it."""
     row = records.snapshot(job_id=envelope.job_id, project_id=envelope.project_id)

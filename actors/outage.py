@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
-from actors.broker import VibeyBroker
+from actors.stub_broker import Publisher
 from actors.topology import QueueNames
 from store.errors import CommitUnknown, DatabaseUnavailable
-from store.jobs import PostgresJobRepository
+from store.ports import SettlingJobRepository
 from workflows.dispatch import DispatchEnvelope, WaitTiers, encode, tier_name
 from workflows.job import JobState
 from workflows.queue import Job
@@ -45,11 +45,11 @@ _LANDED_STATES = {
 
 
 def adopt_claim(
-    store: PostgresJobRepository, *, job_id: UUID, seq: int, owner: str, now: datetime
+    jobs: SettlingJobRepository, *, job_id: UUID, seq: int, owner: str, now: datetime
 ) -> Job | None:
     """After a claim whose commit was cut off: the job if the claim landed (the row is leased
     to ``owner`` at generation ``seq`` and the lease is live), else None (a miss)."""
-    row = store.get(job_id)
+    row = jobs.get(job_id)
     landed = (
         row is not None
         and row.state is JobState.LEASED
@@ -67,7 +67,7 @@ def adopt_claim(
 
 
 def settle_resolved(
-    store: PostgresJobRepository, job: Job, label: str, settle: Callable[[], str]
+    jobs: SettlingJobRepository, job: Job, label: str, settle: Callable[[], str]
 ) -> str | None:
     """Run ``settle`` (the fenced write) until it commits or its outcome is known. Returns
     its result, ``label`` when a cut-off commit turned out to have landed, or None when the
@@ -78,7 +78,7 @@ def settle_resolved(
         try:
             return settle()
         except CommitUnknown:
-            row = store.get(job.id)
+            row = jobs.get(job.id)
             if (
                 row is not None
                 and row.state is JobState.LEASED
@@ -103,7 +103,7 @@ def settle_resolved(
 
 
 def wait_out(
-    broker: VibeyBroker,
+    broker: Publisher,
     names: QueueNames,
     tiers: WaitTiers,
     *,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-import pika
-import pika.exceptions
-
+from actors import amqp
 from actors.amqp import parameters
 from actors.capabilities import BrokerCapabilities, detect
 
@@ -29,20 +27,20 @@ def probe(
     except Exception as exc:  # noqa: BLE001 - pika raises anything for a URL it cannot read
         return None, f"the AMQP URL cannot be read ({type(exc).__name__})"
     try:
-        connection = pika.BlockingConnection(params)
-    except pika.exceptions.ProbableAuthenticationError:
+        connection = amqp.BlockingConnection(params)
+    except amqp.ProbableAuthenticationError:
         return None, "refused the login: check the user and password"
-    except pika.exceptions.ProbableAccessDeniedError as exc:
+    except amqp.ProbableAccessDeniedError as exc:
         return None, f"refused the vhost ({_cause(exc)}): check the vhost and its permissions"
-    except pika.exceptions.IncompatibleProtocolError as exc:
+    except amqp.IncompatibleProtocolError as exc:
         return None, f"did not speak AMQP 0-9-1 ({_cause(exc)}): is that RabbitMQ's AMQP port?"
-    except (pika.exceptions.AMQPError, OSError) as exc:
+    except (amqp.AMQPError, OSError) as exc:
         return None, f"did not answer ({_cause(exc)})"
     try:
         return detect(connection), None
     finally:
         # The broker may have closed it first: the answer is still the one it gave.
-        with contextlib.suppress(pika.exceptions.AMQPError):
+        with contextlib.suppress(amqp.AMQPError):
             connection.close()
 
 

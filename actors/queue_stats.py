@@ -13,10 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from actors.amqp import parameters
+from actors import amqp
 from actors.worker import WorkerConfig, load_registry
 from store.db import Pool
 from store.drive import Work, build_kinds, claimable_count
@@ -99,14 +96,14 @@ def expected_queues(config: WorkerConfig) -> list[tuple[str, str | None, str | N
 
 
 def _broker_queues(config: WorkerConfig) -> tuple[list[QueueRow], int | None]:
-    connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=PROBE_TIMEOUT_S))
+    connection = amqp.connect(config.amqp_url, timeout=PROBE_TIMEOUT_S)
     rows: list[QueueRow] = []
     try:
         for name, lane, project in expected_queues(config):
             channel = connection.channel()
             try:
                 method = channel.queue_declare(name, passive=True).method
-            except pika.exceptions.ChannelClosedByBroker:
+            except amqp.ChannelClosedByBroker:
                 rows.append(QueueRow(name, lane, project, False, None, None))
                 continue
             rows.append(

@@ -60,7 +60,7 @@ class RabbitMqJobRepository:
     def __init__(
         self,
         *,
-        store: PostgresJobRepository,
+        jobs: PostgresJobRepository,
         records: DispatchRecords,
         relay: Relay,
         url: str,
@@ -69,9 +69,9 @@ class RabbitMqJobRepository:
         projects: Collection[str],
         options: RabbitMqQueueOptions | None = None,
     ) -> None:
-        if not store.dispatching:
-            raise ValueError("the RabbitMQ backend needs a store with dispatch on")
-        self._store = store
+        if not jobs.dispatching:
+            raise ValueError("the RabbitMQ backend needs a job repository with dispatch on")
+        self._jobs = jobs
         self._records = records
         self._relay = relay
         self._url = url
@@ -82,7 +82,7 @@ class RabbitMqJobRepository:
         self._consumers: dict[str, ProjectDeliveries] = {}
         self._held: dict[tuple[UUID, UUID], tuple[ProjectDeliveries, Delivery]] = {}
         self._reconciler = Reconciler(
-            store=store,
+            jobs=jobs,
             records=records,
             relay=relay,
             url=url,
@@ -208,7 +208,7 @@ class RabbitMqJobRepository:
     # -- settles: the record first, then the held delivery ---------------------------------
 
     def ack(self, lease: Lease, *, result: JsonObject | None = None) -> Settled:
-        settled = self._store.ack(lease, result=result)
+        settled = self._jobs.ack(lease, result=result)
         self._release(lease)
         return settled
 
@@ -220,7 +220,7 @@ class RabbitMqJobRepository:
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
     ) -> Settled:
-        settled = self._store.nack(
+        settled = self._jobs.nack(
             lease, error=error, failure_class=failure_class, retry_in=retry_in
         )
         self._release(lease)
@@ -229,36 +229,36 @@ class RabbitMqJobRepository:
     def defer(
         self, lease: Lease, *, delay: timedelta, reason: str, capacity: bool = False
     ) -> Settled:
-        settled = self._store.defer(lease, delay=delay, reason=reason, capacity=capacity)
+        settled = self._jobs.defer(lease, delay=delay, reason=reason, capacity=capacity)
         self._release(lease)
         return settled
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
-        settled = self._store.park(lease, gate)
+        settled = self._jobs.park(lease, gate)
         self._release(lease)
         return settled
 
     def heartbeat(self, lease: Lease) -> Settled:
-        return self._store.heartbeat(lease)
+        return self._jobs.heartbeat(lease)
 
     def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
-        return self._store.grant(lease, max_attempts=max_attempts)
+        return self._jobs.grant(lease, max_attempts=max_attempts)
 
     def assign(self, lease: Lease, *, engine_id: str) -> Settled:
-        return self._store.assign(lease, engine_id=engine_id)
+        return self._jobs.assign(lease, engine_id=engine_id)
 
     # -- the rest is the record's ------------------------------------------------------------
 
     def enqueue(self, request: EnqueueRequest) -> Enqueued:
-        return self._store.enqueue(request)
+        return self._jobs.enqueue(request)
 
     def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
-        return self._store.enqueue_batch(requests)
+        return self._jobs.enqueue_batch(requests)
 
     def answer_gate(
         self, gate_id: UUID, *, answer: str, answered_by: str, grant_attempts: int = 0
     ) -> AnswerOutcome:
-        return self._store.answer_gate(
+        return self._jobs.answer_gate(
             gate_id, answer=answer, answered_by=answered_by, grant_attempts=grant_attempts
         )
 
@@ -271,13 +271,13 @@ class RabbitMqJobRepository:
         )
 
     def get(self, job_id: UUID) -> Job | None:
-        return self._store.get(job_id)
+        return self._jobs.get(job_id)
 
     def get_gate(self, gate_id: UUID) -> Gate | None:
-        return self._store.get_gate(gate_id)
+        return self._jobs.get_gate(gate_id)
 
     def open_gates(self, project_id: str | None = None) -> list[Gate]:
-        return self._store.open_gates(project_id)
+        return self._jobs.open_gates(project_id)
 
     def count_unsettled(
         self,
@@ -287,13 +287,13 @@ class RabbitMqJobRepository:
         kinds: Collection[str] | None = None,
         exclude: UUID | None = None,
     ) -> int:
-        return self._store.count_unsettled(project_id, cycle=cycle, kinds=kinds, exclude=exclude)
+        return self._jobs.count_unsettled(project_id, cycle=cycle, kinds=kinds, exclude=exclude)
 
     def queue_depth(self, project_id: str) -> Mapping[JobState, int]:
-        return self._store.queue_depth(project_id)
+        return self._jobs.queue_depth(project_id)
 
     def list_for_cycle(self, project_id: str, cycle: int) -> list[Job]:
-        return self._store.list_for_cycle(project_id, cycle)
+        return self._jobs.list_for_cycle(project_id, cycle)
 
 
 class RabbitMqJobWakeup:

@@ -19,12 +19,9 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-import pika
-import pika.exceptions
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from actors import metrics
-from actors.amqp import parameters
+from actors import amqp, metrics
 from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.relay import Relay
 from actors.topology import QueueNames
@@ -53,7 +50,7 @@ class Reconciler:
     def __init__(
         self,
         *,
-        store: PostgresJobRepository,
+        jobs: PostgresJobRepository,
         records: DispatchRecords,
         relay: Relay,
         url: str,
@@ -66,7 +63,7 @@ class Reconciler:
     ) -> None:
         """With ``operations``: dead letters that name no job are kept there, sent outbox
         rows past ``outbox_retention`` are pruned, and each pass records its heartbeat."""
-        self._store = store
+        self._jobs = jobs
         self._records = records
         self._relay = relay
         self._url = url
@@ -78,13 +75,13 @@ class Reconciler:
         self._owner = owner
         self._kept = 0
         self._scheduler: BackgroundScheduler | None = None
-        self._connection: pika.BlockingConnection | None = None
+        self._connection: amqp.BlockingConnection | None = None
         self._dead_channel: Any = None
         self._lock = threading.Lock()
 
     def run_once(self) -> ReconcileReport:
         started = time.monotonic()
-        reaped = self._store.reap()
+        reaped = self._jobs.reap()
         swept = self._records.sweep_lost(redispatch_after=self._redispatch_after)
         drained = self._relay.drain(reclaim_after=self._reclaim_after)
         self._kept = 0
@@ -112,7 +109,7 @@ class Reconciler:
                         break
                     parked += self._park(properties, body, method.routing_key)
                     channel.basic_ack(method.delivery_tag)
-            except pika.exceptions.AMQPError:
+            except amqp.AMQPError:
                 self._close()
                 raise
         return parked
@@ -120,7 +117,7 @@ class Reconciler:
     def _channel(self) -> Any:
         """One connection kept open across runs (reopened after an error)."""
         if self._connection is None or not self._connection.is_open:
-            self._connection = pika.BlockingConnection(parameters(self._url))
+            self._connection = amqp.connect(self._url)
             self._dead_channel = None
         if self._dead_channel is None or not self._dead_channel.is_open:
             self._dead_channel = self._connection.channel()
@@ -129,7 +126,7 @@ class Reconciler:
     def _close(self) -> None:
         connection, self._connection, self._dead_channel = self._connection, None, None
         if connection is not None and connection.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
+            with contextlib.suppress(amqp.AMQPError):
                 connection.close()
 
     def _park(self, properties: Any, body: bytes, routing_key: str) -> int:
@@ -198,7 +195,7 @@ class Reconciler:
     def _scheduled(self) -> None:
         try:
             report = self.run_once()
-        except pika.exceptions.AMQPError as exc:
+        except amqp.AMQPError as exc:
             metrics.RECONCILE_FAILURES.inc()
             log.warning("reconcile: RabbitMQ unavailable (%s); retrying next interval", exc)
             return

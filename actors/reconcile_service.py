@@ -16,11 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from actors import metrics
-from actors.amqp import parameters
+from actors import amqp, metrics
 from actors.capabilities import detect
 from actors.drive import reap_once
 from actors.reconcile import Reconciler
@@ -47,7 +43,7 @@ class ReconcileService:
         kinds = load_registry(config.definitions).kinds
         leases = config.leases.resolved(kinds.canonical)
         if config.backend == "postgres":
-            self.store = PostgresJobRepository(pool=self.pool, leases=leases)
+            self.jobs = PostgresJobRepository(pool=self.pool, leases=leases)
             return
         records = DispatchRecords(pool=self.pool, relay_id=self.owner)
         dedicated = (*config.dedicated_projects, *config.projects)
@@ -56,7 +52,7 @@ class ReconcileService:
             records=records,
             router=Router(names=config.names, tiers=config.tiers, dedicated=dedicated, kinds=kinds),
         )
-        self.store = PostgresJobRepository(
+        self.jobs = PostgresJobRepository(
             pool=self.pool,
             leases=leases,
             dispatch=True,
@@ -64,7 +60,7 @@ class ReconcileService:
             after_commit=self.relay.submit,
         )
         self.reconciler = Reconciler(
-            store=self.store,
+            jobs=self.jobs,
             records=records,
             relay=self.relay,
             url=config.amqp_url,
@@ -79,12 +75,12 @@ class ReconcileService:
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
         if self.reconciler is None:
-            return reap_once(self.store, self.operations, self.owner)
+            return reap_once(self.jobs, self.operations, self.owner)
         return self.reconciler.run_once()
 
     def declare(self) -> None:
         """Declare the topology, as a worker does (the dead-letter queue it drains among it)."""
-        connection = pika.BlockingConnection(parameters(self.config.amqp_url))
+        connection = amqp.connect(self.config.amqp_url)
         try:
             self.config.topology().declare(connection.channel(), detect(connection))
         finally:
@@ -107,7 +103,7 @@ class ReconcileService:
             while True:
                 try:
                     found = self.run_once()
-                except (StoreError, pika.exceptions.AMQPError) as exc:
+                except (StoreError, amqp.AMQPError) as exc:
                     metrics.RECONCILE_FAILURES.inc()
                     failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"

@@ -23,17 +23,16 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from actors import outage
-from actors.broker import VibeyBroker
 from actors.heartbeat import Heartbeats
 from actors.miss import plan_miss
 from actors.solo import SoloGate
+from actors.stub_broker import Publisher
 from actors.topology import QueueNames
-from store.dispatch import DispatchRecords
 from store.errors import CommitUnknown, DatabaseUnavailable
-from store.jobs import PostgresJobRepository
+from store.ports import PointerClaims, SettlingJobRepository, StepWorkflows
 from store.retry import retrying
 from store.unit_of_work import UnitOfWork
-from store.workflows import Workflow, WorkflowStore
+from store.workflow_reads import Workflow
 from workflows.dispatch import DispatchEnvelope, WaitTiers
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.queue import Job, Settled
@@ -76,18 +75,18 @@ class StepRunner:
     def __init__(
         self,
         *,
-        store: PostgresJobRepository,
-        records: DispatchRecords,
-        broker: VibeyBroker | None,  # None on the postgres backend (no pointers to re-delay)
+        jobs: SettlingJobRepository,
+        records: PointerClaims,
+        broker: Publisher | None,  # None on the postgres backend (no pointers to re-delay)
         names: QueueNames,
         tiers: WaitTiers,
         handlers: Handlers,
         owner: str,
         crash: CrashPoints | None = None,
         on_result: Callable[[StepResult], None] | None = None,
-        workflows: WorkflowStore | None = None,
+        workflows: StepWorkflows | None = None,
     ) -> None:
-        self._store = store
+        self._jobs = jobs
         self._records = records
         self._broker = broker
         self._names = names
@@ -98,7 +97,7 @@ class StepRunner:
         self._gate = SoloGate()
         self._on_result = on_result
         self._workflows = workflows
-        self._heartbeats = Heartbeats(beat=store.heartbeat)
+        self._heartbeats = Heartbeats(beat=jobs.heartbeat)
 
     def close(self) -> None:
         """Stop the heartbeat thread (once no step runs)."""
@@ -170,7 +169,7 @@ class StepRunner:
         on the two-commit path, whose committed claim counts the attempt (poison stays
         bounded). A workflow's step locks its workflow first (the store's lock order)."""
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
-        with self._store.units.begin() as unit:
+        with self._jobs.units.begin() as unit:
             locked = (
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
             )
@@ -209,9 +208,7 @@ class StepRunner:
             )
         except CommitUnknown:
             now = datetime.now(UTC)
-            job = outage.adopt_claim(
-                self._store, job_id=job_id, seq=seq, owner=self._owner, now=now
-            )
+            job = outage.adopt_claim(self._jobs, job_id=job_id, seq=seq, owner=self._owner, now=now)
         if job is None:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         if not solo and _died_with_its_process(job):
@@ -238,14 +235,14 @@ class StepRunner:
         """Hand the job back (the claim's attempt refunded) for a solo run."""
 
         def defer() -> StepResult:
-            with self._store.units.begin(one_statement=True) as unit:
+            with self._jobs.units.begin(one_statement=True) as unit:
                 return self._alone_next_txn(unit, job)
 
-        result = outage.settle_resolved(self._store, job, StepResult.DEFERRED, defer)
+        result = outage.settle_resolved(self._jobs, job, StepResult.DEFERRED, defer)
         return StepResult(result or StepResult.STALE)
 
     def _alone_next_txn(self, unit: UnitOfWork, job: Job) -> StepResult:
-        settled = self._store.defer_txn(
+        settled = self._jobs.defer_txn(
             unit,
             job.lease,
             delay=timedelta(0),
@@ -280,9 +277,9 @@ class StepRunner:
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
         """The settle, with a commit cut off mid-flight resolved by reading the row."""
-        _, label = _settle_write(self._store, job, outcome)
+        _, label = _settle_write(self._jobs, job, outcome)
         result = outage.settle_resolved(
-            self._store, job, label, lambda: self._settle_once(job, outcome)
+            self._jobs, job, label, lambda: self._settle_once(job, outcome)
         )
         return StepResult(result or StepResult.STALE)
 
@@ -293,13 +290,13 @@ class StepRunner:
         one = (self._workflows is None or job.workflow_id is None) and not isinstance(
             outcome, Success
         )
-        with self._store.units.begin(one_statement=one) as unit:
+        with self._jobs.units.begin(one_statement=one) as unit:
             return self._settle_txn(unit, job, outcome, None)
 
     def _settle_txn(
         self, unit: UnitOfWork, job: Job, outcome: Outcome, workflow: Workflow | None
     ) -> StepResult:
-        settle, label = _settle_write(self._store, job, outcome)
+        settle, label = _settle_write(self._jobs, job, outcome)
         if self._workflows is not None and job.workflow_id is not None:
             facts = _event_facts(outcome)
             settled = self._workflows.settle_txn(unit, job, settle, locked=workflow, **facts)
@@ -348,29 +345,29 @@ def _event_facts(outcome: Outcome) -> dict[str, Any]:
 
 
 def _settle_write(
-    store: PostgresJobRepository, job: Job, outcome: Outcome
+    jobs: SettlingJobRepository, job: Job, outcome: Outcome
 ) -> tuple[SettleWrite, StepResult]:
     """The fenced write an outcome asks for, as a function of the caller's unit of work."""
     lease = job.lease
     match outcome:
         case Success(result=result):
             return (
-                lambda unit: store.ack_txn(unit, lease, result=result),
+                lambda unit: jobs.ack_txn(unit, lease, result=result),
                 StepResult.SUCCEEDED,
             )
         case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
             return (
-                lambda unit: store.nack_txn(
+                lambda unit: jobs.nack_txn(
                     unit, lease, error=detail, failure_class=cls, retry_in=retry_in
                 ),
                 StepResult.FAILED,
             )
         case Defer(delay=delay, reason=reason, capacity=capacity):
             return (
-                lambda unit: store.defer_txn(
+                lambda unit: jobs.defer_txn(
                     unit, lease, delay=delay, reason=reason, capacity=capacity
                 ),
                 StepResult.DEFERRED,
             )
         case Park(gate=gate):
-            return (lambda unit: store.park_txn(unit.conn, lease, gate), StepResult.PARKED)
+            return (lambda unit: jobs.park_txn(unit.conn, lease, gate), StepResult.PARKED)

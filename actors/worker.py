@@ -1,6 +1,6 @@
 """The worker fleet: Dramatiq workers on vibey's lane queues, under a supervisor.
 
-:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job store, the outbox
+:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job repository, the outbox
 relay, the adapted Dramatiq broker, one step actor per consumed queue, the reconciler on
 APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` runs several
 such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
-from psycopg_pool import ConnectionPool
 
 from actors import metrics
 from actors.agents.roster import AgentSpec
@@ -36,6 +35,7 @@ from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
 from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames, Topology
+from store.db import Pool
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
@@ -168,7 +168,7 @@ class Runtime:
                 names=names, tiers=config.tiers, dedicated=dedicated, kinds=registry.kinds
             ),
         )
-        self.store = PostgresJobRepository(
+        self.jobs = PostgresJobRepository(
             pool=self.pool,
             leases=config.leases.resolved(registry.kinds.canonical),
             dispatch=True,
@@ -177,7 +177,7 @@ class Runtime:
         )
         self.workflows = WorkflowStore(
             pool=self.pool,
-            jobs=self.store,
+            jobs=self.jobs,
             registry=registry,
             ledger=Ledger(self.pool),
         )
@@ -189,7 +189,7 @@ class Runtime:
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
         )
         self.runner = StepRunner(
-            store=self.store,
+            jobs=self.jobs,
             records=self.records,
             broker=self.broker,
             names=names,
@@ -201,7 +201,7 @@ class Runtime:
             workflows=self.workflows,
         )
         self.reconciler = Reconciler(
-            store=self.store,
+            jobs=self.jobs,
             records=self.records,
             relay=self.relay,
             url=config.amqp_url,
@@ -343,7 +343,7 @@ class Supervisor:
                 pool.close()
         return self.respawns
 
-    def _serve_metrics(self) -> ConnectionPool[Any] | None:
+    def _serve_metrics(self) -> Pool | None:
         """The fleet's metrics endpoint (every process's events, the store's state)."""
         if self._config.metrics_port is None:
             return None
@@ -413,12 +413,10 @@ def dead_queue_depth(config: WorkerConfig) -> Any:
     """A function reading the dead-letter queue's depth (None on the postgres backend)."""
     if config.backend == "postgres":
         return None
-    import pika
-
-    from actors.amqp import parameters
+    from actors import amqp
 
     def depth() -> int:
-        connection = pika.BlockingConnection(parameters(config.amqp_url, timeout=3))
+        connection = amqp.connect(config.amqp_url, timeout=3)
         try:
             queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
             return int(queue.method.message_count)

@@ -26,6 +26,10 @@ from workflows.queue import DELIVERY_EXHAUSTED_PROMPT, Job
 
 Q = load("dispatch.sql")
 
+# The lost-dispatch sweep's patience doubles with each resend of one wait, at most this often:
+# at the default 120 s, a pointer still unclaimed is resent after 2, 4, 8, then every 16 min.
+SWEEP_MAX_DOUBLINGS = 3
+
 
 @dataclass(frozen=True, slots=True)
 class PointerRow:
@@ -94,8 +98,14 @@ class DispatchRecords:
 
     @retried("sweep lost dispatches", idempotent=True)  # outbox keys are unique
     def sweep_lost(self, *, redispatch_after: timedelta, limit: int = 500) -> list[int]:
-        """Write outbox rows for claimable jobs whose dispatch was lost; their ids."""
-        params = {"after_s": redispatch_after.total_seconds(), "limit": limit}
+        """Write outbox rows for claimable jobs whose dispatch was lost; their ids. A job's
+        n-th resend of one wait comes redispatch_after x 2^min(n-1, SWEEP_MAX_DOUBLINGS) after
+        the previous dispatch, so a backlog is not multiplied by its own resends."""
+        params = {
+            "after_s": redispatch_after.total_seconds(),
+            "max_doublings": SWEEP_MAX_DOUBLINGS,
+            "limit": limit,
+        }
         with self._conn() as conn:
             return [int(r["id"]) for r in fetch_all(conn, Q["sweep_lost"], params)]
 

@@ -123,6 +123,8 @@ class JobRow(SQLModel, table=True):
     lease_expired: bool = Field(
         sa_column=Column(Boolean, nullable=False, server_default=text("false"))
     )
+    # 0014_sweep_backoff: the lost-dispatch sweep's resends since the job's last claim
+    sweeps: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
 
 
 class JobDependencyRow(SQLModel, table=True):

@@ -32,12 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from cyclopts import App, CycloptsError, Parameter
 
 from vibey import __version__
-from vibey.cli_engine import engine_app
-from vibey.cli_gate import gate_app
-from vibey.cli_ledger import ledger_app
-from vibey.cli_loop import loop_service
-from vibey.cli_ops import queue_app, reconcile
-from vibey.cli_workflow import workflow_app
+from vibey.command_groups import GROUPS
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
@@ -72,13 +67,8 @@ app = App(
     print_error=False,
     exit_on_error=False,
 )
-app.command(workflow_app)
-app.command(gate_app)
-app.command(ledger_app)
-app.command(engine_app)
-app.command(reconcile)
-app.command(loop_service, name="loop-service")
-app.command(queue_app)
+for _name, (_path, _help) in GROUPS.items():  # imported when one of their commands runs
+    app.command(_path, name=_name, help=_help)
 app.register_install_completion_command(
     help="Install the shell completion script (--shell bash|zsh|fish|powershell, -o FILE)."
 )

@@ -15,10 +15,11 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from vibey import render
+from vibey.command_groups import help_of
 from vibey.render import CommandError, ExitCode
 from vibey.settings import Settings, SettingsError, load_settings
 
-engine_app = App(name="engine", help="The configured engines: roster, health, rotation.")
+engine_app = App(name="engine", help=help_of("engine"))
 
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 

@@ -17,6 +17,7 @@ from cyclopts import App, Parameter
 
 from vibey import render
 from vibey.cli_workflow import whoami
+from vibey.command_groups import help_of
 from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from store.workflow_reads import GateAnswerOutcome
     from workflows.queue import Gate
 
-gate_app = App(name="gate", help="List, show and answer what waits on a person.")
+gate_app = App(name="gate", help=help_of("gate"))
 
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 

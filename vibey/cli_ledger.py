@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from cyclopts import App, Parameter
 
 from vibey import render
+from vibey.command_groups import help_of
 from vibey.paging import FIRST_PAGE, Listing, Paging, listings, ndjson
 from vibey.render import CommandError, ExitCode
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from vibey.settings import Settings
     from workflows.ledger import LedgerEvent, LedgerVerification
 
-ledger_app = App(name="ledger", help="Show and verify a project's append-only ledger.")
+ledger_app = App(name="ledger", help=help_of("ledger"))
 
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 PAYLOAD_CHARS = 80

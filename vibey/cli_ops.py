@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from cyclopts import App, Parameter
 
+from vibey.command_groups import help_of
 from vibey.render import ExitCode
 from vibey.settings import Settings, SettingsError, load_settings
 
@@ -68,7 +69,7 @@ def _log_findings(found: Any) -> None:
         print(f"reconcile: {found}", flush=True)
 
 
-queue_app = App(name="queue", help="The dispatch queues: depths, lag and dead letters.")
+queue_app = App(name="queue", help=help_of("queue"))
 
 
 @queue_app.command

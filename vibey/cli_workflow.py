@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from cyclopts import App, Parameter
 
 from vibey import render
+from vibey.command_groups import help_of
 from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
 
@@ -22,10 +23,7 @@ if TYPE_CHECKING:
     from store.workflows import WorkflowStore
     from vibey.settings import Settings
 
-workflow_app = App(
-    name="workflow",
-    help="Start, inspect, cancel and verify a project's workflow.",
-)
+workflow_app = App(name="workflow", help=help_of("workflow"))
 
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 By = Annotated[str | None, Parameter(name="--by")]

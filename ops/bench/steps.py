@@ -734,7 +734,7 @@ def instrumented(runtime: Runtime) -> Iterator[dict[str, Timed]]:
         target = getattr(runtime, part)
         timers[name] = Timed(getattr(target, name), keys)
         setattr(target, name, timers[name])  # StepRunner and Relay share these objects
-    units = runtime.store.units  # private: measuring only
+    units = runtime.jobs.units  # private: measuring only
     timers["committed"] = Timed(
         units._publish,  # type: ignore[arg-type]
         lambda a, kw, r: [str(row.job_id) for row in a[0]],

@@ -13,6 +13,7 @@ SET state = 'leased',
                       THEN 'lease expired on attempt ' || attempts || ' of ' || max_attempts
                       ELSE last_error END,
     lease_expired = lease_expired OR state = 'leased',
+    sweeps = 0,
     lease_owner = %(owner)s,
     lease_token = gen_random_uuid(),
     lease_expires_at = now() + lease_ms * interval '1 millisecond',
@@ -47,7 +48,9 @@ WHERE j.id = %(job_id)s AND j.project_id = %(project_id)s
 -- Claimable rows whose dispatch was lost: never dispatched (generation 0: the
 -- enqueue-versus-ack race), or due and unclaimed for longer than redispatch_after since
 -- both their dispatch and their due time. Resent at the same generation (a duplicate is
--- harmless); rows with an unsent outbox row are the relay's, not lost.
+-- harmless); rows with an unsent outbox row are the relay's, not lost. Each resend of one
+-- wait doubles the next one's patience (up to 2^max_doublings): a pointer behind a backlog is
+-- late, not lost, and resending it every interval would grow the backlog it waits behind.
 WITH lost AS (
     SELECT j.id
     FROM job j
@@ -55,7 +58,8 @@ WITH lost AS (
       AND j.run_after <= now()
       AND (j.dispatch_seq = 0
            OR GREATEST(COALESCE(j.dispatched_at, j.updated_at), j.run_after)
-              < now() - make_interval(secs => %(after_s)s))
+              < now() - make_interval(
+                  secs => %(after_s)s * power(2, LEAST(j.sweeps, %(max_doublings)s))))
       AND NOT EXISTS (
           SELECT 1
           FROM job_dependency d
@@ -71,6 +75,7 @@ bumped AS (
     UPDATE job
     SET dispatch_seq = GREATEST(job.dispatch_seq, 1),
         dispatched_at = NULL,
+        sweeps = job.sweeps + 1,
         updated_at = now()
     FROM lost
     WHERE job.id = lost.id

@@ -252,11 +252,6 @@ OUTAGE_S = 20.0
 OUTAGE_WORKFLOWS = 150
 
 
-@pytest.mark.xfail(
-    reason="regressed after the last merges: the last workflow completes ~127 s (the lost-"
-    "dispatch sweep) after PostgreSQL answers again, not within 10 s; open in issue 13",
-    strict=False,
-)
 def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Path) -> None:
     declare_topology(amqp)
     with private_postgres(PRIVATE_PG_PORT) as server:

@@ -105,7 +105,7 @@ class RabbitMqBackend(PostgresBackend):
         self._latest: RabbitMqJobRepository | None = None
 
     def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
-        store = PostgresJobRepository(
+        jobs = PostgresJobRepository(
             pool=self.pool,
             leases=leases,
             dispatch=True,
@@ -113,7 +113,7 @@ class RabbitMqBackend(PostgresBackend):
             after_commit=self.relay.submit,
         )
         repo = RabbitMqJobRepository(
-            store=store,
+            jobs=jobs,
             records=self.records,
             relay=self.relay,
             url=self.amqp.url,

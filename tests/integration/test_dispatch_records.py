@@ -13,7 +13,7 @@ from uuid import UUID
 import pytest
 from psycopg_pool import ConnectionPool
 
-from store.dispatch import DeadLetterOutcome, DispatchRecords
+from store.dispatch import SWEEP_MAX_DOUBLINGS, DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.unit_of_work import OutboxRow, UnitOfWork
 from workflows.job import FailureClass, JobState, LeasePolicy
@@ -181,6 +181,55 @@ def test_sweep_resends_lost_dispatches_once(pool, handoff) -> None:
     assert records.sweep_lost(redispatch_after=timedelta(0)) == []  # unsent: the relay's now
     rows = outbox(pool, job.id)
     assert [r[0] for r in rows] == [1, 1] and rows[1][1] is None
+
+
+def backdate_dispatch(pool: ConnectionPool, job_id: UUID, seconds: float) -> None:
+    """As if the job's last dispatch and its due time were ``seconds`` ago."""
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE job SET dispatched_at = now() - make_interval(secs => %(s)s),"
+            " updated_at = now() - make_interval(secs => %(s)s),"
+            " run_after = now() - make_interval(secs => %(s)s) WHERE id = %(id)s",
+            {"s": seconds, "id": job_id},
+        )
+
+
+def sweeps(pool: ConnectionPool, job_id: UUID) -> int:
+    with pool.connection() as conn:
+        row = conn.execute("SELECT sweeps FROM job WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_sweep_backs_off_per_job_and_a_claim_resets_it(pool, handoff) -> None:
+    repo, records = repo_for(pool, handoff), DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("late")).job
+    records.mark_sent(handoff.ids)
+    after = timedelta(seconds=4)
+    backdate_dispatch(pool, job.id, 5)
+    assert len(records.sweep_lost(redispatch_after=after)) == 1  # 5 s > 4 s
+    assert sweeps(pool, job.id) == 1
+    records.mark_sent([outbox_id for outbox_id, *_ in unsent_outbox(pool, job.id)])
+    backdate_dispatch(pool, job.id, 7)
+    assert records.sweep_lost(redispatch_after=after) == []  # the second waits 8 s
+    backdate_dispatch(pool, job.id, 9)
+    assert len(records.sweep_lost(redispatch_after=after)) == 1
+    records.mark_sent([outbox_id for outbox_id, *_ in unsent_outbox(pool, job.id)])
+    capped = 4 * 2**SWEEP_MAX_DOUBLINGS + 1
+    for _ in range(SWEEP_MAX_DOUBLINGS):  # the third, fourth, fifth resends: 16 s, then 32 s
+        records.mark_sent([outbox_id for outbox_id, *_ in unsent_outbox(pool, job.id)])
+        backdate_dispatch(pool, job.id, capped)
+        assert len(records.sweep_lost(redispatch_after=after)) == 1
+    assert sweeps(pool, job.id) == 2 + SWEEP_MAX_DOUBLINGS
+    assert pointer_claim(records, job, seq=1) is not None
+    assert sweeps(pool, job.id) == 0
+
+
+def unsent_outbox(pool: ConnectionPool, job_id: UUID) -> list[tuple]:
+    with pool.connection() as conn:
+        return conn.execute(
+            "SELECT id FROM job_outbox WHERE job_id = %s AND sent_at IS NULL", (job_id,)
+        ).fetchall()
 
 
 def test_outbox_claims_reclaim_and_mark_sent(pool, handoff) -> None:

@@ -260,7 +260,7 @@ def enqueue_jobs(runtime: Runtime, rng: random.Random) -> int:
                 job_id=uuid.UUID(int=rng.getrandbits(128), version=4),
             )
         )
-    runtime.store.enqueue_batch(requests)
+    runtime.jobs.enqueue_batch(requests)
     return len(requests)
 
 
@@ -465,7 +465,7 @@ def test_malformed_and_hostile_messages_are_dead_lettered_or_dropped(
     seed = int(os.environ.get("VIBEY_MALFORMED_SEED") or random.SystemRandom().randrange(2**31))
     print(f"\nmalformed seed: {seed} (rerun with VIBEY_MALFORMED_SEED={seed})")
     existing = [
-        runtime.store.enqueue(EnqueueRequest(project_id=P, kind=kind, subject=f"existing-{i}")).job
+        runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind=kind, subject=f"existing-{i}")).job
         for i, kind in enumerate(KINDS * 2)
     ]
     wait_for(
@@ -475,7 +475,7 @@ def test_malformed_and_hostile_messages_are_dead_lettered_or_dropped(
     )
     quiesce(runtime, amqp)
     runtime.reconciler.stop()  # its dead-letter drain would ack what this test reads
-    existing = [job for job in map(runtime.store.get, (j.id for j in existing)) if job]
+    existing = [job for job in map(runtime.jobs.get, (j.id for j in existing)) if job]
     cases = malformed_cases(runtime, existing, random.Random(seed))
     serials = consumers_started(runtime)
     rows_before = fingerprint(runtime)
@@ -537,9 +537,9 @@ def test_malformed_and_hostile_messages_are_dead_lettered_or_dropped(
         problems.append("a malformed or foreign pointer wrote to the database")
     if handled_s > DRAIN_LIMIT_S:
         problems.append(f"handling took {handled_s:.1f}s (K4: within {DRAIN_LIMIT_S:.0f}s)")
-    ok = runtime.store.enqueue(EnqueueRequest(project_id=P, kind=KINDS[0], subject="after")).job
+    ok = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind=KINDS[0], subject="after")).job
     wait_for(
-        lambda: (job := runtime.store.get(ok.id)) is not None and job.state.value == "succeeded",
+        lambda: (job := runtime.jobs.get(ok.id)) is not None and job.state.value == "succeeded",
         15,
         "a healthy job after the flood",
     )

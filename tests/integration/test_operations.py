@@ -55,7 +55,7 @@ def test_malformed_dead_letters_are_kept_with_their_reason_and_listed(
     )
     ops = OperationsStore(pool)
     reconciler = Reconciler(
-        store=PostgresJobRepository(pool=pool, dispatch=True),
+        jobs=PostgresJobRepository(pool=pool, dispatch=True),
         records=records,
         relay=relay,
         url=amqp.url,

@@ -68,27 +68,25 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
 
 
 def state(runtime: Runtime, job: Job) -> JobState | None:
-    found = runtime.store.get(job.id)
+    found = runtime.jobs.get(job.id)
     return None if found is None else found.state
 
 
 def test_a_chain_of_short_steps_runs_to_the_end_one_attempt_each(runtime: Runtime) -> None:
-    first = runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
-    second = runtime.store.enqueue(
+    first = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    second = runtime.jobs.enqueue(
         EnqueueRequest(project_id=P, kind="design.interview", subject="2", depends_on=(first.id,))
     ).job
     wait_for(lambda: state(runtime, second) is JobState.SUCCEEDED)
-    done = runtime.store.get(second.id)
+    done = runtime.jobs.get(second.id)
     assert done is not None and done.attempts == 1 and done.result == {"subject": "2"}
     assert done.lease_owner is None and done.lease_token is None
 
 
 def test_a_short_failure_counts_its_attempts(runtime: Runtime) -> None:
-    job = runtime.store.enqueue(
-        EnqueueRequest(project_id=P, kind="design.spec", max_attempts=3)
-    ).job
+    job = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.spec", max_attempts=3)).job
     wait_for(lambda: state(runtime, job) is JobState.FAILED)
-    failed = runtime.store.get(job.id)
+    failed = runtime.jobs.get(job.id)
     assert failed is not None and failed.attempts == 3 and failed.dispatch_seq == 3
 
 
@@ -99,7 +97,7 @@ def test_a_crash_before_the_commit_leaves_the_job_as_it_was(pg_url: str, amqp: A
     runtime = Runtime(config, handlers=HANDLERS, owner="crashing")  # not started: no consumer
     runtime.runner._crash = CrashAfterWork()
     try:
-        job = runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+        job = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
         pointer: dict[str, Any] = {
             "job_id": str(job.id),
             "project_id": P,
@@ -109,14 +107,14 @@ def test_a_crash_before_the_commit_leaves_the_job_as_it_was(pg_url: str, amqp: A
         }
         with pytest.raises(Crash):
             runtime.runner.run(**pointer)
-        after = runtime.store.get(job.id)
+        after = runtime.jobs.get(job.id)
         assert after is not None and after.state is JobState.READY
         assert after.attempts == 0 and after.dispatch_seq == job.dispatch_seq
         assert after.lease_owner is None
         # The redelivery runs on the two-commit path: its claim commits (the attempt counts).
         with pytest.raises(Crash):
             runtime.runner.run(**pointer, redelivered=True)
-        leased = runtime.store.get(job.id)
+        leased = runtime.jobs.get(job.id)
         assert leased is not None and leased.state is JobState.LEASED and leased.attempts == 1
         runtime.runner._crash = None
         # The lease is live: a third delivery waits for it in a wait tier.

@@ -65,43 +65,41 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
 
 
 def states(runtime: Runtime, *jobs: Job) -> list[JobState]:
-    return [j.state for j in (runtime.store.get(job.id) for job in jobs) if j is not None]
+    return [j.state for j in (runtime.jobs.get(job.id) for job in jobs) if j is not None]
 
 
 def test_a_chain_of_steps_runs_to_the_end(runtime: Runtime) -> None:
-    first = runtime.store.enqueue(
+    first = runtime.jobs.enqueue(
         EnqueueRequest(project_id=P, kind="design.interview", subject="1")
     ).job
-    second = runtime.store.enqueue(
+    second = runtime.jobs.enqueue(
         EnqueueRequest(project_id=P, kind="design.interview", subject="2", depends_on=(first.id,))
     ).job
-    third = runtime.store.enqueue(
+    third = runtime.jobs.enqueue(
         EnqueueRequest(project_id=P, kind="design.interview", subject="3", depends_on=(second.id,))
     ).job
     wait_for(lambda: states(runtime, first, second, third) == [JobState.SUCCEEDED] * 3)
-    done = runtime.store.get(third.id)
+    done = runtime.jobs.get(third.id)
     assert done is not None and done.result == {"subject": "3"} and done.attempts == 1
     assert runtime.results[StepResult.SUCCEEDED] == 3
 
 
 def test_a_handler_exception_is_a_failed_attempt_not_a_crash(runtime: Runtime) -> None:
-    job = runtime.store.enqueue(
+    job = runtime.jobs.enqueue(
         EnqueueRequest(project_id=P, kind="design.research", max_attempts=1)
     ).job
     wait_for(lambda: states(runtime, job) == [JobState.FAILED])
-    failed = runtime.store.get(job.id)
+    failed = runtime.jobs.get(job.id)
     assert failed is not None and failed.failure_class is FailureClass.VIBEY
     assert failed.last_error is not None and "handler bug" in failed.last_error
-    ok = runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    ok = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
     wait_for(lambda: states(runtime, ok) == [JobState.SUCCEEDED])  # the worker lives on
 
 
 def test_a_failure_with_attempts_left_is_dispatched_again(runtime: Runtime) -> None:
-    job = runtime.store.enqueue(
-        EnqueueRequest(project_id=P, kind="design.spec", max_attempts=3)
-    ).job
+    job = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.spec", max_attempts=3)).job
     wait_for(lambda: states(runtime, job) == [JobState.FAILED])
-    failed = runtime.store.get(job.id)
+    failed = runtime.jobs.get(job.id)
     assert failed is not None and failed.attempts == 3 and failed.dispatch_seq == 3
 
 
@@ -144,13 +142,13 @@ def test_malformed_pointers_are_dead_lettered_with_a_reason(runtime: Runtime, am
     wait_for(all_dead, timeout=10)
     reasons = {h.get(REASON_HEADER) for h in collected}
     assert reasons == {"not_json", "missing_field", "unknown_schema", "not_utf8", "not_object"}
-    assert sum(runtime.store.queue_depth(P).values()) == 0  # nothing written
-    ok = runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    assert sum(runtime.jobs.queue_depth(P).values()) == 0  # nothing written
+    ok = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
     wait_for(lambda: states(runtime, ok) == [JobState.SUCCEEDED])  # the worker lives on
 
 
 def test_duplicate_and_stale_pointers_change_nothing(runtime: Runtime, amqp: Amqp) -> None:
-    job = runtime.store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    job = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
     wait_for(lambda: states(runtime, job) == [JobState.SUCCEEDED])
     for seq in (1, 1, 1, 7):  # duplicates of a finished generation, and one from nowhere
         envelope = DispatchEnvelope(
@@ -162,7 +160,7 @@ def test_duplicate_and_stale_pointers_change_nothing(runtime: Runtime, amqp: Amq
     )
     publish(amqp, encode(unknown))
     wait_for(lambda: runtime.results[StepResult.DROPPED] >= 5)
-    settled = runtime.store.get(job.id)
+    settled = runtime.jobs.get(job.id)
     assert (
         settled is not None and settled.attempts == 1 and runtime.results[StepResult.SUCCEEDED] == 1
     )

@@ -205,7 +205,7 @@ def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, 
         url=amqp.url, dead_exchange=amqp.names.dead_exchange, declare=lambda _: None
     )
     runner = StepRunner(
-        store=PostgresJobRepository(pool=dead_pool, dispatch=True, relay_id="r"),
+        jobs=PostgresJobRepository(pool=dead_pool, dispatch=True, relay_id="r"),
         records=DispatchRecords(pool=dead_pool, relay_id="r"),
         broker=broker,
         names=amqp.names,

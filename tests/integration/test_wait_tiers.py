@@ -187,7 +187,7 @@ def test_delayed_jobs_wait_in_tiers_and_start_on_time(
     planned = requests(seed)
     batches = [[r for g, r in planned if g == group] for group in ("long", "short", "spread")]
     started = time.monotonic()
-    enqueued = [e for batch in batches for e in runtime.store.enqueue_batch(batch)]
+    enqueued = [e for batch in batches for e in runtime.jobs.enqueue_batch(batch)]
     groups = ["long"] * LONG_FIRST + ["short"] * SHORT_AFTER
     groups += ["spread"] * (JOBS - LONG_FIRST - SHORT_AFTER)
     jobs = {e.job.id: (group, e.job) for group, e in zip(groups, enqueued, strict=True)}

@@ -38,3 +38,30 @@ def test_vibey_version_is_answered_before_the_cli_is_imported() -> None:
     assert "vibey.launch" in loaded
     assert not [m for m in loaded if m.split(".")[0] in ("cyclopts", "rich", "psycopg")]
     assert "vibey.cli" not in loaded
+
+
+def test_the_command_groups_are_imported_only_when_one_runs() -> None:
+    loaded = loaded_after("import vibey.cli")
+    assert not [m for m in loaded if m.startswith("vibey.cli_")]
+    assert "vibey.settings" not in loaded
+
+
+def test_the_top_level_help_lists_every_group_without_importing_it() -> None:
+    from vibey.command_groups import GROUPS
+
+    probe = (
+        "import sys, contextlib, io\n"
+        "from vibey.cli import app\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    app(['--help'])\n"
+        "print(out.getvalue())\n"
+        "print('LOADED', ' '.join(m for m in sys.modules if m.startswith('vibey.cli_')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    help_text, loaded = done.stdout.rsplit("LOADED", 1)
+    assert loaded.split() == []
+    for name, (_path, summary) in GROUPS.items():
+        assert name in help_text and summary.split()[0] in help_text

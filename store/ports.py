@@ -1,0 +1,100 @@
+"""The store's seams as the step path sees them: small Protocols the PostgreSQL classes
+satisfy and the fakes of :mod:`store.memory` and :mod:`store.memory_records` implement too.
+
+* :class:`SettlingJobRepository`: :class:`workflows.queue.JobRepository` with the ``*_txn``
+  forms a step's settle joins (``PostgresJobRepository``; ``MemoryJobRepository``);
+* :class:`PointerClaims`: the fenced claim of a dispatch pointer and the row a miss reads
+  (``DispatchRecords``; ``MemoryDispatchRecords``);
+* :class:`StepWorkflows`: the workflow side of a step's settle (``WorkflowStore``;
+  ``MemoryWorkflowStore``).
+
+What the handlers read is :class:`store.step_records.StepRecords`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import Any, Protocol
+from uuid import UUID
+
+from store.db import Conn
+from store.dispatch import PointerRow
+from store.unit_of_work import UnitOfWork
+from store.workflow_reads import Workflow
+from workflows.job import FailureClass
+from workflows.queue import GateRequest, Job, JobRepository, JsonObject, Lease, Settled
+
+
+class UnitsOfWork(Protocol):
+    def begin(self, *, one_statement: bool = False) -> AbstractContextManager[UnitOfWork]:
+        """A unit of work; its pointers go to the relay once it committed."""
+        ...
+
+
+class SettlingJobRepository(JobRepository, Protocol):
+    """The job repository with the fenced settles a caller's unit of work joins."""
+
+    @property
+    def units(self) -> UnitsOfWork: ...
+
+    def ack_txn(
+        self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
+    ) -> Settled: ...
+
+    def nack_txn(
+        self,
+        unit: UnitOfWork,
+        lease: Lease,
+        *,
+        error: str,
+        failure_class: FailureClass,
+        retry_in: timedelta | None = None,
+    ) -> Settled: ...
+
+    def defer_txn(
+        self,
+        unit: UnitOfWork,
+        lease: Lease,
+        *,
+        delay: timedelta,
+        reason: str,
+        capacity: bool = False,
+        solo: bool = False,
+    ) -> Settled: ...
+
+    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled: ...
+
+
+class PointerClaims(Protocol):
+    """The fenced claim of pointer (job, generation), and what a missed claim reads."""
+
+    def claim_pointer_txn(
+        self, conn: Conn, *, job_id: UUID, project_id: str, seq: int, owner: str
+    ) -> Job | None: ...
+
+    def claim_pointer(
+        self, *, job_id: UUID, project_id: str, seq: int, owner: str
+    ) -> Job | None: ...
+
+    def snapshot(self, *, job_id: UUID, project_id: str) -> PointerRow | None: ...
+
+
+class StepWorkflows(Protocol):
+    """A workflow step's settle: the workflow locked first, then the job's settle and the
+    event it implies, in the caller's unit of work."""
+
+    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]: ...
+
+    def settle_txn(
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        settle: Callable[[UnitOfWork], Settled],
+        *,
+        result: JsonObject | None = None,
+        failure: tuple[Any, str] | None = None,
+        evidence: JsonObject | None = None,
+        locked: Workflow | None = None,
+    ) -> Settled: ...
