@@ -224,7 +224,7 @@ class CliAdapter(abc.ABC):
         result = reported_result(plan.verdict_file, reading.text)
         if isinstance(result, str):
             return fault(f"engine {self.spec.id}: {result}", evidence)
-        if task.kind == "build.implement" and not changed:
+        if task.kind == "build.implement" and not changed and not _earlier_work(task):
             return fault(f"engine {self.spec.id} exited 0 but changed nothing", evidence)
         if result.get("status") == "failed":
             return EngineVerdict("failed", evidence=evidence, detail=str(result.get("detail", "")))
@@ -337,6 +337,20 @@ def _changed(workdir: Path, before: str | None) -> list[str]:
     pending = [line[3:] for line in status.splitlines() if len(line) > 3]
     files = {*committed.splitlines(), *pending}
     return sorted(f for f in files if f and not f.startswith(".vibey/"))
+
+
+def _earlier_work(task: EngineTask) -> bool:
+    """Whether the item's branch already holds commits of its own (past the integration
+    branch, else main): an earlier attempt of this job did the work (its worker died after
+    the run, which a loop service finishes), so a replay that changes nothing is no fault."""
+    workdir = task.worktree or task.workdir
+    if workdir is None:
+        return False
+    for base in ("vibey/integration", "main"):
+        count = _git(workdir, "rev-list", "--count", f"{base}..HEAD")
+        if count is not None:
+            return count.isdigit() and int(count) > 0
+    return False
 
 
 def _git(cwd: Path, *args: str) -> str | None:
