@@ -132,13 +132,6 @@ def overlaps(spans: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
     return found
 
 
-@pytest.mark.xfail(
-    reason="a build.implement whose SIGKILLed worker's run finished in the service has its work "
-    "committed already; the next attempt's run changes nothing and is judged an engine fault "
-    "('exit 0, nothing changed'), so a replay can exhaust its attempts (seed 149721156); seed "
-    "255872621 passes. The judgement must see the item's earlier commit as its work.",
-    strict=False,
-)
 def test_sigkilled_loop_services_and_workers_complete_every_workflow_once(
     chaos_stack: Stack, tmp_path: Path
 ) -> None:
