@@ -50,6 +50,7 @@ from actors.agents import (
 from actors.agents.adapters import engine_for
 from actors.agents.lease import Held, Holder, WorktreeBusy, WorktreeLease
 from actors.agents.roster import AgentSpec
+from actors.agents.run_client import RunClient, RunDeferred
 from actors.agents.tests_run import TestsRun, find_test_command, run_tests
 from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
@@ -109,6 +110,7 @@ class HandlerContext:
     roster: tuple[AgentSpec, ...] = ()  # the configured engines ([engines.<id>])
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base they get
     records: StepRecords | None = None
+    runs: RunClient | None = None  # service-mode engines' loop services (None: no broker)
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
@@ -173,6 +175,7 @@ class Steps:
                 worker_env=context.agent_env,
                 state_dir=self.workspace.root / ".state",
                 context=self._plan_context,
+                runs=context.runs,
             )
             for spec in context.roster
         }
@@ -225,7 +228,7 @@ class Steps:
             verdict = ran
             if worktree is not None and verdict.status == "ok":
                 verdict = _finish_implement(worktree, task, verdict)
-        except WorktreeBusy as exc:
+        except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:  # build.verify merging the cycle's items
             verdict = EngineVerdict("failed", detail=str(exc))
@@ -330,7 +333,7 @@ class Steps:
             tree = self.workspace.integrated(job.project_id)
             with self.integration_lock(job.project_id, job.cycle), self._held(job, tree):
                 commit = self.workspace.integrate(job.project_id, job.cycle, items)
-        except WorktreeBusy as exc:
+        except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:
             return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])

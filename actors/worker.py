@@ -169,6 +169,13 @@ def handler_context(config: WorkerConfig, pool: Any) -> Any:
     """What a handlers factory is called with (the engines' workspace, command and caps)."""
     from actors.handlers import HandlerContext  # the handlers pull in the engines
 
+    runs = None
+    if config.amqp_url and any(spec.as_service for spec in config.engines):
+        from actors.agents.run_client import RunClient
+        from actors.runs_topology import RunsTopology
+
+        engines = tuple(spec.id for spec in config.engines if spec.as_service)
+        runs = RunClient(config.amqp_url, RunsTopology(config.prefix, engines))
     return HandlerContext(
         pool=pool,
         workspace=Path(config.workspace),
@@ -178,6 +185,7 @@ def handler_context(config: WorkerConfig, pool: Any) -> Any:
         agent_env=config.agent_env,
         max_dollars=config.max_dollars,
         max_turns=config.max_turns,
+        runs=runs,
     )
 
 

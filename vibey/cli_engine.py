@@ -9,6 +9,7 @@ reset time of a rate-limit window) from ``engine_health``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from cyclopts import App, Parameter
@@ -27,9 +28,13 @@ Json = Annotated[bool, Parameter(name="--json", negative=())]
 def list_(*, json_output: Json = False) -> ExitCode:
     """The roster: adapter, weight, installed, last doctor pass, circuit and capacity.
 
+    An engine with invocation = "service" also shows its loop service: the run queue's
+    consumers and queued requests, and a probe sent now (its answer and how long it took).
+
     JSON: ``{"engines": [{"id", "adapter", "binary", "weight", "local", "phases",
-    "installed", "last_doctor_at", "authenticated_at", "circuit", "capacity", "resets_at"},
-    ...]}``.
+    "installed", "last_doctor_at", "authenticated_at", "circuit", "capacity", "resets_at",
+    "invocation", "service"}, ...]}`` (``service``: null, or ``{"consumers", "queued",
+    "probe", "probe_seconds"}``).
 
     Parameters
     ----------
@@ -52,6 +57,12 @@ def list_(*, json_output: Json = False) -> ExitCode:
             f"{'installed' if row['installed'] else 'NOT INSTALLED':<13} doctor {doctor}  "
             f"circuit {row['circuit']}  {row['capacity']}{reset}"
         )
+        if row["service"] is not None:
+            service = row["service"]
+            print(
+                f"{'':<16} loop service: {service['consumers']} consumer(s), "
+                f"{service['queued']} queued, probe {service['probe']}"
+            )
     return ExitCode.OK
 
 
@@ -77,9 +88,50 @@ def roster_rows(settings: Settings) -> list[dict[str, Any]]:
                 "circuit": health.circuit.status.value if health else "unknown",
                 "capacity": capacity.kind.value if capacity is not None else "unknown",
                 "resets_at": render.when(getattr(capacity, "resets_at", None)),
+                "invocation": spec.invocation,
+                "service": _service_row(settings, spec) if spec.as_service else None,
             }
         )
     return rows
+
+
+def _service_row(settings: Settings, spec: Any) -> dict[str, Any]:
+    import time
+
+    from actors.agents.adapters import CLI_ADAPTERS
+    from actors.agents.run_client import EngineQueueSaturated, RunClient
+    from actors.runs_topology import RunsTopology
+
+    row: dict[str, Any] = {"consumers": None, "queued": None, "probe": "no broker"}
+    row["probe_seconds"] = None
+    if settings.bus.amqp_url is None:
+        return row
+    client = RunClient(settings.bus.amqp_url, RunsTopology(settings.bus.prefix, (spec.id,)))
+    status = client.queue_status(spec.id)
+    if status is None:
+        return {**row, "probe": "no run queue: start `vibey loop-service`"}
+    row["consumers"], row["queued"] = status
+    version = CLI_ADAPTERS[spec.adapter](spec, worker_env={}, transcripts=Path()).version_argv()
+    began = time.monotonic()
+    try:
+        result = client.probe(spec, Path(settings.engine.workspace), version, wait=2.0)
+    except EngineQueueSaturated:
+        return {**row, "probe": "no answer within 2 s"}
+    answer = result.detail.strip().splitlines()[:1] or [result.status.value]
+    row["probe"] = f"{result.status.value}: {answer[0][:80]}"
+    row["probe_seconds"] = round(time.monotonic() - began, 3)
+    return row
+
+
+def _run_client(settings: Settings, specs: Any) -> Any:
+    """The loop services' client when an engine checked runs in one (and a broker is set)."""
+    engines = tuple(spec.id for spec in specs if spec.as_service)
+    if not engines or settings.bus.amqp_url is None:
+        return None
+    from actors.agents.run_client import RunClient
+    from actors.runs_topology import RunsTopology
+
+    return RunClient(settings.bus.amqp_url, RunsTopology(settings.bus.prefix, engines))
 
 
 def _healths(settings: Settings) -> dict[str, Any]:
@@ -109,7 +161,8 @@ def run_conformance(engine: str | None, *, record: bool, json_output: bool) -> E
     from actors.agents.conformance import check
     from actors.agents.conformance import record as save
 
-    results = [check(spec, worker_env=settings.agent_env) for spec in specs]
+    runs, root = _run_client(settings, specs), Path(settings.engine.workspace).resolve()
+    results = [check(spec, worker_env=settings.agent_env, runs=runs, root=root) for spec in specs]
     if record:
         from store.pool import open_pool
 

@@ -40,6 +40,10 @@ GROUPS: dict[str, tuple[str, str]] = {
         "vibey.cli_project:project_app",
         "Project routes: which projects have dedicated queues.",
     ),
+    "loop-service": (
+        "vibey.cli_loop:loop_service",
+        "Serve one engine's runs from RabbitMQ until SIGTERM or SIGINT, then drain.",
+    ),
 }
 
 

@@ -3,18 +3,19 @@ member runs on."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
 from actors.agents.aider import AiderAdapter
-from actors.agents.base import Engine
+from actors.agents.base import Engine, EngineTask, EngineVerdict
 from actors.agents.claude_code import ClaudeCodeAdapter
-from actors.agents.cli import CliAdapter, Context
+from actors.agents.cli import CliAdapter, Context, Launch, fault
 from actors.agents.codex import CodexAdapter
 from actors.agents.command import CommandEngine
 from actors.agents.gemini import GeminiAdapter
 from actors.agents.roster import AgentSpec
+from actors.agents.run_client import RunClient, ServiceLaunch
 from actors.agents.scripted import ScriptedEngine
 
 CLI_ADAPTERS: Mapping[str, type[CliAdapter]] = {
@@ -31,9 +32,12 @@ def engine_for(
     worker_env: Mapping[str, str],
     state_dir: Path,
     context: Context | None = None,
+    runs: RunClient | None = None,
 ) -> Engine:
     """The engine that runs ``spec``'s steps: its CLI adapter, the command engine (its
-    ``binary`` and ``args`` as the command, its own environment), or the scripted engine."""
+    ``binary`` and ``args`` as the command, its own environment), or the scripted engine.
+    With ``invocation = "service"`` the CLI adapter's runs go to the engine's loop service
+    through ``runs`` (no broker: every run is an engine fault that says so)."""
     if spec.adapter == "scripted":
         return ScriptedEngine()
     if spec.adapter == "command":
@@ -44,6 +48,20 @@ def engine_for(
             env=spec.environment(worker_env),
         )
     adapter = CLI_ADAPTERS[spec.adapter]
+    launch = None
+    if spec.as_service:
+        launch = ServiceLaunch(spec, runs) if runs is not None else _no_broker(spec)
+    transcripts = state_dir / "transcripts"
     return adapter(
-        spec, worker_env=worker_env, transcripts=state_dir / "transcripts", context=context
+        spec, worker_env=worker_env, transcripts=transcripts, context=context, launch=launch
     )
+
+
+def _no_broker(spec: AgentSpec) -> Launch:
+    def launch(task: EngineTask, args: Sequence[str], workdir: Path) -> EngineVerdict:
+        return fault(
+            f'engine {spec.id} has invocation = "service" but this worker has no broker: '
+            'set VIBEY_AMQP_URL, or invocation = "subprocess"'
+        )
+
+    return launch

@@ -59,6 +59,10 @@ from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
 
 TAIL_CHARS = 4000
 Context = Callable[[EngineTask], Mapping[str, Any]]
+Launch = Callable[[EngineTask, Sequence[str], Path], "tuple[Exit, Path, str] | EngineVerdict"]
+"""Runs the CLI's arguments (argv after the binary) for ``task`` in ``workdir`` somewhere else
+(a loop service, :mod:`actors.agents.run_client`): how it ended, the transcript's path and the
+stderr text; or a verdict when the run never got to judge (a fault)."""
 
 
 @dataclass
@@ -93,12 +97,19 @@ class CliAdapter(abc.ABC):
         transcripts: Path,
         context: Context | None = None,
         grace: float = 2.0,
+        launch: Launch | None = None,
     ) -> None:
         self.spec = spec
         self._env = spec.environment(worker_env)
         self._transcripts = transcripts
         self._context = context
         self._grace = grace
+        self._launch = launch  # None: the CLI runs here, a child of this process
+
+    @property
+    def environment(self) -> Mapping[str, str]:
+        """What the engine's process gets (its spec's ``env`` over the minimal base)."""
+        return self._env
 
     # -- what an adapter says ---------------------------------------------------------------
 
@@ -137,7 +148,7 @@ class CliAdapter(abc.ABC):
         return shutil.which(self.spec.binary, path=self._env.get("PATH"))
 
     def run(self, task: EngineTask) -> EngineVerdict:
-        binary = self.binary()
+        binary = self.binary() if self._launch is None else self.spec.binary
         if binary is None:
             return fault(f"engine {self.spec.id}: {self.spec.binary!r} is not installed")
         workdir = task.workdir or task.worktree
@@ -146,8 +157,14 @@ class CliAdapter(abc.ABC):
         context = self._context(task) if self._context is not None else {}
         plan = write_plan(workdir, task, context, self.spec.id)
         before = _tree_state(workdir)
-        argv = [binary, *self.invocation(task, plan, plan.prompt)]
-        done, transcript, stderr = self._spawn(task, argv, workdir)
+        args = self.invocation(task, plan, plan.prompt)
+        if self._launch is None:
+            done, transcript, stderr = self._spawn(task, [binary, *args], workdir)
+        else:
+            launched = self._launch(task, args, workdir)
+            if isinstance(launched, EngineVerdict):
+                return launched
+            done, transcript, stderr = launched
         stdout = transcript.read_text(encoding="utf-8", errors="replace")
         reading = self.read(stdout, stderr, done.returncode)
         changed = _changed(workdir, before)
@@ -207,7 +224,7 @@ class CliAdapter(abc.ABC):
         result = reported_result(plan.verdict_file, reading.text)
         if isinstance(result, str):
             return fault(f"engine {self.spec.id}: {result}", evidence)
-        if task.kind == "build.implement" and not changed:
+        if task.kind == "build.implement" and not changed and not _earlier_work(task):
             return fault(f"engine {self.spec.id} exited 0 but changed nothing", evidence)
         if result.get("status") == "failed":
             return EngineVerdict("failed", evidence=evidence, detail=str(result.get("detail", "")))
@@ -320,6 +337,20 @@ def _changed(workdir: Path, before: str | None) -> list[str]:
     pending = [line[3:] for line in status.splitlines() if len(line) > 3]
     files = {*committed.splitlines(), *pending}
     return sorted(f for f in files if f and not f.startswith(".vibey/"))
+
+
+def _earlier_work(task: EngineTask) -> bool:
+    """Whether the item's branch already holds commits of its own (past the integration
+    branch, else main): an earlier attempt of this job did the work (its worker died after
+    the run, which a loop service finishes), so a replay that changes nothing is no fault."""
+    workdir = task.worktree or task.workdir
+    if workdir is None:
+        return False
+    for base in ("vibey/integration", "main"):
+        count = _git(workdir, "rev-list", "--count", f"{base}..HEAD")
+        if count is not None:
+            return count.isdigit() and int(count) > 0
+    return False
 
 
 def _git(cwd: Path, *args: str) -> str | None:

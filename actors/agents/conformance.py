@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
-from actors.agents.adapters import engine_for
+from actors.agents.adapters import CLI_ADAPTERS, engine_for
 from actors.agents.base import EngineTask
 from actors.agents.lease import WorktreeLease
 from actors.agents.roster import AgentSpec, installed
+from actors.agents.run_client import EngineQueueSaturated, RunClient
 from actors.worktrees import Workspace
 from store.db import Pool, transaction
 from store.engine_health import EngineHealthStore
+from workflows.runs import RunStatus
 
 VERSION_TIMEOUT_S = 30.0
 ITEM = {"id": "conformance", "title": "Create CONFORMANCE.txt containing the word ok"}
@@ -53,10 +56,29 @@ class Conformance:
         return bool(self.checks) and all(c.passed for c in self.checks)
 
 
-def check(spec: AgentSpec, *, worker_env: Mapping[str, str]) -> Conformance:
-    """The checks in order; the first that fails ends the run."""
+def check(
+    spec: AgentSpec,
+    *,
+    worker_env: Mapping[str, str],
+    runs: RunClient | None = None,
+    root: Path | None = None,
+) -> Conformance:
+    """The checks in order; the first that fails ends the run. An engine with invocation =
+    "service" is checked where its runs run: a probe of its loop service stands for the two
+    binary checks, and the headless task runs through it in a directory under ``root``."""
     checks: list[Check] = []
-    for step in (_installed, _version, _task):
+    steps: tuple[Callable[[AgentSpec, Mapping[str, str]], Check], ...] = (
+        _installed,
+        _version,
+        _task,
+    )
+    if spec.as_service:
+        service_root = root or Path(tempfile.gettempdir())
+        steps = (
+            partial(_probe, runs=runs, root=service_root),
+            partial(_task, runs=runs, root=service_root),
+        )
+    for step in steps:
         result = step(spec, worker_env)
         checks.append(result)
         if not result.passed:
@@ -111,11 +133,34 @@ def _version(spec: AgentSpec, worker_env: Mapping[str, str]) -> Check:
     )
 
 
-def _task(spec: AgentSpec, worker_env: Mapping[str, str]) -> Check:
-    with tempfile.TemporaryDirectory(prefix="vibey-conformance-") as tmp:
+def _probe(
+    spec: AgentSpec, worker_env: Mapping[str, str], *, runs: RunClient | None, root: Path
+) -> Check:
+    if runs is None:
+        return Check("service probe", False, "no broker: set VIBEY_AMQP_URL")
+    version = CLI_ADAPTERS[spec.adapter](spec, worker_env={}, transcripts=root).version_argv()
+    try:
+        result = runs.probe(spec, root, version, wait=VERSION_TIMEOUT_S)
+    except EngineQueueSaturated as exc:
+        return Check("service probe", False, str(exc)[:300])
+    text = result.detail.strip().splitlines()
+    passed = result.status is RunStatus.EXITED and result.exit_code == 0
+    return Check("service probe", passed, text[0][:200] if text else str(result.status))
+
+
+def _task(
+    spec: AgentSpec,
+    worker_env: Mapping[str, str],
+    *,
+    runs: RunClient | None = None,
+    root: Path | None = None,
+) -> Check:
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vibey-conformance-", dir=root) as tmp:
         root = Path(tmp)
         workdir = Workspace(root / "work").worktree("conformance", 0, ITEM["id"])
-        engine = engine_for(spec, worker_env=worker_env, state_dir=root / "state")
+        engine = engine_for(spec, worker_env=worker_env, state_dir=root / "state", runs=runs)
         step_input = {"item": ITEM, "engine": {"name": "roster", "script": {}}}
         with WorktreeLease().hold(workdir, "conformance", 1, "conformance") as held:
             task = EngineTask(

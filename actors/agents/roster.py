@@ -12,6 +12,10 @@
     phases = ["build", "review"]     # the phases it may work in (empty: all)
     timeout_seconds = 3600           # one invocation's wall clock (the group is killed past it)
     env = { ANTHROPIC_API_KEY = "…" }  # the only variables it gets besides a minimal base
+    invocation = "subprocess"        # or "service": runs go to `vibey loop-service --engine claude`
+    prefetch = 1                     # service: runs at once (1-64; above 1 on a local one warns)
+    queue_wait_seconds = 300         # service: no `accepted` by then → the step defers
+    supersede_grace_seconds = 30     # service: a superseded run's stop grace before the kill
 
     [engines.claude.effort]          # vibey's five levels onto native flags; a level left
     TRIVIAL = ["--max-turns", "5"]   # out takes the nearest lower one that is given
@@ -53,7 +57,14 @@ KEYS: tuple[str, ...] = (
     "effort",
     "env",
     "timeout_seconds",
+    "invocation",
+    "prefetch",
+    "queue_wait_seconds",
+    "supersede_grace_seconds",
 )
+INVOCATIONS: tuple[str, ...] = ("subprocess", "service")
+SERVICE_ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider")
+MAX_PREFETCH = 64
 
 
 class RosterError(ValueError):
@@ -73,6 +84,14 @@ class AgentSpec:
     effort: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_seconds: float = 7200.0
+    invocation: str = "subprocess"  # "service": a loop service runs it (actors.agents.service)
+    prefetch: int = 1
+    queue_wait_seconds: float = 300.0
+    supersede_grace_seconds: float = 30.0
+
+    @property
+    def as_service(self) -> bool:
+        return self.invocation == "service"
 
     def effort_args(self, level: str | None) -> tuple[str, ...]:
         """The native flags for ``level``, saturating: the nearest level at or below it that
@@ -135,7 +154,30 @@ def _spec(id_: str, body: Any, where: str) -> AgentSpec:
         effort=_effort(body.get("effort", {}), where),
         env=_env(body.get("env", {}), where),
         timeout_seconds=_timeout(body.get("timeout_seconds", 7200.0), where),
+        **_service(adapter, body, where),
     )
+
+
+def _service(adapter: str, body: Mapping[str, Any], where: str) -> dict[str, Any]:
+    invocation = body.get("invocation", "subprocess")
+    if invocation not in INVOCATIONS:
+        raise RosterError(f"{where}: invocation must be subprocess or service, got {invocation!r}")
+    if invocation == "service" and adapter not in SERVICE_ADAPTERS:
+        raise RosterError(
+            f"{where}: a loop service hosts the {', '.join(SERVICE_ADAPTERS)} adapters; "
+            f'set invocation = "subprocess" for the {adapter} adapter'
+        )
+    prefetch = body.get("prefetch", 1)
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int):
+        raise RosterError(f"{where}: prefetch must be a whole number 1-64, got {prefetch!r}")
+    if not 1 <= prefetch <= MAX_PREFETCH:
+        raise RosterError(f"{where}: prefetch must be 1-{MAX_PREFETCH}, got {prefetch}")
+    return {
+        "invocation": invocation,
+        "prefetch": prefetch,
+        "queue_wait_seconds": _timeout(body.get("queue_wait_seconds", 300.0), where),
+        "supersede_grace_seconds": _timeout(body.get("supersede_grace_seconds", 30.0), where),
+    }
 
 
 def _text(value: Any, key: str, where: str) -> str:

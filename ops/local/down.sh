@@ -7,6 +7,7 @@
 #
 # The state file has one tab-separated line per thing started:
 #   worker      group    PGID                     console   group    PGID
+#   loop-service group   PGID ENGINE
 #   postgresql  native   DATADIR BINDIR RUNAS     rabbitmq  native   ROOT NODE PGID EPMD_STARTED
 #   postgresql  service  VERSION CLUSTER          rabbitmq  service  -
 #   postgresql  docker   COMPOSE_FILE             rabbitmq  docker   COMPOSE_FILE
@@ -43,6 +44,13 @@ stop_one() {  # the fields of one line; 0 once that thing is stopped (or was alr
                 return 0
             fi
             "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the web console (process group $1)"
+            ;;
+        loop-service/group)
+            if ! "$here/native.sh" group-has "$1" "$repo/.venv/bin/"; then
+                echo "loop-service ${2:-}: pid $1 had already stopped"
+                return 0
+            fi
+            "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the loop service ${2:-} (process group $1)"
             ;;
         postgresql/native)
             "$here/native.sh" stop-postgresql "$@" && echo "stopped PostgreSQL (native, data $1)"

@@ -5,7 +5,9 @@
 #  2. The database of VIBEY_PG_URL (created if missing) and its migrations; .env if missing.
 #  3. The worker fleet (`vibey worker`, with the reconciler) in the background, in a process
 #     group of its own, logging to $VIBEY_STATE_DIR/logs/worker.log. A fleet a previous
-#     `just up` started is reused while it runs with the same settings.
+#     `just up` started is reused while it runs with the same settings. Beside it, one
+#     `vibey loop-service --engine <id>` per engine with invocation = "service" (its log:
+#     $VIBEY_STATE_DIR/logs/loop-<id>.log).
 #  4. The web console (`vibey console`) in the background, in a process group of its own, logging
 #     to $VIBEY_STATE_DIR/logs/console.log; its URL is printed. With no [console] password_hash
 #     or token_hash configured, up makes a token (kept in $VIBEY_STATE_DIR/console.token) and
@@ -299,6 +301,23 @@ PY
         tail -n 5 "$CONSOLE_LOG" >&2 || true
     fi
 fi
+
+# 3. (beside the fleet) One loop service per engine with invocation = "service" (docs/engines.md)
+service_engines=$("$PY" -c 'from vibey.settings import load_settings
+print(" ".join(s.id for s in load_settings().engines if s.as_service))')
+for engine in $service_engines; do
+    loop_log=$STATE/logs/loop-$engine.log
+    loop_pid=$([ -f "$PIDS" ] && awk -F'\t' -v e="$engine" '$1 == "loop-service" && $4 == e { p = $3 } END { if (p) print p }' "$PIDS" || true)
+    if [ -n "$loop_pid" ] && ops/local/native.sh group-alive "$loop_pid" &&
+        [[ $(ps -o args= -p "$loop_pid" 2>/dev/null) == *loop-service* ]]; then
+        echo "loop-service $engine: reusing pid $loop_pid"
+        continue
+    fi
+    echo "--- $(date '+%Y-%m-%d %H:%M:%S') started by ops/local/up.sh ---" >>"$loop_log"
+    loop_pid=$(ops/local/native.sh spawn "$loop_log" "$VIBEY" loop-service --engine "$engine" 9>&-)
+    printf 'loop-service\tgroup\t%s\t%s\n' "$loop_pid" "$engine" >>"$PIDS"
+    echo "loop-service $engine: started (pid $loop_pid, log $loop_log)"
+done
 
 stack_summary() {
     local env_shown=$ENV_FILE

@@ -17,6 +17,12 @@ own ``env``):
 ``garbage``  prints what is not its format, exits 0
 ``noop``     says it succeeded, changed nothing, exits 0
 
+A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and its
+``fake_exit`` makes it exit with that status then (75: a wind-down). With
+``FAKE_STATE`` set, every run appends ``start`` and ``end`` spans (pid, cwd, time) to
+``$FAKE_STATE/spans.jsonl`` (a SIGTERM ends the span too; a SIGKILLed run has no ``end``):
+the tests count overlaps with them.
+
 ``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
 (counted in ``FAKE_STATE``, a directory), credits after; or ``credits-on:KIND``: credits spent
@@ -99,7 +105,37 @@ def main(cli: str) -> None:
         sys.exit("Error: When using --print, --output-format=stream-json requires --verbose")
     scenario = _scenario(cli, getattr(args, "prompt", ""))
     play = {"claude": claude, "codex": codex, "gemini": gemini, "aider": aider}[cli]
-    play(scenario, args)
+    _span("start")
+    signal.signal(signal.SIGTERM, _stopped)
+    try:
+        _pause(getattr(args, "prompt", ""))
+        play(scenario, args)
+    finally:
+        _span("end")
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """A stop (a supersede, a drain, the service gone): the span ends now, as the run does."""
+    _span("end")
+    os._exit(128 + signum)
+
+
+def _span(event: str) -> None:
+    state = os.environ.get("FAKE_STATE")
+    if state:
+        span = {"event": event, "pid": os.getpid(), "cwd": os.getcwd(), "at": time.time()}
+        with (Path(state) / "spans.jsonl").open("a") as spans:
+            spans.write(json.dumps(span) + "\n")
+
+
+def _pause(prompt: str) -> None:
+    if re.search(r"\.vibey/plans/", prompt):
+        step_input = plan_of(prompt)["input"]
+        seconds = float(step_input.get("fake_sleep", 0))
+        if seconds > 0:
+            time.sleep(seconds)
+        if "fake_exit" in step_input:
+            sys.exit(int(step_input["fake_exit"]))
 
 
 def _scenario(cli: str, prompt: str) -> str:
