@@ -11,7 +11,9 @@ verdict                                     outcome
 ``ok``                                      ``Success({**result, "evidence": evidence})``
 ``ok`` with a result its kind's schema      ``Failure(engine, the first mismatch)``
 refuses (``workflows.schema``)
-``capacity``                                ``Defer(60 s, detail, capacity=True)``
+``capacity``                                ``Defer(60 s, detail, capacity=True)``; after
+                                            ``capacity_waits`` (10) ledgered rejections,
+                                            ``Park(capacity_exhausted)``
 ``failed`` by the engine process            ``Failure(engine, detail + stderr tail)``
 (exit ≠ 0, timeout, no/malformed verdict)
 ``failed`` of build.verify, deploy.execute  ``Failure(work, detail)`` — the work is wrong
@@ -70,7 +72,7 @@ from store.db import Pool
 from store.step_records import PostgresStepRecords, StepRecords
 from workflows import schema
 from workflows.effort import Attempt, Effort, LadderExhausted, climb, next_rung
-from workflows.gates import GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
+from workflows.gates import CAPACITY_EXHAUSTED, GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
@@ -85,6 +87,7 @@ CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
 NO_ROSTER = "the workflow runs on the roster but no engine is configured: add [engines.<id>]"
+CAPACITY_WAITS = 10  # capacity rejections a job waits through before its gate
 BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
 LEASE_GRACE_S = 2.0
 INTEGRATED_PHASES: frozenset[str] = frozenset(
@@ -118,6 +121,7 @@ class HandlerContext:
     records: StepRecords | None = None
     push_remote: str | None = None  # [project] push: build.integrate pushes there (None: not)
     push_branch: str = "vibey/{project}"  # the remote branch; {project} is the project id
+    capacity_waits: int = CAPACITY_WAITS  # capacity rejections a job waits through, then parks
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
@@ -245,7 +249,32 @@ class Steps:
         outcome = to_outcome(kind, verdict)
         if isinstance(outcome, Failure) and bounded:
             return _park_if_exhausted(job, step_kind, outcome, granted)
+        if isinstance(outcome, Defer) and outcome.capacity:
+            return self._bounded_wait(job, outcome)
         return outcome
+
+    def _bounded_wait(self, job: Job, wait: Defer) -> Outcome:
+        """Capacity waits are bounded in every kind: once the job's ledger holds
+        ``capacity_waits`` rejections (this one included) since its last
+        ``capacity_exhausted`` answer, it parks
+        behind that gate instead of deferring again (an answer refunds the attempt and the
+        count starts over)."""
+        if self.records is None:
+            return wait
+        waits = self.records.capacity_waits(job.id, CAPACITY_EXHAUSTED.name)
+        if waits < self.context.capacity_waits:
+            return wait
+        subject = job.payload.get("subject") or job.subject
+        prompt = (
+            f"{job.kind} of {subject} was refused for capacity {waits} times: {wait.reason[:300]}."
+            " Top up the engine's credits or configure another engine, then answer retry."
+        )
+        context = {"kind": job.kind, "waits": waits, "detail": wait.reason[:1000]}
+        return Park(
+            GateRequest(
+                CAPACITY_EXHAUSTED.name, prompt, CAPACITY_EXHAUSTED.answers, context=context
+            )
+        )
 
     def _finished(self, task: EngineTask, verdict: EngineVerdict) -> EngineVerdict:
         """What vibey adds to a success: build.implement's commit on the item's branch,
@@ -263,7 +292,10 @@ class Steps:
         kind = STEP_KINDS.get_kind(task.kind)
         if task.kind == IMPLEMENT or not isinstance(engine, Engine):
             return self.handoffs.run(job, task, engine, phase=Phase(kind.phase or Phase.BUILD))
-        return engine.run(task)
+        verdict = engine.run(task)
+        if verdict.status == "capacity":  # ledgered now: a deferral writes no evidence
+            verdict = self.handoffs.rejected(job, verdict)
+        return verdict
 
     def _tests(self, task: EngineTask) -> TestsRun | None:
         """build.verify verifies the integrated code: the cycle's items are merged into the

@@ -444,6 +444,15 @@ class Handoffs:
             return Defer(CAPACITY_DELAY, again, capacity=True)
         return verdict
 
+    def rejected(self, job: Job, verdict: EngineVerdict) -> EngineVerdict:
+        """A capacity verdict of an engine run outside the roster (one engine, any kind),
+        settled as :func:`settle` does and its rejection appended to the ledger now: a step
+        that defers writes no evidence, and the ledgered rejections bound its waits."""
+        engine = str(job.payload.get("input", {}).get("engine", {}).get("name", "engine"))
+        _, settled = settle(engine, verdict)
+        self._append_for(job, _entries(settled))
+        return settled
+
     # -- engine_health, the ledger, the gate ------------------------------------------------
 
     def _ready(self, run: _Run) -> None:
@@ -507,6 +516,9 @@ class Handoffs:
     def _append(self, run: _Run, entries: Sequence[Entry]) -> None:
         """Append ``entries`` now, for a step that will not settle with a success (whose
         evidence is therefore never written)."""
+        self._append_for(run.job, entries)
+
+    def _append_for(self, job: Job, entries: Sequence[Entry]) -> None:
         if self._ledger is None or not entries:
             return
         events: list[NewEvent] = []
@@ -515,7 +527,6 @@ class Handoffs:
                 events += engine_events({"ledger": [entry]})
             except UnwritableEvent:
                 continue  # writers are strict: what this vibey may not write is left out
-        job = run.job
         workflow = None if job.workflow_id is None else str(job.workflow_id)
         self._ledger.append(
             job.project_id,
