@@ -8,7 +8,9 @@ attempt to :meth:`Handoffs.run`, which:
    doctor pass at ``now``: an engine vibey runs in its own process or as its configured
    command counts as installed and authenticated when a step asks for it;
 2. **selects the engine** at the boundary a new attempt of a work item is
-   (``Boundary(Trigger.NEW_WORK_ITEM, Phase.BUILD)``, the BUILD allow-list being the roster),
+   (``Boundary(Trigger.NEW_WORK_ITEM, Phase.BUILD)``, the BUILD allow-list being the roster;
+   ``Trigger.OPERATOR_REQUEST`` away from the project's last engine when an operator ran
+   ``vibey engine rotate <project>``, the request taken by this attempt),
    records it on the job (``job.engine_id``) and tells the engine which one it is
    (``input["engine_id"]``). No eligible engine: ``Defer(capacity)``;
 3. **runs it and settles its verdict** with :func:`workflows.circuit.settle_verdict`: a
@@ -234,11 +236,30 @@ class Handoffs:
         if answered is not None:
             outgoing = str(answered.context["outgoing"])
             return self._hand_off(run, outgoing, resumed=answered.context)
-        chosen = self._select(run, Boundary(Trigger.NEW_WORK_ITEM, run.phase))
+        chosen = self._select_new(run)
         if chosen is None:
             ids = ", ".join(m.id for m in run.roster)
             return Defer(CAPACITY_DELAY, f"no engine of {ids} is eligible now", capacity=True)
         return self._attempt_from(run, chosen, task)
+
+    def _select_new(self, run: _Run) -> str | None:
+        """A new attempt's engine: the NEW_WORK_ITEM boundary, or, when an operator asked
+        (``vibey engine rotate <project>``, taken here), the OPERATOR_REQUEST boundary away
+        from the engine the project last ran on (that one still, if no other is eligible)."""
+        request = None if self._health is None else self._health.take_rotation(run.job.project_id)
+        if request is None:
+            return self._select(run, Boundary(Trigger.NEW_WORK_ITEM, run.phase))
+        boundary = Boundary(Trigger.OPERATOR_REQUEST, run.phase)
+        away = request.away_from
+        if away is not None and away not in run.rejected:
+            run.rejected.add(away)
+            try:
+                chosen = self._select(run, boundary)
+            finally:
+                run.rejected.discard(away)
+            if chosen is not None:
+                return chosen
+        return self._select(run, boundary)
 
     # -- one engine after another -----------------------------------------------------------
 
