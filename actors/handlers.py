@@ -228,6 +228,7 @@ class Steps:
                 effort=effort.name,
                 workdir=worktree or self._workdir(job.project_id, step_kind),
                 job_id=str(job.id),
+                stream=self.handoffs.stream_to(job),
             )
             with self._leased(job, task) as task:
                 tested = self._tests(task) if kind == VERIFY else None

@@ -71,10 +71,12 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from actors.agents import Engine, EngineError, EngineTask, EngineVerdict
+from actors.agents.base import EvidenceSink
 from actors.agents.roster import AgentSpec, installed
 from actors.agents.script import Script
 from store.db import Pool, transaction
 from store.engine_health import EngineHealthStore
+from store.errors import StoreError
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.step_records import PostgresStepRecords, StepRecords
@@ -464,6 +466,22 @@ class Handoffs:
             again = f"{why}; it refused again: {verdict.detail}"
             return Defer(CAPACITY_DELAY, again, capacity=True)
         return verdict
+
+    def stream_to(self, job: Job) -> EvidenceSink | None:
+        """Where a job's engine streams its evidence while it runs: appended to the ledger
+        at once, with the job's causation (``None`` without a ledger). A store error is a
+        refusal: the entries then go with the verdict."""
+        if self._ledger is None:
+            return None
+
+        def sink(entries: Sequence[Mapping[str, Any]]) -> bool:
+            try:
+                self._append_for(job, [dict(e) for e in entries])
+            except StoreError:
+                return False
+            return True
+
+        return sink
 
     def rejected(self, job: Job, verdict: EngineVerdict) -> EngineVerdict:
         """A capacity verdict of an engine run outside the roster (one engine, any kind),

@@ -17,7 +17,8 @@ own ``env``):
 ``garbage``  prints what is not its format, exits 0
 ``noop``     says it succeeded, changed nothing, exits 0
 
-``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports.
+``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports;
+``FAKE_PAUSE`` (seconds) is how long it waits between its work's events and its report.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
 (counted in ``FAKE_STATE``, a directory), credits after; or ``credits-on:KIND``: credits spent
 for steps of KIND, success for the others. Every run appends its scenario to
@@ -183,6 +184,13 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
+def pause() -> None:
+    """``FAKE_PAUSE`` seconds between the work's events and the final report, as a real agent
+    takes its time (what was printed so far is flushed first)."""
+    sys.stdout.flush()
+    time.sleep(float(os.environ.get("FAKE_PAUSE", "0")))
+
+
 def _common(scenario: str, first: dict[str, Any]) -> bool:
     """The scenarios every CLI plays alike; True when it played one."""
     if scenario == "garbage":
@@ -225,6 +233,7 @@ def claude(scenario: str, args: argparse.Namespace) -> None:
     for path in files:
         tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": {"file_path": path}}
         emit({"type": "assistant", "message": {"content": [tool]}})
+    pause()
     emit(_claude_result(fenced(result), is_error=False))
 
 
@@ -267,6 +276,7 @@ def codex(scenario: str, args: argparse.Namespace) -> None:
         emit({"type": "item.completed", "item": {"type": "file_change", "changes": changes}})
     command = {"type": "command_execution", "command": "ls", "exit_code": 0, "status": "completed"}
     emit({"type": "item.completed", "item": command})
+    pause()
     message = json.dumps(result)
     emit({"type": "item.completed", "item": {"type": "agent_message", "text": message}})
     usage = {"input_tokens": 900, "cached_input_tokens": 0, "output_tokens": 210}
@@ -297,6 +307,7 @@ def gemini(scenario: str, args: argparse.Namespace) -> None:
     for path in files:
         emit({"type": "tool_use", "tool_name": "write_file", "parameters": {"file_path": path}})
         emit({"type": "tool_result", "status": "success"})
+    pause()
     emit({"type": "message", "role": "assistant", "content": fenced(result)})
     stats = {"input_tokens": 800, "output_tokens": 150, "total_tokens": 950, "tool_calls": 1}
     emit({"type": "result", "status": "success", "stats": stats})
@@ -327,5 +338,6 @@ def aider(scenario: str, args: argparse.Namespace) -> None:
     )
     for path in files:
         print(f"Applied edit to {path}")
+    pause()
     print("Tokens: 2.3k sent, 1.1k received. Cost: $0.01 message, $0.02 session.")
     print(fenced(result))
