@@ -9,7 +9,11 @@ step on it and maps the engine's verdict to the step's outcome (:func:`to_outcom
 verdict                                     outcome
 ==========================================  =================================================
 ``ok``                                      ``Success({**result, "evidence": evidence})``
-``capacity``                                ``Defer(60 s, detail, capacity=True)``
+``ok`` with a result its kind's schema      ``Failure(engine, the first mismatch)``
+refuses (``workflows.schema``)
+``capacity``                                ``Defer(60 s, detail, capacity=True)``; after
+                                            ``capacity_waits`` (10) ledgered rejections,
+                                            ``Park(capacity_exhausted)``
 ``failed`` by the engine process            ``Failure(engine, detail + stderr tail)``
 (exit ≠ 0, timeout, no/malformed verdict)
 ``failed`` of build.verify, deploy.execute  ``Failure(work, detail)`` — the work is wrong
@@ -25,7 +29,9 @@ branch and commit. Its engine is picked by rotation among the roster, and an eng
 credits hands the item to the next one through the no-loss gate (:mod:`actors.handoff`).
 build.integrate asks no engine: it merges the cycle's item branches into the integration
 branch, serialised per project and cycle by a PostgreSQL transaction-level advisory lock (a
-merge conflict is ``Failure(work)``).
+merge conflict is ``Failure(work)``); with ``[project] push`` set it then pushes that branch
+to the remote's ``push_branch`` (a fast-forward; a refusal is ``Failure(vibey)``), and the
+result's ``pushed`` says where (recorded as ``ArtifactProduced``).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from actors.agents.tests_run import TestsRun, find_test_command, run_tests
 from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
+    GitError,
     MergeConflictError,
     UnknownBranchError,
     Workspace,
@@ -64,8 +71,9 @@ from actors.worktrees import (
 )
 from store.db import Pool
 from store.step_records import PostgresStepRecords, StepRecords
+from workflows import schema
 from workflows.effort import Attempt, Effort, LadderExhausted, climb, next_rung
-from workflows.gates import GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
+from workflows.gates import CAPACITY_EXHAUSTED, GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
@@ -75,10 +83,12 @@ from workflows.queue import GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
 IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
+DEMO = "review.demo"  # its result gains the integrated tree's diff stat (the feedback gate's)
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
 NO_ROSTER = "the workflow runs on the roster but no engine is configured: add [engines.<id>]"
+CAPACITY_WAITS = 10  # capacity rejections a job waits through before its gate
 BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
 LEASE_GRACE_S = 2.0
 INTEGRATED_PHASES: frozenset[str] = frozenset(
@@ -111,6 +121,9 @@ class HandlerContext:
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base they get
     records: StepRecords | None = None
     runs: RunClient | None = None  # service-mode engines' loop services (None: no broker)
+    push_remote: str | None = None  # [project] push: build.integrate pushes there (None: not)
+    push_branch: str = "vibey/{project}"  # the remote branch; {project} is the project id
+    capacity_waits: int = CAPACITY_WAITS  # capacity rejections a job waits through, then parks
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
@@ -132,6 +145,10 @@ def to_outcome(name: str, verdict: EngineVerdict) -> Outcome:
             engine_events(verdict.evidence)
         except UnwritableEvent as exc:
             return Failure(FailureClass.ENGINE, f"the engine's evidence: {exc}"[:DETAIL_LIMIT])
+        wrong = schema.problem(verdict.result, kind.result)
+        if wrong is not None:  # the definition would read it: the engine's failure, not ours
+            detail = f"{kind.name}'s result does not match its kind's result schema: {wrong}"
+            return Failure(FailureClass.ENGINE, detail[:DETAIL_LIMIT], evidence=verdict.evidence)
         return Success({**verdict.result, "evidence": verdict.evidence})
     if verdict.status == "capacity":
         reason = verdict.detail or "the engine reported no capacity"
@@ -214,6 +231,7 @@ class Steps:
                 effort=effort.name,
                 workdir=worktree or self._workdir(job.project_id, step_kind),
                 job_id=str(job.id),
+                stream=self.handoffs.stream_to(job),
             )
             with self._leased(job, task) as task:
                 tested = self._tests(task) if kind == VERIFY else None
@@ -225,9 +243,7 @@ class Steps:
                 ran = replace(ran, evidence={**ran.evidence, "tests": tested.evidence()})
             if not isinstance(ran, EngineVerdict):  # parked at a handoff gate, or deferred
                 return ran
-            verdict = ran
-            if worktree is not None and verdict.status == "ok":
-                verdict = _finish_implement(worktree, task, verdict)
+            verdict = self._finished(task, ran)
         except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:  # build.verify merging the cycle's items
@@ -237,13 +253,53 @@ class Steps:
         outcome = to_outcome(kind, verdict)
         if isinstance(outcome, Failure) and bounded:
             return _park_if_exhausted(job, step_kind, outcome, granted)
+        if isinstance(outcome, Defer) and outcome.capacity:
+            return self._bounded_wait(job, outcome)
         return outcome
+
+    def _bounded_wait(self, job: Job, wait: Defer) -> Outcome:
+        """Capacity waits are bounded in every kind: once the job's ledger holds
+        ``capacity_waits`` rejections (this one included) since its last
+        ``capacity_exhausted`` answer, it parks
+        behind that gate instead of deferring again (an answer refunds the attempt and the
+        count starts over)."""
+        if self.records is None:
+            return wait
+        waits = self.records.capacity_waits(job.id, CAPACITY_EXHAUSTED.name)
+        if waits < self.context.capacity_waits:
+            return wait
+        subject = job.payload.get("subject") or job.subject
+        prompt = (
+            f"{job.kind} of {subject} was refused for capacity {waits} times: {wait.reason[:300]}."
+            " Top up the engine's credits or configure another engine, then answer retry."
+        )
+        context = {"kind": job.kind, "waits": waits, "detail": wait.reason[:1000]}
+        return Park(
+            GateRequest(
+                CAPACITY_EXHAUSTED.name, prompt, CAPACITY_EXHAUSTED.answers, context=context
+            )
+        )
+
+    def _finished(self, task: EngineTask, verdict: EngineVerdict) -> EngineVerdict:
+        """What vibey adds to a success: build.implement's commit on the item's branch,
+        review.demo's diff stat of the integrated tree."""
+        if verdict.status != "ok":
+            return verdict
+        if task.kind == IMPLEMENT and task.worktree is not None:
+            return _finish_implement(task.worktree, task, verdict)
+        if task.kind == DEMO and "diff_stat" not in verdict.result:
+            stat = self.workspace.diff_stat(task.project_id)
+            return replace(verdict, result={**verdict.result, "diff_stat": stat})
+        return verdict
 
     def _attempt(self, job: Job, task: EngineTask, engine: Engines) -> EngineVerdict | Outcome:
         kind = STEP_KINDS.get_kind(task.kind)
         if task.kind == IMPLEMENT or not isinstance(engine, Engine):
             return self.handoffs.run(job, task, engine, phase=Phase(kind.phase or Phase.BUILD))
-        return engine.run(task)
+        verdict = engine.run(task)
+        if verdict.status == "capacity":  # ledgered now: a deferral writes no evidence
+            verdict = self.handoffs.rejected(job, verdict)
+        return verdict
 
     def _tests(self, task: EngineTask) -> TestsRun | None:
         """build.verify verifies the integrated code: the cycle's items are merged into the
@@ -333,14 +389,32 @@ class Steps:
             tree = self.workspace.integrated(job.project_id)
             with self.integration_lock(job.project_id, job.cycle), self._held(job, tree):
                 commit = self.workspace.integrate(job.project_id, job.cycle, items)
+                pushed = self._push(job.project_id)
         except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
         except MergeConflictError as exc:
             return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])
+        except GitError as exc:
+            if exc.git_args[:1] != ("push",):
+                return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
+            detail = f"the push to {self.context.push_remote} failed: {exc}; fix [project] push"
+            return Failure(FailureClass.VIBEY, detail[:DETAIL_LIMIT])
         except (StepInputError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
-        result = {"branch": INTEGRATION_BRANCH, "merged": items, "commit": commit}
+        result: dict[str, Any] = {"branch": INTEGRATION_BRANCH, "merged": items, "commit": commit}
+        if pushed is not None:
+            result["pushed"] = pushed
         return Success({**result, "evidence": {"cycle": job.cycle}})
+
+    def _push(self, project: str) -> dict[str, str] | None:
+        """``[project] push``: the integrated branch pushed to its remote branch (a
+        fast-forward), as ``{"remote", "branch", "commit"}``; ``None`` when no push is set."""
+        remote = self.context.push_remote
+        if remote is None:
+            return None
+        branch = self.context.push_branch.replace("{project}", project)
+        commit = self.workspace.push(project, remote, branch)
+        return {"remote": remote, "branch": branch, "commit": commit}
 
     @contextmanager
     def integration_lock(self, project: str, cycle: int) -> Iterator[None]:

@@ -8,7 +8,9 @@ attempt to :meth:`Handoffs.run`, which:
    doctor pass at ``now``: an engine vibey runs in its own process or as its configured
    command counts as installed and authenticated when a step asks for it;
 2. **selects the engine** at the boundary a new attempt of a work item is
-   (``Boundary(Trigger.NEW_WORK_ITEM, Phase.BUILD)``, the BUILD allow-list being the roster),
+   (``Boundary(Trigger.NEW_WORK_ITEM, Phase.BUILD)``, the BUILD allow-list being the roster;
+   ``Trigger.OPERATOR_REQUEST`` away from the project's last engine when an operator ran
+   ``vibey engine rotate <project>``, the request taken by this attempt),
    records it on the job (``job.engine_id``) and tells the engine which one it is
    (``input["engine_id"]``). No eligible engine: ``Defer(capacity)``;
 3. **runs it and settles its verdict** with :func:`workflows.circuit.settle_verdict`: a
@@ -69,10 +71,12 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from actors.agents import Engine, EngineError, EngineTask, EngineVerdict
+from actors.agents.base import EvidenceSink
 from actors.agents.roster import AgentSpec, installed
 from actors.agents.script import Script
 from store.db import Pool, transaction
 from store.engine_health import EngineHealthStore
+from store.errors import StoreError
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.step_records import PostgresStepRecords, StepRecords
@@ -234,11 +238,30 @@ class Handoffs:
         if answered is not None:
             outgoing = str(answered.context["outgoing"])
             return self._hand_off(run, outgoing, resumed=answered.context)
-        chosen = self._select(run, Boundary(Trigger.NEW_WORK_ITEM, run.phase))
+        chosen = self._select_new(run)
         if chosen is None:
             ids = ", ".join(m.id for m in run.roster)
             return Defer(CAPACITY_DELAY, f"no engine of {ids} is eligible now", capacity=True)
         return self._attempt_from(run, chosen, task)
+
+    def _select_new(self, run: _Run) -> str | None:
+        """A new attempt's engine: the NEW_WORK_ITEM boundary, or, when an operator asked
+        (``vibey engine rotate <project>``, taken here), the OPERATOR_REQUEST boundary away
+        from the engine the project last ran on (that one still, if no other is eligible)."""
+        request = None if self._health is None else self._health.take_rotation(run.job.project_id)
+        if request is None:
+            return self._select(run, Boundary(Trigger.NEW_WORK_ITEM, run.phase))
+        boundary = Boundary(Trigger.OPERATOR_REQUEST, run.phase)
+        away = request.away_from
+        if away is not None and away not in run.rejected:
+            run.rejected.add(away)
+            try:
+                chosen = self._select(run, boundary)
+            finally:
+                run.rejected.discard(away)
+            if chosen is not None:
+                return chosen
+        return self._select(run, boundary)
 
     # -- one engine after another -----------------------------------------------------------
 
@@ -444,6 +467,31 @@ class Handoffs:
             return Defer(CAPACITY_DELAY, again, capacity=True)
         return verdict
 
+    def stream_to(self, job: Job) -> EvidenceSink | None:
+        """Where a job's engine streams its evidence while it runs: appended to the ledger
+        at once, with the job's causation (``None`` without a ledger). A store error is a
+        refusal: the entries then go with the verdict."""
+        if self._ledger is None:
+            return None
+
+        def sink(entries: Sequence[Mapping[str, Any]]) -> bool:
+            try:
+                self._append_for(job, [dict(e) for e in entries])
+            except StoreError:
+                return False
+            return True
+
+        return sink
+
+    def rejected(self, job: Job, verdict: EngineVerdict) -> EngineVerdict:
+        """A capacity verdict of an engine run outside the roster (one engine, any kind),
+        settled as :func:`settle` does and its rejection appended to the ledger now: a step
+        that defers writes no evidence, and the ledgered rejections bound its waits."""
+        engine = str(job.payload.get("input", {}).get("engine", {}).get("name", "engine"))
+        _, settled = settle(engine, verdict)
+        self._append_for(job, _entries(settled))
+        return settled
+
     # -- engine_health, the ledger, the gate ------------------------------------------------
 
     def _ready(self, run: _Run) -> None:
@@ -507,6 +555,9 @@ class Handoffs:
     def _append(self, run: _Run, entries: Sequence[Entry]) -> None:
         """Append ``entries`` now, for a step that will not settle with a success (whose
         evidence is therefore never written)."""
+        self._append_for(run.job, entries)
+
+    def _append_for(self, job: Job, entries: Sequence[Entry]) -> None:
         if self._ledger is None or not entries:
             return
         events: list[NewEvent] = []
@@ -515,7 +566,6 @@ class Handoffs:
                 events += engine_events({"ledger": [entry]})
             except UnwritableEvent:
                 continue  # writers are strict: what this vibey may not write is left out
-        job = run.job
         workflow = None if job.workflow_id is None else str(job.workflow_id)
         self._ledger.append(
             job.project_id,

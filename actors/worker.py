@@ -97,6 +97,8 @@ class WorkerConfig:
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
     max_turns: int | None = None
+    push_remote: str | None = None  # [project] push: where build.integrate pushes (None: nowhere)
+    push_branch: str = "vibey/{project}"  # the remote branch ({project}: the project id)
     backend: str = "rabbitmq"  # or "postgres": the drive loop (actors/drive.py), no broker
     poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
     metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
@@ -186,6 +188,8 @@ def handler_context(config: WorkerConfig, pool: Any) -> Any:
         max_dollars=config.max_dollars,
         max_turns=config.max_turns,
         runs=runs,
+        push_remote=config.push_remote,
+        push_branch=config.push_branch,
     )
 
 

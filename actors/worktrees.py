@@ -189,6 +189,21 @@ class Workspace:
             _merge(path, item, branch, cycle)
         return head(path)
 
+    def diff_stat(self, project: str) -> str:
+        """What the integrated tree changed since main, as ``git diff --stat`` sums it up
+        (its last line, as in "3 files changed, 40 insertions(+)"; "" for no change)."""
+        path = self.integrated(project)
+        lines = git(path, "diff", "--stat", f"{MAIN_BRANCH}...HEAD").splitlines()
+        return lines[-1].strip() if lines else ""
+
+    def push(self, project: str, remote: str, branch: str) -> str:
+        """Pushes the integration branch to ``branch`` of ``remote`` (a URL or a path; a
+        fast-forward, never forced); the commit pushed. A refusal raises :class:`GitError`."""
+        path = self.integrated(project)
+        commit = head(path)
+        git(path, "push", "--quiet", remote, f"{commit}:refs/heads/{branch}")
+        return commit
+
     @contextmanager
     def _locked(self, project: str) -> Iterator[None]:
         directory = self.project_dir(project)

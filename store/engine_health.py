@@ -24,10 +24,11 @@ Exceptions::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg import errors as pg_errors
 from psycopg.rows import DictRow
@@ -66,7 +67,24 @@ from workflows.rotation import (
 
 Q = load("engine_health.sql")
 
-__all__ = ["EngineHealth", "EngineHealthRejected", "EngineHealthStore", "EngineNotFound"]
+__all__ = [
+    "EngineHealth",
+    "EngineHealthRejected",
+    "EngineHealthStore",
+    "EngineNotFound",
+    "RotationRequest",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RotationRequest:
+    """``vibey engine rotate <project>``: the project's next engine-driven attempt rotates
+    away from ``away_from`` (the engine it last ran on; ``None``: none had run)."""
+
+    project_id: str
+    away_from: str | None
+    requested_by: str
+    requested_at: datetime
 
 
 class EngineNotFound(StoreError):
@@ -279,6 +297,24 @@ class EngineHealthStore:
             emit_txn(conn, "", [circuit_changed(before, circuit)], causation_id=circuit.engine_id)
         return health_from_row(row)
 
+    # -- operator requests -----------------------------------------------------------------
+
+    @retried("request a rotation", idempotent=True)
+    def request_rotation(self, project_id: str, *, by: str) -> RotationRequest:
+        """Ask that ``project_id``'s next engine-driven attempt rotate away from the engine it
+        last ran on (an open request is replaced)."""
+        with transaction(self._pool) as conn:
+            row = fetch_one(conn, Q["request_rotation"], {"project_id": project_id, "by": by})
+        assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always returns it
+        return _request(row)
+
+    @retried("take a rotation request", idempotent=False)
+    def take_rotation(self, project_id: str) -> RotationRequest | None:
+        """The project's open rotation request, deleted (``None`` when there is none)."""
+        with transaction(self._pool) as conn:
+            row = fetch_one(conn, Q["take_rotation"], {"project_id": project_id})
+        return None if row is None else _request(row)
+
 
 def circuit_changed(before: Circuit, after: Circuit) -> Draft:
     payload = {
@@ -352,4 +388,13 @@ def health_from_row(row: DictRow) -> EngineHealth:
         circuit=circuit_from_row(row),
         rotation_weight=row["rotation_weight"],
         updated_at=row["updated_at"],
+    )
+
+
+def _request(row: Mapping[str, Any]) -> RotationRequest:
+    return RotationRequest(
+        project_id=row["project_id"],
+        away_from=row["away_from"],
+        requested_by=row["requested_by"],
+        requested_at=row["requested_at"],
     )

@@ -127,6 +127,7 @@ class MemoryStepRecords:
         self._jobs = jobs
         self.plans: dict[str, PlanContext] = {}
         self._spent: dict[UUID, Spent] = {}
+        self.rejections: dict[UUID, int] = {}  # capacity rejections since the last answer
         self.answers: list[tuple[UUID, str, GateAnswer]] = []  # besides the jobs' gates
         self.locks_taken: list[tuple[str, int]] = []
         self._locks: dict[tuple[str, int], threading.Lock] = {}
@@ -173,6 +174,10 @@ class MemoryStepRecords:
     def last_answer(self, job_id: UUID, gate_kind: str) -> GateAnswer | None:
         answered = self._answered(job_id, gate_kind)
         return answered[-1] if answered else None
+
+    def capacity_waits(self, job_id: UUID, gate_kind: str) -> int:
+        """The rejections the test set in ``rejections`` (the ledger's, in the real store)."""
+        return self.rejections.get(job_id, 0)
 
     @contextmanager
     def integration_lock(self, project: str, cycle: int) -> Iterator[None]:

@@ -1,4 +1,5 @@
-"""Typed rows for ``engine_health`` (``migrations/0006_engine_health.sql``), column for column.
+"""Typed rows for ``engine_health`` (``migrations/0006_engine_health.sql``) and
+``rotation_request`` (``migrations/0015_rotation_requests.sql``), column for column.
 
 Re-exported by :mod:`store.models`, so that ``SQLModel.metadata`` holds it for the drift test
 (``tests/integration/test_migrations.py``). Reads and writes go through the named SQL of
@@ -13,7 +14,7 @@ from sqlalchemy import Boolean, CheckConstraint, Column, DateTime, Integer, Text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Field, SQLModel
 
-__all__ = ["EngineHealthRow"]
+__all__ = ["EngineHealthRow", "RotationRequestRow"]
 
 
 def _timestamptz(*, nullable: bool, now: bool = False) -> Column[datetime]:
@@ -91,3 +92,15 @@ class EngineHealthRow(SQLModel, table=True):
     probe_at: datetime | None = Field(sa_column=_timestamptz(nullable=True))
     rotation_weight: int | None = Field(sa_column=Column(Integer, nullable=True))
     updated_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+
+
+class RotationRequestRow(SQLModel, table=True):
+    """``rotation_request`` (``migrations/0015_rotation_requests.sql``): an operator's
+    ``vibey engine rotate <project>``, open until the project's next engine-driven attempt."""
+
+    __tablename__ = "rotation_request"
+
+    project_id: str = Field(sa_column=Column(Text, primary_key=True))
+    away_from: str | None = Field(sa_column=Column(Text, nullable=True))
+    requested_by: str = Field(sa_column=Column(Text, nullable=False))
+    requested_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))

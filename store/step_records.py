@@ -4,7 +4,8 @@ form, named SQL in ``store/sql/step_records.sql``.
 The step handlers (``actors.handlers``) and the handoff flow (``actors.handoff``) ask it
 whether a claim still holds its job (the workdir lease's fence), for the workflow's spec and
 answers (a configured engine's plan), for a bounded job's recorded spend and the grants its
-gates' answers made, for the last answer to a gate of a kind, and for the advisory lock that
+gates' answers made, for the last answer to a gate of a kind, for how many capacity
+rejections a job has waited through, and for the advisory lock that
 serialises one cycle's merges. ``store.memory_records.MemoryStepRecords`` is the fake beside it.
 """
 
@@ -72,6 +73,10 @@ class StepRecords(Protocol):
         """The latest answered ``gate_kind`` gate of the job, if any."""
         ...
 
+    def capacity_waits(self, job_id: UUID, gate_kind: str) -> int:
+        """The job's ledgered capacity rejections since its last ``gate_kind`` answer."""
+        ...
+
     def integration_lock(self, project: str, cycle: int) -> AbstractContextManager[None]:
         """Held for a merge into ``project``'s integration branch in ``cycle``."""
         ...
@@ -118,6 +123,11 @@ class PostgresStepRecords:
         if row is None:
             return None
         return GateAnswer(str(row["answer"]), str(row["answered_by"]), row["context"])
+
+    def capacity_waits(self, job_id: UUID, gate_kind: str) -> int:
+        with statement(self._pool) as conn:
+            row = fetch_one(conn, Q["capacity_waits"], {"job_id": job_id, "kind": gate_kind})
+        return int(row["waits"]) if row else 0
 
     @contextmanager
     def integration_lock(self, project: str, cycle: int) -> Iterator[None]:

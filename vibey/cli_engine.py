@@ -3,7 +3,9 @@
 
 ``engine list`` shows each ``[engines.<id>]`` engine with its adapter, weight, whether its
 binary is found, its last recorded doctor pass, and its circuit and capacity state (with the
-reset time of a rate-limit window) from ``engine_health``.
+reset time of a rate-limit window) from ``engine_health``. ``engine rotate <project>`` asks
+that the project's next engine-driven attempt rotate away from the engine it last ran on (the
+operator-request boundary).
 """
 
 from __future__ import annotations
@@ -63,6 +65,58 @@ def list_(*, json_output: Json = False) -> ExitCode:
                 f"{'':<16} loop service: {service['consumers']} consumer(s), "
                 f"{service['queued']} queued, probe {service['probe']}"
             )
+    return ExitCode.OK
+
+
+@engine_app.command
+def rotate(
+    project: str,
+    *,
+    by: Annotated[str | None, Parameter(name="--by")] = None,
+    json_output: Json = False,
+) -> ExitCode:
+    """Rotate the project's engine at its next boundary (an operator request, seed 004).
+
+    The project's next engine-driven attempt picks its engine at the operator-request
+    boundary, away from the engine the project last ran on (that one still when no other is
+    eligible). Nothing running is interrupted: rotation never happens mid-turn. Asking again
+    before that attempt replaces the request.
+
+    JSON: ``{"project", "away_from", "requested_by", "requested_at"}``.
+
+    Parameters
+    ----------
+    project
+        The project whose engine rotates.
+    by
+        Who asks (default: the current user).
+    json_output
+        Print one JSON object.
+    """
+    from store.engine_health import EngineHealthStore
+    from store.pool import open_pool
+    from vibey.cli_workflow import whoami
+
+    settings = load_settings()
+    pool = open_pool(settings.require_database_url(), min_size=1, max_size=1, name="vibey-cli")
+    try:
+        request = EngineHealthStore(pool=pool).request_rotation(project, by=by or whoami())
+    finally:
+        pool.close()
+    row = {
+        "project": request.project_id,
+        "away_from": request.away_from,
+        "requested_by": request.requested_by,
+        "requested_at": render.when(request.requested_at),
+    }
+    if json_output:
+        render.dump(row)
+        return ExitCode.OK
+    away = f"away from {request.away_from}" if request.away_from else "(no engine has run yet)"
+    print(
+        f"{project}: its next engine-driven attempt rotates {away}; "
+        f"requested by {request.requested_by}"
+    )
     return ExitCode.OK
 
 

@@ -87,11 +87,21 @@ def workflow_input(
 
     With a configured roster (``[engines.<id>]``) the steps run on the roster (``{"name":
     "roster", "engines": [ids]}``, narrowed by ``--engines``); a ``--script`` goes along for
-    engines that play it (the scripted adapter, the fake CLIs)."""
+    engines that play it (the scripted adapter, the fake CLIs). ``[workflow] review_feedback``
+    (on by default) adds ``"review_feedback": true``: REVIEW asks the user."""
     if given is not None:
         if script is not None:
             raise CommandError("--input and --script are exclusive: give one", ExitCode.USAGE)
         return {"project": project, **_json_object(given)}
+    protocol = _protocol_input(project, settings, script, engines)
+    if settings.workflow.review_feedback:
+        protocol["review_feedback"] = True
+    return protocol
+
+
+def _protocol_input(
+    project: str, settings: Settings, script: Path | None, engines: str | None
+) -> dict[str, Any]:
     if engines is not None or settings.engines:
         from vibey.settings import SettingsError
 

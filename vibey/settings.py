@@ -44,6 +44,12 @@ The file, every key optional (unknown sections and keys are errors)::
     [workflow]                       # the workflow definitions (the CLI and the worker)
     definitions = "workflows.protocol:DEFINITIONS"    # VIBEY_WORKFLOW_DEFINITIONS
     default_definition = "vibey-protocol"             # VIBEY_WORKFLOW_DEFAULT_DEFINITION
+    review_feedback = true           # REVIEW asks the user; false: unattended
+                                     # VIBEY_WORKFLOW_REVIEW_FEEDBACK
+
+    [project]                        # what becomes of the integrated work
+    # push = "git@host:org/app.git"  # build.integrate pushes there; VIBEY_PROJECT_PUSH
+    push_branch = "vibey/{project}"  # the remote branch; VIBEY_PROJECT_PUSH_BRANCH
 
     [engine]                         # who does a step's work
     name = "scripted"                # or "command"; `workflow start`'s engine; VIBEY_ENGINE_NAME
@@ -178,7 +184,9 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "definitions": "VIBEY_WORKFLOW_DEFINITIONS",
         "default_definition": "VIBEY_WORKFLOW_DEFAULT_DEFINITION",
         "archive_after_seconds": "VIBEY_WORKFLOW_ARCHIVE_AFTER",
+        "review_feedback": "VIBEY_WORKFLOW_REVIEW_FEEDBACK",
     },
+    "project": {"push": "VIBEY_PROJECT_PUSH", "push_branch": "VIBEY_PROJECT_PUSH_BRANCH"},
     "engine": {
         "name": "VIBEY_ENGINE_NAME",
         "command": "VIBEY_ENGINE_COMMAND",
@@ -465,6 +473,7 @@ class WorkflowSettings:
     default_definition: str = "vibey-protocol"
     # a finished workflow's jobs and gates are deleted, its history archived, after this
     archive_after_seconds: float = 30 * 86400.0
+    review_feedback: bool = True  # REVIEW opens a review.feedback gate (False: unattended)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.archive_after_seconds) and self.archive_after_seconds > 0):
@@ -483,6 +492,32 @@ class WorkflowSettings:
                 "the default workflow definition must not be empty: fix "
                 "VIBEY_WORKFLOW_DEFAULT_DEFINITION (or default_definition under [workflow])"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectSettings:
+    """``[project]``: where build.integrate pushes the integrated branch (``push``: a git
+    remote, a URL or a path; None: nowhere) and the remote branch's name (``{project}`` is
+    the project id)."""
+
+    push: str | None = None
+    push_branch: str = "vibey/{project}"
+
+    def __post_init__(self) -> None:
+        if self.push is not None and not self.push.strip():
+            raise SettingsError(
+                "the push remote must not be empty: fix VIBEY_PROJECT_PUSH (or push under "
+                "[project]), or leave it unset"
+            )
+        branch = self.push_branch.replace("{project}", "p")
+        if not branch.strip() or any(c in branch for c in " ~^:?*[\\") or ".." in branch:
+            raise SettingsError(
+                f"{self.push_branch!r} is not a branch name: fix VIBEY_PROJECT_PUSH_BRANCH "
+                "(or push_branch under [project])"
+            )
+
+    def branch_for(self, project: str) -> str:
+        return self.push_branch.replace("{project}", project)
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,6 +653,7 @@ class Settings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     workflow: WorkflowSettings = field(default_factory=WorkflowSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    project: ProjectSettings = field(default_factory=ProjectSettings)
     engines: tuple[AgentSpec, ...] = ()  # the roster: [engines.<id>] tables, in id order
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
@@ -667,6 +703,11 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
         worker=_worker(src["worker"]),
         workflow=_workflow(src["workflow"]),
         engine=_engine(src["engine"]),
+        project=ProjectSettings(
+            **_given(
+                push=src["project"].text("push"), push_branch=src["project"].text("push_branch")
+            )
+        ),
         engines=_roster(table.get("engines", {}), where),
         agent_env=_agent_env(env),
         metrics=MetricsSettings(**_given(port=src["metrics"].integer("port"))),
@@ -817,6 +858,17 @@ class _Source:
         if value is not None and not _is_int(value):
             raise self._wrong_type(key, value, "an integer")
         return cast(int | None, value)
+
+    def boolean(self, key: str) -> bool | None:
+        variable, value = self._lookup(key)
+        if variable is not None:
+            word = value.strip().lower()
+            if word not in ("true", "false", "1", "0", "yes", "no"):
+                raise SettingsError(f"{variable} must be true or false, got {value!r}")
+            return word in ("true", "1", "yes")
+        if value is not None and not isinstance(value, bool):
+            raise self._wrong_type(key, value, "true or false")
+        return None if value is None else bool(value)
 
     def seconds(self, key: str) -> float | None:
         variable, value = self._lookup(key)
@@ -1035,6 +1087,7 @@ def _workflow(src: _Source) -> WorkflowSettings:
             definitions=src.text("definitions"),
             default_definition=src.text("default_definition"),
             archive_after_seconds=src.seconds("archive_after_seconds"),
+            review_feedback=src.boolean("review_feedback"),
         )
     )
 

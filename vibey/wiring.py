@@ -67,6 +67,8 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         agent_env=dict(settings.agent_env),
         max_dollars=settings.engine.max_dollars,
         max_turns=settings.engine.max_turns,
+        push_remote=settings.project.push,
+        push_branch=settings.project.push_branch,
         backend=settings.queue.backend,
         poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
         metrics_port=settings.metrics.port,

@@ -13,7 +13,7 @@ Grants, for a parked job's gate (seed 000 §7, seed 004 bounded ladders):
 * ``Grant.REFUND``: one attempt is given back (the parked claim counted one it never ran);
 * ``Grant.ANSWERED_ATTEMPTS``: the answer is a number, the attempts it grants.
 
-The engine and the queue own five gate kinds (:data:`ENGINE_GATES`); a definition declares its
+The engine and the queue own six gate kinds (:data:`ENGINE_GATES`); a definition declares its
 own (the protocol's are in ``workflows.protocol.kinds``). Two declarations of one name must be
 equal: :meth:`GateKinds.merged` raises :class:`GateConflictError` otherwise.
 """
@@ -190,7 +190,22 @@ HANDOFF = GateKind(
     hint="retry hands off again; cancel waits for capacity",
 )
 
+CAPACITY_EXHAUSTED = GateKind(
+    "capacity_exhausted",
+    answers=("retry",),
+    grant=Grant.REFUND,
+    title="a step waited through its bound of capacity rejections",
+    hint="retry waits again (top up the credits or configure another engine first)",
+)
+
 ENGINE_GATES = GateKinds(
-    [WORKFLOW_ERROR, DELIVERY_EXHAUSTED, LADDER_EXHAUSTED, SPEND_EXHAUSTED, HANDOFF]
+    [
+        WORKFLOW_ERROR,
+        DELIVERY_EXHAUSTED,
+        LADDER_EXHAUSTED,
+        SPEND_EXHAUSTED,
+        HANDOFF,
+        CAPACITY_EXHAUSTED,
+    ]
 )
 """The gate kinds the engine and the queue open themselves, known to every definition."""

@@ -13,7 +13,7 @@ Exceptions::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -30,6 +30,12 @@ class EngineError(Exception):
 
 class ScriptError(EngineError):
     """The script (or the step input it is read against) is not what docs/protocol.md says."""
+
+
+EvidenceSink = Callable[[Sequence[Mapping[str, Any]]], bool]
+"""Takes ledger entries (``{"kind", "payload"}``) while an engine runs and says whether it
+took them: a CLI adapter sends TurnRequested at the start and ToolInvoked / FileEdited as its
+stream reports them; what was taken is not repeated in the verdict's evidence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,7 @@ class EngineTask:
     workdir: Path | None = None  # where the engine runs: the worktree, the integrated tree…
     lease: Held | None = None  # the workdir's lease, held for this attempt (see .lease)
     job_id: str = ""
+    stream: EvidenceSink | None = None  # where evidence goes as it comes (None: at the end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,14 @@ Every verdict's evidence carries the ledger entries of the run: TurnRequested, T
 ToolInvoked and FileEdited (as the CLI reported them, and the files the worktree shows
 changed), BudgetSpent (tokens always, dollars where the CLI reports them), CapacityRejected,
 and TranscriptRecorded.
+
+**Streamed evidence.** When the task has a ``stream`` sink (the handlers give one that appends
+to the ledger at once), TurnRequested goes there when the CLI starts, and a watcher reads the
+transcript as it grows (every :data:`STREAM_INTERVAL_S`, whole lines only, through the
+adapter's own ``read``) and sends each ToolInvoked and FileEdited the CLI reports as it
+reports it. Those entries are left out of the verdict's evidence (``evidence["streamed"]``
+counts them), so the ledger holds each once; a sink that fails keeps its entries in the
+evidence instead.
 """
 
 from __future__ import annotations
@@ -41,9 +49,11 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,11 +68,14 @@ from workflows.ledger import LedgerEvent
 from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
 
 TAIL_CHARS = 4000
+STREAM_INTERVAL_S = 0.5
 Context = Callable[[EngineTask], Mapping[str, Any]]
 Launch = Callable[[EngineTask, Sequence[str], Path], "tuple[Exit, Path, str] | EngineVerdict"]
 """Runs the CLI's arguments (argv after the binary) for ``task`` in ``workdir`` somewhere else
 (a loop service, :mod:`actors.agents.run_client`): how it ended, the transcript's path and the
 stderr text; or a verdict when the run never got to judge (a fault)."""
+Entry = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,6 +93,81 @@ class Reading:
     error: str | None = None  # a failure the CLI reported
     malformed: str | None = None  # output that is not the CLI's format
     session: str | None = None
+
+
+@dataclass
+class Streamed:
+    """What went to a task's stream sink while the CLI ran (so the evidence leaves it out)."""
+
+    requested: bool = False
+    tools: int = 0  # the first n tools the CLI reported
+    files: set[str] = field(default_factory=set)
+
+    @property
+    def entries(self) -> int:
+        return int(self.requested) + self.tools + len(self.files)
+
+
+class _Watcher(threading.Thread):
+    """Reads the transcript as it grows and streams the tools and files the CLI reports."""
+
+    def __init__(
+        self, adapter: CliAdapter, transcript: Path, task: EngineTask, streamed: Streamed
+    ) -> None:
+        super().__init__(name=f"stream-{adapter.spec.id}", daemon=True)
+        self._adapter, self._transcript, self._task = adapter, transcript, task
+        self._streamed = streamed
+        self._done = threading.Event()
+        self._size = -1
+
+    def run(self) -> None:
+        while not self._done.wait(STREAM_INTERVAL_S):
+            self.poll()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
+        self.poll()  # what came after the last look, before the verdict is judged
+
+    def poll(self) -> None:
+        try:
+            raw = self._transcript.read_bytes()
+        except OSError:
+            return
+        whole = raw[: raw.rfind(b"\n") + 1]
+        if len(whole) == self._size:
+            return
+        self._size = len(whole)
+        reading = self._adapter.read(whole.decode("utf-8", errors="replace"), "", 0)
+        engine, done = self._adapter.spec.id, self._streamed
+        tools = reading.tools[done.tools :]
+        files = [f for f in dict.fromkeys(reading.files) if f not in done.files]
+        entries = [_tool(engine, t) for t in tools] + [_file(engine, f) for f in files]
+        if entries and _sent(self._task, entries):
+            done.tools += len(tools)
+            done.files.update(files)
+
+
+def _sent(task: EngineTask, entries: list[Entry]) -> bool:
+    """Whether the task's sink took ``entries`` (a failing sink leaves them to the verdict)."""
+    if task.stream is None:
+        return False
+    if task.stream(entries):
+        return True
+    log.warning("streaming %d evidence entries failed; they go with the verdict", len(entries))
+    return False
+
+
+def _tool(engine: str, tool: str) -> Entry:
+    return {"kind": "ToolInvoked", "payload": {"engine": engine, "tool": tool}}
+
+
+def _file(engine: str, path: str) -> Entry:
+    return {"kind": "FileEdited", "payload": {"engine": engine, "path": path}}
+
+
+def _turn(engine: str, task: EngineTask) -> dict[str, Any]:
+    return {"engine": engine, "kind": task.kind, "subject": task.subject, "attempt": task.attempt}
 
 
 class CliAdapter(abc.ABC):
@@ -158,9 +246,13 @@ class CliAdapter(abc.ABC):
         plan = write_plan(workdir, task, context, self.spec.id)
         before = _tree_state(workdir)
         args = self.invocation(task, plan, plan.prompt)
+        streamed = Streamed()
+        if task.stream is not None:
+            requested = {"kind": "TurnRequested", "payload": _turn(self.spec.id, task)}
+            streamed.requested = _sent(task, [requested])
         if self._launch is None:
-            done, transcript, stderr = self._spawn(task, [binary, *args], workdir)
-        else:
+            done, transcript, stderr = self._spawn(task, [binary, *args], workdir, streamed)
+        else:  # a loop service runs it: its evidence arrives with the verdict, not streamed
             launched = self._launch(task, args, workdir)
             if isinstance(launched, EngineVerdict):
                 return launched
@@ -168,29 +260,41 @@ class CliAdapter(abc.ABC):
         stdout = transcript.read_text(encoding="utf-8", errors="replace")
         reading = self.read(stdout, stderr, done.returncode)
         changed = _changed(workdir, before)
-        return self.judge(task, plan, done, reading, changed, transcript)
+        return self.judge(task, plan, done, reading, changed, transcript, streamed)
 
     def _spawn(
-        self, task: EngineTask, argv: Sequence[str], workdir: Path
+        self, task: EngineTask, argv: Sequence[str], workdir: Path, streamed: Streamed
     ) -> tuple[Exit, Path, str]:
         self._transcripts.mkdir(parents=True, exist_ok=True)
         name = f"{task.job_id or task.subject or task.kind}-{task.attempt}-{self.spec.id}"
         transcript = self._transcripts / f"{name}.log"
         errors = self._transcripts / f"{name}.stderr"
         held = task.lease
+        watcher = _Watcher(self, transcript, task, streamed) if task.stream else None
         with transcript.open("wb") as out, errors.open("wb") as err:
-            done = run_supervised(
-                argv,
-                cwd=workdir,
-                env=self._env,
-                stdout=out,
-                stderr=err,
-                timeout=self.spec.timeout_seconds,
-                grace=self._grace,
-                lock_fd=None if held is None else held.fd,
-                on_start=None if held is None else held.started,
-            )
+            if watcher is not None:
+                watcher.start()
+            try:
+                done = self._supervised(argv, workdir, out, err, held)
+            finally:
+                if watcher is not None:
+                    watcher.stop()
         return done, transcript, errors.read_text(encoding="utf-8", errors="replace")
+
+    def _supervised(
+        self, argv: Sequence[str], workdir: Path, out: Any, err: Any, held: Any
+    ) -> Exit:
+        return run_supervised(
+            argv,
+            cwd=workdir,
+            env=self._env,
+            stdout=out,
+            stderr=err,
+            timeout=self.spec.timeout_seconds,
+            grace=self._grace,
+            lock_fd=None if held is None else held.fd,
+            on_start=None if held is None else held.started,
+        )
 
     # -- the judgement ----------------------------------------------------------------------
 
@@ -202,10 +306,13 @@ class CliAdapter(abc.ABC):
         reading: Reading,
         changed: list[str],
         transcript: Path,
+        streamed: Streamed | None = None,
     ) -> EngineVerdict:
-        ledger = self._ledger(task, reading, changed, transcript, done)
+        streamed = streamed or Streamed()
+        ledger = self._ledger(task, reading, changed, transcript, done, streamed)
         evidence: dict[str, Any] = {
             "ledger": ledger,
+            "streamed": streamed.entries,
             "engine_id": self.spec.id,
             "exit_code": done.returncode,
             "transcript": str(transcript),
@@ -231,21 +338,23 @@ class CliAdapter(abc.ABC):
         return EngineVerdict("ok", result=result, evidence=evidence, detail=reading.text[-300:])
 
     def _ledger(
-        self, task: EngineTask, reading: Reading, changed: list[str], transcript: Path, done: Exit
+        self,
+        task: EngineTask,
+        reading: Reading,
+        changed: list[str],
+        transcript: Path,
+        done: Exit,
+        streamed: Streamed,
     ) -> list[dict[str, Any]]:
+        """The run's entries, less those already streamed."""
         engine = self.spec.id
-        turn = {
-            "engine": engine,
-            "kind": task.kind,
-            "subject": task.subject,
-            "attempt": task.attempt,
-        }
-        entries: list[dict[str, Any]] = [{"kind": "TurnRequested", "payload": turn}]
-        entries += [
-            {"kind": "ToolInvoked", "payload": {"engine": engine, "tool": t}} for t in reading.tools
-        ]
-        files = sorted({*reading.files, *changed})
-        entries += [{"kind": "FileEdited", "payload": {"engine": engine, "path": f}} for f in files]
+        turn = _turn(engine, task)
+        entries: list[Entry] = (
+            [] if streamed.requested else [{"kind": "TurnRequested", "payload": turn}]
+        )
+        entries += [_tool(engine, t) for t in reading.tools[streamed.tools :]]
+        files = sorted({*reading.files, *changed} - streamed.files)
+        entries += [_file(engine, f) for f in files]
         status = "timeout" if done.timed_out else f"exit {done.returncode}"
         entries.append({"kind": "TurnCompleted", "payload": {**turn, "status": status}})
         spent: dict[str, Any] = {

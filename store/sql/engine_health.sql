@@ -54,3 +54,23 @@ FROM engine_health AS x
 LEFT JOIN unnest(%(engine_ids)s::text[], %(weights)s::integer[]) AS s (engine_id, weight)
     ON s.engine_id = x.engine_id
 WHERE e.engine_id = x.engine_id AND e.rotation_weight IS DISTINCT FROM s.weight
+
+-- name: request_rotation
+-- An operator's rotation request for a project, away from the engine its latest engine-driven
+-- job ran on (NULL when none has run yet); asking again replaces the open request.
+INSERT INTO rotation_request (project_id, away_from, requested_by)
+VALUES (
+    %(project_id)s,
+    (SELECT engine_id FROM job
+     WHERE project_id = %(project_id)s AND engine_id IS NOT NULL
+     ORDER BY updated_at DESC LIMIT 1),
+    %(by)s)
+ON CONFLICT (project_id) DO UPDATE
+SET away_from = EXCLUDED.away_from, requested_by = EXCLUDED.requested_by,
+    requested_at = now()
+RETURNING project_id, away_from, requested_by, requested_at
+
+-- name: take_rotation
+-- The project's open rotation request, taken (deleted) by the attempt that honours it.
+DELETE FROM rotation_request WHERE project_id = %(project_id)s
+RETURNING project_id, away_from, requested_by, requested_at

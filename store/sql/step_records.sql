@@ -46,3 +46,14 @@ LIMIT 1
 -- name: integration_lock
 -- Serialises the merges of one project's cycle until the transaction ends.
 SELECT pg_advisory_xact_lock(hashtext('vibey.integrate:' || %(project)s::text), %(cycle)s::int)
+
+-- name: capacity_waits
+-- The job's capacity rejections in the ledger since the last answer to its %(kind)s gate
+-- (every one, when none was answered): how long it has waited for capacity.
+SELECT count(*) AS waits
+FROM ledger_event
+WHERE job_id = %(job_id)s AND kind = 'CapacityRejected'
+  AND recorded_at > coalesce(
+      (SELECT max(answered_at) FROM gate
+       WHERE job_id = %(job_id)s AND kind = %(kind)s AND answered_at IS NOT NULL),
+      '-infinity'::timestamptz)

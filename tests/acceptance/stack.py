@@ -29,6 +29,8 @@ def cooperative(gate: Mapping[str, Any], *, deploy: bool = False, visual: bool =
     """The answer a cooperative person gives: accept, decline the opt-ins (unless asked to
     opt in), retry a failed step, and answer a free question with some text."""
     name, answers = gate.get("name") or "", list(gate.get("answers") or [])
+    if gate.get("kind") == "review_feedback":
+        return "accept"
     if gate.get("kind") == "ladder_exhausted":
         return "2"  # grant two more attempts at the ladder's top
     if name == "deployment.opt_in":
@@ -67,6 +69,7 @@ class Stack:
                 "VIBEY_QUEUE_RECLAIM_AFTER": "5",
                 "VIBEY_ENGINE_WORKSPACE": str(self.workspace),
                 "VIBEY_CONFIG": str(self.config) if self.config else "",
+                "VIBEY_WORKFLOW_REVIEW_FEEDBACK": "false",  # unattended unless a test opts in
             }
             | self.extra_env
         )

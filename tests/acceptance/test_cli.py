@@ -43,8 +43,10 @@ class Run:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any VIBEY_* variable, plus ``extra``."""
+    """The test process's environment without any VIBEY_* variable, plus ``extra``; REVIEW
+    runs unattended (no review.feedback gate) unless ``extra`` says otherwise."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEY_")}
+    env["VIBEY_WORKFLOW_REVIEW_FEEDBACK"] = "false"
     env.update(extra)
     return env
 

@@ -597,3 +597,22 @@ def test_the_postgres_backend_writes_no_pointers(cli: Cli, pg_url: str) -> None:
     run = cli.ok("workflow", "start", "demo", VIBEY_QUEUE_BACKEND="postgres")
     assert run.stdout.startswith("started\n")
     assert outbox(pg_url) == []
+
+
+# --- engine rotate and review feedback -------------------------------------------------------
+
+
+def test_engine_rotate_records_an_operator_request_for_the_project(cli: Cli) -> None:
+    asked = cli.json("engine", "rotate", "shop", "--by", "ops")
+    assert (asked["project"], asked["away_from"], asked["requested_by"]) == ("shop", None, "ops")
+    line = cli.ok("engine", "rotate", "shop").stdout
+    assert line.startswith("shop: its next engine-driven attempt rotates (no engine has run yet)")
+
+
+def test_start_asks_for_review_feedback_unless_unattended(cli: Cli) -> None:
+    cli.ok("workflow", "start", "asks", VIBEY_WORKFLOW_REVIEW_FEEDBACK="true")
+    started = cli.json("workflow", "history", "asks")["events"][0]["event"]
+    assert started["input"]["review_feedback"] is True
+    cli.ok("workflow", "start", "quiet")  # the tests' environment says false
+    started = cli.json("workflow", "history", "quiet")["events"][0]["event"]
+    assert "review_feedback" not in started["input"]

@@ -23,7 +23,8 @@ A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and
 ``$FAKE_STATE/spans.jsonl`` (a SIGTERM ends the span too; a SIGKILLed run has no ``end``):
 the tests count overlaps with them.
 
-``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports.
+``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports;
+``FAKE_PAUSE`` (seconds) is how long it waits between its work's events and its report.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
 (counted in ``FAKE_STATE``, a directory), credits after; or ``credits-on:KIND``: credits spent
 for steps of KIND, success for the others. Every run appends its scenario to
@@ -219,6 +220,13 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
+def pause() -> None:
+    """``FAKE_PAUSE`` seconds between the work's events and the final report, as a real agent
+    takes its time (what was printed so far is flushed first)."""
+    sys.stdout.flush()
+    time.sleep(float(os.environ.get("FAKE_PAUSE", "0")))
+
+
 def _common(scenario: str, first: dict[str, Any]) -> bool:
     """The scenarios every CLI plays alike; True when it played one."""
     if scenario == "garbage":
@@ -261,6 +269,7 @@ def claude(scenario: str, args: argparse.Namespace) -> None:
     for path in files:
         tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": {"file_path": path}}
         emit({"type": "assistant", "message": {"content": [tool]}})
+    pause()
     emit(_claude_result(fenced(result), is_error=False))
 
 
@@ -303,6 +312,7 @@ def codex(scenario: str, args: argparse.Namespace) -> None:
         emit({"type": "item.completed", "item": {"type": "file_change", "changes": changes}})
     command = {"type": "command_execution", "command": "ls", "exit_code": 0, "status": "completed"}
     emit({"type": "item.completed", "item": command})
+    pause()
     message = json.dumps(result)
     emit({"type": "item.completed", "item": {"type": "agent_message", "text": message}})
     usage = {"input_tokens": 900, "cached_input_tokens": 0, "output_tokens": 210}
@@ -333,6 +343,7 @@ def gemini(scenario: str, args: argparse.Namespace) -> None:
     for path in files:
         emit({"type": "tool_use", "tool_name": "write_file", "parameters": {"file_path": path}})
         emit({"type": "tool_result", "status": "success"})
+    pause()
     emit({"type": "message", "role": "assistant", "content": fenced(result)})
     stats = {"input_tokens": 800, "output_tokens": 150, "total_tokens": 950, "tool_calls": 1}
     emit({"type": "result", "status": "success", "stats": stats})
@@ -363,5 +374,6 @@ def aider(scenario: str, args: argparse.Namespace) -> None:
     )
     for path in files:
         print(f"Applied edit to {path}")
+    pause()
     print("Tokens: 2.3k sent, 1.1k received. Cost: $0.01 message, $0.02 session.")
     print(fenced(result))

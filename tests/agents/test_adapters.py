@@ -43,13 +43,17 @@ def run(
     adapter: str,
     scenario: str,
     kind: str = "build.implement",
+    *,
+    stream: Any = None,
+    env: dict[str, str] | None = None,
+    timeout: float = TIMEOUT,
 ) -> EngineVerdict:
     spec = AgentSpec(
         id=f"{adapter}-1",
         adapter=adapter,
         binary=str(fakes[ADAPTERS[adapter]]),
-        env={"FAKE_SCENARIO": scenario},
-        timeout_seconds=TIMEOUT,
+        env={"FAKE_SCENARIO": scenario, **(env or {})},
+        timeout_seconds=timeout,
         effort={"LOW": ("--model", "small")},
     )
     engine = engine_for(spec, worker_env=dict(os.environ), state_dir=tmp_path / "state")
@@ -75,6 +79,7 @@ def run(
             workdir=workdir,
             lease=held,
             job_id="job-1",
+            stream=stream,
         )
         return engine.run(task)
 
@@ -203,3 +208,40 @@ def test_effort_saturates_onto_the_nearest_given_level() -> None:
     assert spec.effort_args("STANDARD") == ("-l",)
     assert spec.effort_args("MAX") == ("-h",)
     assert AgentSpec(id="d", adapter="aider").effort_args("MAX") == ()
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_evidence_is_streamed_as_the_cli_reports_it_and_not_repeated(
+    fakes: dict[str, Path], tmp_path: Path, adapter: str
+) -> None:
+    arrived: list[tuple[float, str, str]] = []
+
+    def sink(entries: Any) -> bool:
+        for entry in entries:
+            detail = entry["payload"].get("path") or entry["payload"].get("tool") or ""
+            arrived.append((time.monotonic(), entry["kind"], detail))
+        return True
+
+    pause = {"FAKE_PAUSE": "2"}
+    verdict = run(fakes, tmp_path, adapter, "success", stream=sink, env=pause, timeout=60)
+    ended = time.monotonic()
+    assert verdict.status == "ok", verdict.detail
+    streamed = [(kind, detail) for _, kind, detail in arrived]
+    assert streamed[0][0] == "TurnRequested"
+    assert ("FileEdited", "src/core.txt") in streamed
+    edited_at = next(at for at, kind, d in arrived if (kind, d) == ("FileEdited", "src/core.txt"))
+    assert ended - edited_at > 1.0  # it came while the CLI still worked, not after it exited
+    left = [(e["kind"], e["payload"].get("path")) for e in verdict.evidence["ledger"]]
+    assert ("FileEdited", "src/core.txt") not in left
+    assert "TurnRequested" not in kinds(verdict)
+    assert {"TurnCompleted", "BudgetSpent", "TranscriptRecorded"} <= set(kinds(verdict))
+    assert verdict.evidence["streamed"] == len(arrived)
+
+
+def test_a_sink_that_refuses_leaves_the_evidence_to_the_verdict(
+    fakes: dict[str, Path], tmp_path: Path
+) -> None:
+    verdict = run(fakes, tmp_path, "claude-code", "success", stream=lambda _: False, timeout=60)
+    assert verdict.status == "ok", verdict.detail
+    assert {"TurnRequested", "FileEdited", "ToolInvoked"} <= set(kinds(verdict))
+    assert verdict.evidence["streamed"] == 0

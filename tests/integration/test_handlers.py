@@ -390,3 +390,39 @@ def test_each_attempt_runs_at_its_phase_ladder_rung(
     job = make_job(kind, attempts=attempts, items=["api"], engine={"name": "fake"})
     build_handlers(context)[kind](job)
     assert [t.effort for t in fake.tasks] == [effort]
+
+
+def test_capacity_waits_are_counted_from_the_ledger_and_reset_by_an_answer(
+    pool: ConnectionPool, tmp_path: Path
+) -> None:
+    from store.jobs import PostgresJobRepository
+    from workflows.gates import CAPACITY_EXHAUSTED
+    from workflows.queue import EnqueueRequest
+    from workflows.steps import Park
+
+    credits = EngineVerdict("capacity", result={"capacity": {"state": "CreditsExhausted"}})
+    fake = FakeEngine(verdicts={"design.spec": credits})
+    context = HandlerContext(
+        pool=pool, workspace=tmp_path, engines={"fake": fake}, capacity_waits=2
+    )
+    run = build_handlers(context)["design.spec"]
+    jobs = PostgresJobRepository(pool=pool)
+    payload = {"input": {"engine": {"name": "fake"}, "cycle": 0}}
+    jobs.enqueue(EnqueueRequest(project_id=P, kind="design.spec", subject="s", payload=payload))
+
+    def attempt() -> Outcome:
+        [job] = jobs.claim(P, owner="w", kinds=["design.spec"])
+        outcome = run(job)
+        if isinstance(outcome, Defer):
+            assert jobs.defer(job.lease, delay=timedelta(0), reason=outcome.reason).applied
+        elif isinstance(outcome, Park):
+            assert jobs.park(job.lease, outcome.gate).applied
+        return outcome
+
+    assert isinstance(attempt(), Defer)  # one rejection ledgered
+    parked = attempt()  # two: the bound
+    assert isinstance(parked, Park) and parked.gate.kind == CAPACITY_EXHAUSTED.name
+    assert parked.gate.context["waits"] == 2
+    [gate] = jobs.open_gates(P)
+    assert jobs.answer_gate(gate.id, answer="retry", answered_by="ann").applied
+    assert isinstance(attempt(), Defer)  # the count started over with the answer

@@ -355,3 +355,46 @@ def test_without_a_pool_the_roster_still_hands_off(tmp_path: Path) -> None:
     assert isinstance(outcome, Success), outcome
     assert [t.input["engine_id"] for t in engine.tasks] == ["alpha", "beta"]
     assert kinds(outcome)[3:6] == ["CapacityRejected", "HandoffInitiated", "HandoffAccepted"]
+
+
+# -- an operator's rotation ------------------------------------------------------------------
+
+
+def test_an_operator_rotation_moves_the_next_attempt_off_the_projects_last_engine(
+    pool: ConnectionPool, implement: Any
+) -> None:
+    raw = {
+        "build": {"work_items": [ITEM]},
+        "engines": {"roster": [{"id": "alpha", "weight": 3}, {"id": "beta", "weight": 1}]},
+    }
+    jobs = PostgresJobRepository(pool=pool)
+    store = EngineHealthStore(pool=pool)
+
+    def attempt(n: int) -> str:
+        item = {"id": f"i{n}", "title": f"item {n}"}
+        payload = {"step": f"build.implement.0.{n}", "input": {**scripted_input(raw), "item": item}}
+        jobs.enqueue(EnqueueRequest(P, "build.implement", subject=item["id"], payload=payload))
+        [job] = jobs.claim(P, owner="w", kinds=["build.implement"])
+        outcome = implement(job)
+        assert isinstance(outcome, Success), outcome
+        assert jobs.ack(job.lease, result={}).applied
+        return str(outcome.result["evidence"]["ledger"][0]["payload"]["engine"])
+
+    assert store.take_rotation(P) is None
+    assert attempt(0) == "alpha"  # 3:1 — left alone, the next pick is alpha again
+    request = store.request_rotation(P, by="ops")
+    assert (request.away_from, request.requested_by) == ("alpha", "ops")
+    assert attempt(1) == "beta"  # the operator-request boundary, away from alpha
+    assert store.take_rotation(P) is None  # the attempt took the request
+    assert attempt(2) == "alpha"
+
+
+def test_a_rotation_asked_before_any_engine_ran_names_none(pool: ConnectionPool) -> None:
+    store = EngineHealthStore(pool=pool)
+    first = store.request_rotation("fresh", by="ops")
+    assert first.away_from is None
+    again = store.request_rotation("fresh", by="lee")
+    assert again.requested_by == "lee"  # asking again replaces the open request
+    taken = store.take_rotation("fresh")
+    assert taken is not None and taken.requested_by == "lee"
+    assert store.take_rotation("fresh") is None

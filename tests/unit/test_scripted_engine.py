@@ -273,8 +273,10 @@ def test_fake_engine_records_tasks_and_answers_from_its_table() -> None:
     fake = FakeEngine(verdicts={"design.spec": refused})
     task = EngineTask("design.spec", "demo", 0, "", 1, {})
     assert fake.run(task) is refused
-    assert fake.run(EngineTask("design.research", "demo", 0, "", 1, {})) == EngineVerdict("ok")
-    assert fake.kinds() == ["design.spec", "design.research"]
+    answered = fake.run(EngineTask("design.research", "demo", 0, "", 1, {}))
+    assert answered == EngineVerdict("ok", result={"notes": ""})  # the smallest its schema takes
+    assert fake.run(EngineTask("custom.kind", "demo", 0, "", 1, {})) == EngineVerdict("ok")
+    assert fake.kinds() == ["design.spec", "design.research", "custom.kind"]
 
 
 def test_timing_makes_a_kind_take_its_time_and_bad_timing_is_refused() -> None:

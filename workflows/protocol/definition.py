@@ -130,7 +130,16 @@ def _start(state: ProtocolState, given: Mapping[str, Any]) -> Out:
     soak = given.get("deploy_soak_seconds", DEFAULT_SOAK_SECONDS)
     if type(soak) is not int or soak < 0:
         raise ValueError(f"deploy_soak_seconds must be a whole number >= 0, got {soak!r}")
-    started = replace(state, started=True, engine=plain_json(engine), soak_seconds=soak)
+    feedback = given.get("review_feedback", False)
+    if type(feedback) is not bool:
+        raise ValueError(f"review_feedback must be true or false, got {feedback!r}")
+    started = replace(
+        state,
+        started=True,
+        engine=plain_json(engine),
+        soak_seconds=soak,
+        review_feedback=feedback,
+    )
     return enter_design(started, 0, None)
 
 

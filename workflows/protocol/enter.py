@@ -87,9 +87,13 @@ def verify_chain(state: ProtocolState) -> Out:
 
 
 def enter_review(state: ProtocolState, cycle: int) -> Out:
-    """review.demo → review.collect; review.triage follows collect (it reads the feedback)."""
+    """review.demo → review.collect; review.triage follows collect (it reads the feedback).
+    With ``review_feedback`` the demo's success opens the ``review.feedback`` gate first, and
+    its answer schedules collect (:func:`workflows.protocol.product`)."""
     demo = f"review.demo.{cycle}"
     moved = transition(state, Phase.REVIEW, cycle)
+    if state.review_feedback:
+        return then(moved, lambda s: schedule(s, Plan(demo, "review.demo", {"branch": s.branch})))
     return then(
         moved,
         lambda s: schedule(
@@ -102,6 +106,17 @@ def enter_review(state: ProtocolState, cycle: int) -> Out:
                 after=(demo,),
             ),
         ),
+    )
+
+
+def collect(state: ProtocolState, user: str | None, after: tuple[str, ...] = ()) -> Out:
+    """review.collect of this round; ``user``: the findings the user gave at the feedback gate
+    (``None``: they accepted), handed on to the triage."""
+    given: dict[str, Any] = {"round": state.review_rounds}
+    if user is not None:
+        given["user"] = user
+    return schedule(
+        state, Plan(f"review.collect.{state.cycle}", "review.collect", given, after=after)
     )
 
 

@@ -160,6 +160,11 @@ GATE_KINDS = ENGINE_GATES.merged(
         GateKind("approval", title="an approval"),
         GateKind("opt_in", answers=("yes", "no"), title="an opt-in"),
         GateKind(
+            "review_feedback",
+            title="what was built, for the user to review",
+            hint="answer accept, or write your findings as text",
+        ),
+        GateKind(
             "step_failed",
             answers=("retry", "abandon"),
             title="a step failed for good",

@@ -114,7 +114,11 @@ def _succeeded(step: str, result: Mapping[str, Any], open_findings: OpenFindings
         return [NewEvent(K.ArtifactProduced, {"id": step, "artifact": "spec"})]
     if kind in ("build.implement", "build.integrate") and result.get("commit"):
         payload = {"id": step, "branch": result.get("branch"), "commit": result.get("commit")}
-        return [NewEvent(K.ArtifactProduced, payload)]
+        pushed = result.get("pushed")
+        if not isinstance(pushed, Mapping):
+            return [NewEvent(K.ArtifactProduced, payload)]
+        push = {"id": f"{step}:push", "artifact": "push", **pushed}
+        return [NewEvent(K.ArtifactProduced, payload), NewEvent(K.ArtifactProduced, push)]
     if kind == "deploy.execute":
         return [NewEvent(K.ArtifactProduced, {"id": step, "url": result.get("url")})]
     if kind == "build.verify":

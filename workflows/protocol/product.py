@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 from workflows.protocol import results
 from workflows.protocol.enter import (
     after_review,
+    collect,
     design_chain,
     design_round,
     enter_build,
@@ -145,9 +146,38 @@ def _integrated(state: ProtocolState, pending: Pending, result: JsonObject) -> O
 
 # --- REVIEW ------------------------------------------------------------------------------
 
+FEEDBACK_ACCEPT = "accept"
+
+
+def _demonstrated(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    """review.demo succeeded: with ``review_feedback`` the user sees what was built (its
+    summary, diff stat and how to run it) and answers ``accept`` or with findings."""
+    if not state.review_feedback:
+        return unchanged(state)
+    shown = {key: result[key] for key in results.DEMO_KEYS if isinstance(result.get(key), str)}
+    lines = [f"{key.replace('_', ' ')}: {value}" for key, value in shown.items()]
+    question = "\n".join(
+        [
+            f"Review cycle {state.cycle}: what was built is on branch {state.branch or '?'}.",
+            *lines,
+            f"Answer {FEEDBACK_ACCEPT!r} if it is right, or write what is wrong (your findings).",
+        ]
+    )
+    gate = Gate(name=f"review.feedback.{state.cycle}.{state.review_rounds}", role="review.feedback")
+    return open_gate(state, gate, "review_feedback", question, {"cycle": state.cycle, **shown})
+
+
+def _feedback_given(state: ProtocolState, gate: Gate, answer: str) -> Out:
+    user = None if answer.strip().lower() == FEEDBACK_ACCEPT else answer
+    return collect(state, user)
+
 
 def _collected(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
-    given = {"feedback": results.feedback(pending.step, result), "round": state.review_rounds}
+    feedback = results.feedback(pending.step, result)
+    user = pending.input.get("user")
+    if isinstance(user, str) and user.strip():
+        feedback = [*feedback, user]
+    given = {"feedback": feedback, "round": state.review_rounds}
     return schedule(state, Plan(f"review.triage.{state.cycle}", "review.triage", given))
 
 
@@ -177,7 +207,7 @@ ON_SUCCESS: Mapping[str, OnSuccess] = {
     "build.implement": _implemented,
     "build.verify": _verified,
     "build.integrate": _integrated,
-    "review.demo": _noted,
+    "review.demo": _demonstrated,
     "review.collect": _collected,
     "review.triage": _triaged,
 }
@@ -187,4 +217,5 @@ ON_ANSWER: Mapping[str, OnAnswer] = {
     "design.accept": _design_decided,
     "visual.opt_in": _visual_chosen,
     "visual.accept": _visual_decided,
+    "review.feedback": _feedback_given,
 }

@@ -16,6 +16,8 @@ JsonObject: TypeAlias = Mapping[str, Any]
 DEPLOY_FAILURES: frozenset[str] = frozenset({"infra", "config", "product", "code", "review"})
 ROUTES: tuple[str, ...] = ("done", "deploy_execute", "deploy_design", "design", "build", "review")
 IMPLEMENT_STATUSES: frozenset[str] = frozenset({"done", "ambiguous"})
+DEMO_KEYS: tuple[str, ...] = ("summary", "diff_stat", "how_to_run")
+"""What a review.demo result may say (all optional): shown at the review.feedback gate."""
 
 
 class ResultError(ValueError):

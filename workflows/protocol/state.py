@@ -6,7 +6,9 @@ flight and the gates open. Step results are evidence and stay on their jobs.
 
 :func:`encode_state` gives plain JSON; :func:`decode_state` accepts exactly that shape (no
 missing or extra keys, no value of the wrong type) and raises :class:`StateCodecError`
-otherwise, so ``decode_state(encode_state(s)) == s`` and nothing else decodes.
+otherwise, so ``decode_state(encode_state(s)) == s`` and nothing else decodes. The one
+exception is a field added after states were stored (``review_feedback``): it is written only
+when it is not its default, and a state without it decodes with its default.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class ProtocolState:
     started: bool = False
     engine: JsonObject = field(default_factory=dict)
     soak_seconds: int = 1
+    review_feedback: bool = False  # REVIEW asks the user (the workflow input's review_feedback)
     phase: str = Phase.INTAKE.value
     cycle: int = 0
     design_round: int = 0  # DESIGN rounds (revisions) within the cycle
@@ -99,6 +102,8 @@ def encode_state(state: ProtocolState) -> dict[str, Any]:
     data["ambiguities"] = list(state.ambiguities)
     data["pending"] = [_encode_pending(p) for p in state.pending]
     data["gates"] = [_encode_gate(g) for g in state.gates]
+    if not state.review_feedback:  # an added field, left out at its default: older states and
+        del data["review_feedback"]  # the golden histories encode as they always did
     return data
 
 
@@ -172,7 +177,11 @@ def _list_of(decoder: Decoder) -> Decoder:
     return check
 
 
-def _record(cls: type[Any], decoders: Mapping[str, Decoder]) -> Decoder:
+def _record(
+    cls: type[Any], decoders: Mapping[str, Decoder], added: frozenset[str] = frozenset()
+) -> Decoder:
+    """``added``: fields newer than some stored states, which may be missing (the
+    dataclass default stands in); every other field must be there."""
     names = {f.name for f in fields(cls)}
     if names != set(decoders):  # pragma: no cover - a programming error, caught at import
         raise TypeError(f"{cls.__name__}: the decoders do not match the fields")
@@ -180,13 +189,13 @@ def _record(cls: type[Any], decoders: Mapping[str, Decoder]) -> Decoder:
     def check(value: Any) -> Any:
         if not isinstance(value, Mapping):
             raise StateCodecError(f"{cls.__name__} is a JSON object, got {type(value).__name__}")
-        extra, missing = set(value) - names, names - set(value)
+        extra, missing = set(value) - names, names - set(value) - added
         if extra or missing:
             raise StateCodecError(
                 f"{cls.__name__}: unknown {sorted(extra)} / missing {sorted(missing)} field(s)"
             )
         try:
-            return cls(**{name: decoders[name](value[name]) for name in decoders})
+            return cls(**{name: decoders[name](value[name]) for name in decoders if name in value})
         except StateCodecError as exc:
             raise StateCodecError(f"{cls.__name__}: {exc}") from None
 
@@ -226,6 +235,7 @@ _state = _record(
         "started": _bool,
         "engine": _object,
         "soak_seconds": _int,
+        "review_feedback": _bool,
         "phase": _str,
         "cycle": _int,
         "design_round": _int,
@@ -247,6 +257,7 @@ _state = _record(
         "gates": _list_of(_gate),
         "ended": _optional(_str),
     },
+    added=frozenset({"review_feedback"}),
 )
 
 
