@@ -164,6 +164,19 @@ fi
 # 4. The web console (started now, so that it starts while the fleet does) -----------------
 CONSOLE_LOG=$STATE/logs/console.log
 console_line="not started (VIBEY_UP_CONSOLE=0)"
+console_answers_as() {  # PID: the console answering on its URL says it is that process
+    "$PY" - "$console_url" "$1" <<'PY'
+import sys
+import urllib.request
+
+url, pid = sys.argv[1], sys.argv[2]
+try:
+    with urllib.request.urlopen(url + "healthz", timeout=2) as answer:
+        sys.exit(0 if answer.headers.get("X-Vibey-Pid") == pid else 1)
+except OSError:
+    sys.exit(1)
+PY
+}
 recorded_console() {
     [ -f "$PIDS" ] && awk -F'\t' '$1 == "console" && $2 == "group" { pid = $3 } END { if (pid) print pid }' "$PIDS"
 }
@@ -182,7 +195,8 @@ if [ "${VIBEY_UP_CONSOLE:-1}" != 0 ]; then
         sign_in="sign in with the token in $STATE/console.token (no username)"
     fi
     console_pid=$(recorded_console || true)
-    if [ -n "$console_pid" ] && ops/local/native.sh group-has "$console_pid" "$VIBEY console"; then
+    if [ -n "$console_pid" ] && { ops/local/native.sh group-has "$console_pid" "$VIBEY console" ||
+        console_answers_as "$console_pid"; }; then
         echo "console: reusing the console a previous \`just up\` started (pid $console_pid)"
     else
         if [ -n "$console_pid" ]; then

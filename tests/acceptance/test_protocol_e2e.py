@@ -221,7 +221,7 @@ def test_a_worker_sigkilled_mid_build_loses_nothing(
 work_items = [{ id = "a", title = "A" }, { id = "b", title = "B" }, { id = "c", title = "C" }]
 
 [timing]
-step_seconds = { "build.implement" = 4 }
+step_seconds = { "build.implement" = 10 }
 """,
     )
     first = e2e.start_worker(processes=2, threads=4)
@@ -233,7 +233,9 @@ step_seconds = { "build.implement" = 4 }
         )
 
     e2e.drive(["crash"], until=implementing)
-    e2e.kill_worker(first)  # SIGKILL to the whole process group, mid-step (each takes 4 s)
+    # SIGKILL to the whole process group, mid-step: each takes 10 s, room for a slow status
+    # read on a loaded box between seeing the step leased and the kill.
+    e2e.kill_worker(first)
     e2e.start_worker(processes=2, threads=4)
     final = e2e.drive(["crash"], deadline_s=240)["crash"]["workflow"]
     assert (final["status"], final["completion_mode"]) == ("completed", "local")
