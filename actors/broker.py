@@ -39,7 +39,7 @@ from dramatiq.middleware import Middleware
 
 from actors.amqp import with_query
 from actors.deliveries import DETAIL_HEADER, REASON_HEADER
-from actors.relay import SOLO_HEADER
+from actors.relay import SOLO_HEADER, TRACE_HEADERS
 from workflows.dispatch import EnvelopeError, decode
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class PointerConsumer(_RabbitmqConsumer):
                 "delivery": _delivery_count(properties),
                 "solo": _solo(properties),
                 "redelivered": bool(method.redelivered),
+                **_trace(properties),
             },
             options={},
             message_id=envelope.message_id,
@@ -147,6 +148,13 @@ def _delivery_count(properties: Any) -> int:
     headers = properties.headers if isinstance(properties.headers, dict) else {}
     raw = headers.get("x-delivery-count", 0)
     return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else 0
+
+
+def _trace(properties: Any) -> dict[str, Any]:
+    """``trace``: the W3C trace headers a traced relay sent (``actors.tracing``), if any."""
+    headers = properties.headers if isinstance(properties.headers, dict) else {}
+    carrier = {k: headers[k] for k in TRACE_HEADERS if isinstance(headers.get(k), str)}
+    return {"trace": carrier} if carrier else {}
 
 
 def _solo(properties: Any) -> bool:

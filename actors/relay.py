@@ -17,7 +17,8 @@ exchange with the pointer's real routing key. Whether a project's key is its ded
 read from ``project_route`` (``store.routes``: a :class:`~store.routes.RouteCache` in a
 long-lived process, refreshed on NOTIFY), the same answer in every publisher.
 
-Each message carries ``correlation_id`` (the job's workflow, else the job) and, where the work
+Each message carries ``correlation_id`` (the job's workflow, else the job), in a traced
+process the W3C ``traceparent`` of a ``publish`` span (``actors.tracing``), and, where the work
 queues honour message priorities on the connected broker (``actors.capabilities.
 message_priorities``: detected at each connect, never assumed), the job's priority.
 
@@ -33,8 +34,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 
 OUTBOX_HEADER = "vibey-outbox-id"
 SOLO_HEADER = "x-vibey-solo"  # run with nothing else in flight in the worker process
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context (actors.tracing), if traced
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 RETRY_PAUSE_S = 0.5  # between reads of submitted rows while PostgreSQL does not answer
 
@@ -70,6 +72,7 @@ class Publication:
     solo: bool = False
     priority: int = 0  # the job's (mapped to the broker's levels when published)
     correlation_id: str | None = None  # the workflow (else the job)
+    trace_headers: tuple[tuple[str, str], ...] = ()  # W3C trace context, when traced
 
 
 class Router:
@@ -144,8 +147,12 @@ class Relay:
         router: Router,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         mark_batch: int = 256,
+        trace_headers: Callable[[OutboxRow], Mapping[str, str]] | None = None,
     ) -> None:
+        """``trace_headers``: the trace context to send with a row's pointer (a traced
+        process's :meth:`actors.tracing.StepTracer.publish_headers`); None sends none."""
         self._url = url
+        self._trace_headers = trace_headers
         self._records = records
         self._router = router
         self._clock = clock
@@ -277,6 +284,11 @@ class Relay:
         try:
             now = self._clock()
             publications = [self._router.publication(row, now) for row in rows]
+            if self._trace_headers is not None:
+                publications = [
+                    replace(pub, trace_headers=tuple(self._trace_headers(row).items()))
+                    for pub, row in zip(publications, rows, strict=True)
+                ]
         except Exception:
             log.exception("relay: could not route %d rows; a drain will reclaim them", len(rows))
             self._done(len(rows))
@@ -424,7 +436,11 @@ class _Publisher:
                 correlation_id=pub.correlation_id,
                 priority=self.priorities.of(pub.priority),
                 type="job.dispatch",
-                headers={OUTBOX_HEADER: pub.outbox_id, SOLO_HEADER: pub.solo},
+                headers={
+                    OUTBOX_HEADER: pub.outbox_id,
+                    SOLO_HEADER: pub.solo,
+                    **dict(pub.trace_headers),
+                },
             )
             channel.basic_publish(
                 pub.exchange, pub.routing_key, pub.body, properties, mandatory=True

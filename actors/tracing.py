@@ -6,6 +6,12 @@ with nothing carried between them. A step is a span ``step <kind>`` from the sta
 to the end of its settle, with three children: ``claim``, ``handler`` and ``settle`` (the
 fenced settle and, for a workflow's step, the workflow event it records, in one commit).
 
+Across the broker the W3C ``traceparent`` rides in the dispatch pointer's AMQP headers: a
+traced process's relay opens a ``publish <kind>`` span (under the workflow's context) for each
+pointer it sends and injects it (:meth:`StepTracer.publish_headers`); the consumer hands those
+headers to :meth:`StepTracer.delivered`, and the step's span is then that publish span's child
+(same trace). An untraced relay writes no header; an untraced worker ignores one.
+
 The spans are made after the fact from the times each phase began: only the claim says
 which workflow a pointer belongs to. The hooks wrap what :class:`actors.steps.StepRunner`
 is given (its pointer claims, its handlers, its result callback), so the runner itself knows
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
@@ -33,6 +39,7 @@ from actors.steps import StepResult
 from store.db import Conn
 from store.dispatch import PointerRow
 from store.ports import PointerClaims
+from store.unit_of_work import OutboxRow
 from workflows.queue import Job
 from workflows.steps import Handler, Handlers, Outcome, Short
 
@@ -81,6 +88,7 @@ class _Step:
     handler_start: int | None = None
     handler_end: int | None = None
     outcome: str | None = None
+    parent: Context | None = None  # the publish span the delivery carried
 
 
 class StepTracer:
@@ -114,9 +122,34 @@ class StepTracer:
 
     # -- what the hooks report -------------------------------------------------------------
 
+    def publish_headers(self, row: OutboxRow) -> dict[str, str]:
+        """A ``publish <kind>`` span for the pointer of ``row``, in its workflow's trace, as
+        the W3C headers to send with it."""
+        span = self._tracer.start_span(
+            f"publish {row.kind}",
+            context=workflow_context(row.workflow_id or row.job_id),
+            kind=trace.SpanKind.PRODUCER,
+            attributes={"vibey.job.id": str(row.job_id), "vibey.job.kind": row.kind},
+        )
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        span.end()
+        return carrier
+
+    def delivered(self, headers: Mapping[str, Any] | None) -> None:
+        """The trace headers of the pointer this thread is about to run (None: none)."""
+        self._local.parent = None
+        carrier = {k: v for k, v in (headers or {}).items() if isinstance(v, str)}
+        if carrier.get("traceparent"):
+            parent = propagate.extract(carrier)
+            if trace.get_current_span(parent).get_span_context().is_valid:
+                self._local.parent = parent
+
     def claimed(self, job: Job, started_ns: int) -> None:
         """A claim that returned ``job`` (the postgres backend's claim calls this itself)."""
-        self._local.step = _Step(job, started_ns, time.time_ns())
+        parent: Context | None = getattr(self._local, "parent", None)
+        self._local.parent = None
+        self._local.step = _Step(job, started_ns, time.time_ns(), parent=parent)
 
     def finished(self, result: StepResult) -> None:
         """The step's result is recorded: its settle is over; emit its spans."""
@@ -128,7 +161,7 @@ class StepTracer:
         job = step.job
         root = self._tracer.start_span(
             f"step {job.kind}",
-            context=workflow_context(job.workflow_id or job.id),
+            context=step.parent or workflow_context(job.workflow_id or job.id),
             start_time=step.claim_start,
             attributes=_attributes(job, result, step.outcome),
         )

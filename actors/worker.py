@@ -207,12 +207,14 @@ class Runtime:
         self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
         self.routes = RouteCache(url=config.pg_url, pool=self.pool)
         registry = load_registry(config.definitions)
+        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
         self.relay = Relay(
             url=config.amqp_url,
             records=self.records,
             router=Router(
                 names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
             ),
+            trace_headers=None if self.tracer is None else self.tracer.publish_headers,
         )
         self.jobs = PostgresJobRepository(
             pool=self.pool,
@@ -234,7 +236,6 @@ class Runtime:
         self.broker = VibeyBroker(
             url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
         )
-        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
         claims, handlers, on_result = tracing.hooked(
             self.tracer, self.records, handlers, self._count
         )
@@ -293,7 +294,10 @@ class Runtime:
 
         return declare
 
-    def _step(self, **pointer: Any) -> None:
+    def _step(self, *, trace: Mapping[str, str] | None = None, **pointer: Any) -> None:
+        """``trace``: the W3C headers a traced relay sent with the pointer (actors.broker)."""
+        if self.tracer is not None:
+            self.tracer.delivered(trace)
         self.runner.run(**pointer)
 
     def _count(self, result: StepResult) -> None:

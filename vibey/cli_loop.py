@@ -24,7 +24,8 @@ def loop_service(
     Consumes vibey.runs.ENGINE with the engine's prefetch ([engines.ENGINE] prefetch, 1-64)
     and answers its probes on vibey.runs.ENGINE.probe, even while a run is in progress.
     Runs only the engine's own binary, in directories under the engine workspace
-    ([engine] workspace), with the engine's own environment. Needs VIBEY_AMQP_URL.
+    ([engine] workspace), with the engine's own environment. Needs VIBEY_AMQP_URL. With
+    VIBEY_METRICS_PORT set, serves /metrics and /healthz on it.
 
     Parameters
     ----------
@@ -66,5 +67,14 @@ def loop_service(
         "SIGTERM or Ctrl-C drains it",
         flush=True,
     )
-    service.run(stop)
+    health = None
+    if settings.metrics.port is not None:  # /healthz: the pod's liveness and startup probes
+        from actors.metrics import MetricsServer
+
+        health = MetricsServer(port=settings.metrics.port).start()
+    try:
+        service.run(stop)
+    finally:
+        if health is not None:
+            health.stop()
     return ExitCode.OK

@@ -1,12 +1,14 @@
 """A fleet's Kubernetes objects, rendered from ``fleet.toml`` and the overlay's ``vibey.toml``.
 
 :func:`render` returns the objects the overlay's ``generated/fleet.yaml`` holds: per worker
-pool a Deployment, a PodDisruptionBudget and (with ``keda``) a ScaledObject; per engine a
-loop-service Deployment and its ScaledObject; the TriggerAuthentication; the worktrees
-PersistentVolumeClaim. The static parts (ServiceAccount, the migrations Job, the reconciler)
-live in ``ops/kubernetes/base``. Every pod runs the image named ``vibey`` (the overlay's
-``images:`` sets it), reads its settings from the ``vibey-settings`` ConfigMap and its URLs
-from the fleet's Secret, and never as root.
+pool a Deployment, a PodDisruptionBudget and (with ``keda``) a ScaledObject; per engine the
+settings run with ``invocation = "service"`` a ``vibey loop-service`` Deployment, its
+PodDisruptionBudget and (with ``keda``, on rabbitmq) a ScaledObject on ``<prefix>.runs.<id>``
+(``value`` the engine's prefetch, unacknowledged runs counted); the TriggerAuthentication;
+the worktrees PersistentVolumeClaim. The static parts (ServiceAccount, the migrations Job,
+the reconciler) live in ``ops/kubernetes/base``. Every pod runs the image named ``vibey``
+(the overlay's ``images:`` sets it), reads its settings from the ``vibey-settings``
+ConfigMap and its URLs from the fleet's Secret, and never as root.
 
 KEDA triggers (seed 000 §12): on ``rabbitmq`` the RabbitMQ scaler over the management API
 (``protocol: http``, ``mode: QueueLength``, ``value`` the pool's processes × threads,
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.runs_topology import RunsTopology
 from actors.topology import QueueNames
 from store.drive import Work, build_kinds, scaler_query
 from vibey.kube_config import Engine, Fleet, Pool, Resources
@@ -43,8 +46,9 @@ def render(fleet: Fleet) -> list[Obj]:
         if fleet.keda:
             objects.append(_pool_scaler(fleet, pool))
     for engine in fleet.engines:
-        objects.append(_engine_deployment(fleet, engine))
-        if fleet.keda and fleet.backend == "rabbitmq":
+        name = f"loop-{engine.id}"
+        objects += [_engine_deployment(fleet, engine), _pdb(fleet, name, "loop-service")]
+        if _scales_engines(fleet):
             objects.append(_engine_scaler(fleet, engine))
     return objects
 
@@ -112,14 +116,25 @@ def _pool_deployment(fleet: Fleet, pool: Pool) -> Obj:
     return _deployment(fleet, name, "worker", container, replicas=replicas)
 
 
+def _scales_engines(fleet: Fleet) -> bool:
+    """KEDA scales a loop service on its run queue: the TriggerAuthentication holds the
+    RabbitMQ management host only on the rabbitmq backend (elsewhere: fixed replicas)."""
+    return fleet.keda and fleet.backend == "rabbitmq"
+
+
 def _engine_deployment(fleet: Fleet, engine: Engine) -> Obj:
-    name = f"loop-{engine.id}"
-    args = ["loop-service", f"--engine={engine.id}", f"--prefetch={engine.prefetch}"]
+    """``vibey loop-service``: on SIGTERM its runs get the longest of the leases and the
+    engine's run time to finish (``--drain-grace``), and the pod that long plus the margin."""
+    drain = max(fleet.longest_lease_seconds, engine.run_seconds)
+    args = ["loop-service", f"--engine={engine.id}", f"--drain-grace={drain}"]
     container = _container(fleet, "loop-service", args, engine.resources)
-    deployment = _deployment(fleet, name, "loop-service", container, replicas=0)
-    deployment["metadata"]["annotations"] = {
-        "vibey.dev/note": "the loop service arrives with tool issue 10; until then keep it disabled"
-    }
+    replicas = engine.min_replicas if _scales_engines(fleet) else max(engine.min_replicas, 1)
+    deployment = _deployment(
+        fleet, f"loop-{engine.id}", "loop-service", container, replicas=replicas
+    )
+    deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = (
+        drain + fleet.grace_margin_seconds
+    )
     return deployment
 
 
@@ -187,7 +202,7 @@ def _env(fleet: Fleet) -> list[Obj]:
         {"name": "VIBEY_METRICS_PORT", "value": str(fleet.metrics_port)},
         secret("VIBEY_PG_URL", "pg-url"),
     ]
-    if fleet.backend == "rabbitmq":
+    if fleet.backend == "rabbitmq" or fleet.engines:  # loop services ride on RabbitMQ
         env.append(secret("VIBEY_AMQP_URL", "amqp-url"))
     return env
 
@@ -260,11 +275,11 @@ def _resources(resources: Resources) -> Obj:
     return out
 
 
-def _pdb(fleet: Fleet, name: str) -> Obj:
+def _pdb(fleet: Fleet, name: str, component: str = "worker") -> Obj:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(fleet, name, "worker"),
+        "metadata": _meta(fleet, name, component),
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": {"vibey.dev/deployment": name, **_instance(fleet)}},
@@ -272,12 +287,8 @@ def _pdb(fleet: Fleet, name: str) -> Obj:
     }
 
 
-def _scaled_object(
-    fleet: Fleet, name: str, triggers: list[Obj], *, low: int, high: int, paused: bool = False
-) -> Obj:
+def _scaled_object(fleet: Fleet, name: str, triggers: list[Obj], *, low: int, high: int) -> Obj:
     metadata = _meta(fleet, name, "autoscaling")
-    if paused:
-        metadata["annotations"] = {"autoscaling.keda.sh/paused-replicas": "0"}
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -316,15 +327,10 @@ def _pool_scaler(fleet: Fleet, pool: Pool) -> Obj:
 
 
 def _engine_scaler(fleet: Fleet, engine: Engine) -> Obj:
-    queue = f"{fleet.settings.bus.prefix}.runs.{engine.id}"
+    queue = RunsTopology(fleet.settings.bus.prefix, (engine.id,)).queue(engine.id)
     trigger = _rabbitmq_trigger(fleet, queue, engine.prefetch)
     return _scaled_object(
-        fleet,
-        f"loop-{engine.id}",
-        [trigger],
-        low=0,
-        high=engine.max_replicas,
-        paused=not engine.enabled,
+        fleet, f"loop-{engine.id}", [trigger], low=engine.min_replicas, high=engine.max_replicas
     )
 
 

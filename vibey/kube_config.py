@@ -2,7 +2,8 @@
 
 ``fleet.toml`` says what runs where: the Secret holding the URLs, the worktrees
 volume, the worker pools (which lanes and projects each consumes, processes × threads, the
-replica range KEDA may use) and the loop services per engine. The overlay's ``vibey.toml``
+replica range KEDA may use) and the replicas and resources of the loop services (one per
+engine the settings run with ``invocation = "service"``). The overlay's ``vibey.toml``
 (named by ``settings``) is the fleet's own settings: it is loaded with
 :func:`vibey.settings.load_settings`, so the same checks apply as at a worker's start, and the
 two files must agree. What cannot work is a :class:`FleetError` naming the fix:
@@ -11,6 +12,7 @@ two files must agree. What cannot work is a :class:`FleetError` naming the fix:
   message, and its trigger would watch nothing);
 * a lane, or a dedicated project's lane, that no pool consumes (its jobs would never run, and
   nothing scales for them);
+* a ``[[fleet.engines]]`` entry for an engine the settings do not run as a loop service;
 * unknown keys, names Kubernetes refuses, an empty replica range.
 """
 
@@ -63,13 +65,15 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """One loop service (one per engine; tool issue 10 brings its process): a Deployment on
-    ``vibey.runs.<id>``, scaled by the run queue's length; ``enabled = false`` renders it
-    paused at zero replicas."""
+    """One loop service: ``vibey loop-service --engine <id>`` for an engine the settings run
+    with ``invocation = "service"``, a Deployment scaled by ``<prefix>.runs.<id>``'s length.
+    ``prefetch`` and ``run_seconds`` (its ``timeout_seconds``) come from the settings'
+    ``[engines.<id>]``; a ``[[fleet.engines]]`` entry sets the replicas and resources."""
 
     id: str
-    enabled: bool = False
     prefetch: int = 1
+    run_seconds: int = 7200
+    min_replicas: int = 0
     max_replicas: int = 2
     resources: Resources = field(default_factory=Resources)
 
@@ -128,7 +132,7 @@ def load_fleet(path: Path) -> Fleet:
         metrics_port=int(body.get("metrics_port", 9108)),
         grace_margin_seconds=int(body.get("grace_margin_seconds", 120)),
         pools=tuple(_pool(p, f"{where} [[fleet.pools]]") for p in body.get("pools", [])),
-        engines=tuple(_engine(e, f"{where} [[fleet.engines]]") for e in body.get("engines", [])),
+        engines=_engines(settings, body.get("engines", []), f"{where} [[fleet.engines]]"),
         worktrees=_worktrees(body.get("worktrees", {}), f"{where} [fleet.worktrees]"),
     )
     check_fleet(fleet, where)
@@ -153,7 +157,6 @@ def check_fleet(fleet: Fleet, where: str) -> None:
     if not fleet.pools:
         raise FleetError(f"{where}: no [[fleet.pools]]: add one per lane (or one for all)")
     _unique([p.name for p in fleet.pools], "pool name", where)
-    _unique([e.id for e in fleet.engines], "engine id", where)
     dedicated = set(fleet.settings.queue.rabbitmq.dedicated_projects)
     rabbitmq = fleet.backend == "rabbitmq"
     for pool in fleet.pools:
@@ -218,21 +221,62 @@ def _pool(raw: Any, where: str) -> Pool:
     return pool
 
 
-def _engine(raw: Any, where: str) -> Engine:
-    body = _only(raw, {*Engine.__dataclass_fields__, *Resources.__dataclass_fields__}, where)
+def _engines(settings: Settings, raw: Any, where: str) -> tuple[Engine, ...]:
+    """One loop service per service engine of the settings, each shaped by its entry."""
+    if not isinstance(raw, list):
+        raise FleetError(f"{where}: expected an array of tables")
+    entries = [_engine_entry(e, where) for e in raw]
+    _unique([str(e["id"]) for e in entries], "engine id", where)
+    services = {spec.id: spec for spec in settings.engines if spec.as_service}
+    for entry in entries:
+        if entry["id"] not in services:
+            raise FleetError(
+                f"{where}: engine {entry['id']!r} has no loop service: it needs an "
+                f'[engines.{entry["id"]}] table with invocation = "service" in the settings, '
+                "or remove its [[fleet.engines]] entry"
+            )
+    given = {str(e["id"]): e for e in entries}
+    return tuple(
+        _engine(spec.id, spec.prefetch, spec.timeout_seconds, given.get(spec.id, {}), where)
+        for spec in services.values()
+    )
+
+
+def _engine_entry(raw: Any, where: str) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        for key in ("prefetch", "enabled"):
+            if key in raw:
+                raise FleetError(
+                    f"{where}: {key} is not a fleet key: an engine's loop service runs when "
+                    'its [engines.<id>] table in the settings has invocation = "service", '
+                    "with that table's prefetch"
+                )
+    keys = {"id", "min_replicas", "max_replicas", *Resources.__dataclass_fields__}
+    body = _only(raw, keys, where)
     engine_id = _required(body, "id", where)
-    try:
-        check_token(engine_id, "engine id")
-    except ValueError as exc:
-        raise FleetError(f"{where}: {exc}") from exc
     _label(engine_id, "engine id", where)
-    return Engine(
+    return body
+
+
+def _engine(
+    engine_id: str, prefetch: int, run_seconds: float, body: dict[str, Any], where: str
+) -> Engine:
+    where = f"{where} {engine_id!r}"
+    _label(engine_id, "engine id", where)
+    engine = Engine(
         id=engine_id,
-        enabled=bool(body.get("enabled", False)),
-        prefetch=_positive(body, "prefetch", 1, where),
+        prefetch=prefetch,
+        run_seconds=int(run_seconds + 0.999),
+        min_replicas=int(body.get("min_replicas", 0)),
         max_replicas=_positive(body, "max_replicas", 2, where),
         resources=_resources(body, where),
     )
+    if not 0 <= engine.min_replicas <= engine.max_replicas:
+        raise FleetError(
+            f"{where}: min_replicas {engine.min_replicas} must be between 0 and max_replicas "
+            f"{engine.max_replicas}"
+        )
+    return engine
 
 
 def _resources(body: dict[str, Any], where: str) -> Resources:

@@ -107,15 +107,15 @@ def test_pods_run_unprivileged_with_probes_grace_and_secrets(rendered):
         main = pod["containers"][0]
         assert main["readinessProbe"]["exec"]["command"] == ["vibey", "doctor", "--probe"], name
         assert "livenessProbe" in main and "requests" in main["resources"]
-        if "worker" in name:  # a step may hold its lease 2 h: SIGTERM must let it settle
-            assert pod["terminationGracePeriodSeconds"] >= 7200
+        if "worker" in name or "loop-" in name:  # a step may hold its lease 2 h: SIGTERM
+            assert pod["terminationGracePeriodSeconds"] >= 7200  # must let it settle
 
 
-def test_every_worker_pool_has_a_disruption_budget(rendered):
+def test_every_worker_pool_and_loop_service_has_a_disruption_budget(rendered):
     _, objects = rendered
     budgets = by_kind(objects, "PodDisruptionBudget")
     for name in by_kind(objects, "Deployment"):
-        assert name in budgets or "loop-" in name, name
+        assert name in budgets, name
 
 
 def test_production_scales_each_pool_on_its_queues_counting_unacked():
@@ -133,8 +133,10 @@ def test_production_scales_each_pool_on_its_queues_counting_unacked():
     }
     (auth,) = by_kind(objects, "TriggerAuthentication").values()
     assert auth["spec"]["secretTargetRef"][0]["key"] == "keda-rabbitmq-host"
-    loop = scalers["vibey-loop-claude"]
-    assert loop["metadata"]["annotations"]["autoscaling.keda.sh/paused-replicas"] == "0"
+    (loop,) = scalers["vibey-loop-claude"]["spec"]["triggers"]
+    assert loop["metadata"]["queueName"] == "vibey.runs.claude"
+    assert loop["metadata"]["value"] == "2"  # [engines.claude] prefetch
+    assert loop["metadata"]["excludeUnacknowledged"] == "false"
 
 
 def test_a_broken_object_fails_validation():
@@ -216,3 +218,73 @@ def test_a_dedicated_project_on_the_postgres_backend_needs_no_queue(tmp_path):
     (trigger,) = scaler["spec"]["triggers"]
     assert trigger["type"] == "postgresql"
     assert "'{a}'::text[]" in trigger["metadata"]["query"]
+
+
+SERVICE_ENGINE = '[engines.qwen]\nadapter = "aider"\ninvocation = "service"\nprefetch = 3\n'
+
+
+def test_a_service_engine_renders_its_loop_service(tmp_path):
+    overlay = broken(
+        tmp_path,
+        "[fleet]\n" + BOTH + '[[fleet.engines]]\nid = "qwen"\nmax_replicas = 3\ncpu = "2"\n',
+        SERVICE_ENGINE + '[engines.claude]\nadapter = "claude-code"\n',  # a subprocess one
+    )
+    objects = render(load_fleet(overlay / "fleet.toml"))
+    for obj in objects:
+        validate(obj)
+    deployments = by_kind(objects, "Deployment")
+    assert set(deployments) == {"vibey-worker-all", "vibey-loop-qwen"}
+    pod = deployments["vibey-loop-qwen"]["spec"]["template"]["spec"]
+    (main,) = pod["containers"]
+    assert main["args"] == ["loop-service", "--engine=qwen", "--drain-grace=7200"]
+    assert pod["terminationGracePeriodSeconds"] == 7200 + 120
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert main["readinessProbe"]["exec"]["command"] == ["vibey", "doctor", "--probe"]
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert main["resources"]["requests"]["cpu"] == "2"
+    urls = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in main["env"] if "valueFrom" in e
+    }
+    assert urls == {"VIBEY_PG_URL": "pg-url", "VIBEY_AMQP_URL": "amqp-url"}
+    mount = next(m for m in main["volumeMounts"] if m["name"] == "worktrees")
+    worker = deployments["vibey-worker-all"]["spec"]["template"]["spec"]
+    assert mount in worker["containers"][0]["volumeMounts"]
+    claim = next(v for v in pod["volumes"] if v["name"] == "worktrees")
+    assert claim["persistentVolumeClaim"]["claimName"] == "vibey-worktrees"
+    budget = by_kind(objects, "PodDisruptionBudget")["vibey-loop-qwen"]
+    assert budget["spec"]["selector"]["matchLabels"]["vibey.dev/deployment"] == "loop-qwen"
+    scaler = by_kind(objects, "ScaledObject")["vibey-loop-qwen"]["spec"]
+    assert scaler["maxReplicaCount"] == 3
+    (trigger,) = scaler["triggers"]
+    assert trigger["metadata"]["queueName"] == "vibey.runs.qwen"
+    assert trigger["metadata"]["mode"] == "QueueLength"
+    assert trigger["metadata"]["value"] == "3"  # the engine's prefetch
+
+
+def test_a_loop_service_on_the_postgres_backend_runs_fixed_with_the_broker_url(tmp_path):
+    overlay = broken(
+        tmp_path, "[fleet]\n" + BOTH, '[queue]\nbackend = "postgres"\n' + SERVICE_ENGINE
+    )
+    objects = render(load_fleet(overlay / "fleet.toml"))
+    deployment = by_kind(objects, "Deployment")["vibey-loop-qwen"]
+    assert deployment["spec"]["replicas"] == 1
+    assert "vibey-loop-qwen" not in by_kind(objects, "ScaledObject")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "VIBEY_AMQP_URL" in {e["name"] for e in env}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('id = "claude"\n', "engine 'claude' has no loop service"),
+        ('id = "qwen"\nprefetch = 2\n', "prefetch is not a fleet key"),
+    ],
+)
+def test_an_engine_entry_without_a_loop_service_fails_the_render(tmp_path, entry, message):
+    overlay = broken(
+        tmp_path,
+        "[fleet]\n" + BOTH + "[[fleet.engines]]\n" + entry,
+        SERVICE_ENGINE + '[engines.claude]\nadapter = "claude-code"\n',
+    )
+    with pytest.raises(FleetError, match=message):
+        load_fleet(overlay / "fleet.toml")

@@ -1,0 +1,160 @@
+"""The W3C trace context through a dispatch pointer's AMQP headers: a traced relay sends its
+``publish`` span's ``traceparent``, the consumer hands it on, and the step's span is that
+span's child; an untraced relay writes no header."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pika
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from actors import tracing
+from actors.broker import _trace
+from actors.relay import Publication, Relay, Router, _Publisher
+from actors.steps import StepResult, StepRunner
+from actors.stub_broker import StubPublisher
+from actors.tracing import StepTracer
+from store.dispatch import DispatchRecords
+from store.memory import ManualClock, MemoryJobRepository
+from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
+from store.unit_of_work import OutboxRow
+from tests.unit.test_step_runner import KIND, NAMES, Harness, ok
+from tests.unit.test_tracing import WORKFLOW
+from workflows.dispatch import DEFAULT_WAIT_TIERS
+from workflows.queue import Job
+
+URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+@pytest.fixture
+def h() -> Harness:
+    clock = ManualClock()
+    broker = StubPublisher()
+    jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
+    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(), [])
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    spans = InMemorySpanExporter()
+    yield spans
+    spans.clear()
+
+
+class _Channel:
+    is_open = True
+
+    def __init__(self) -> None:
+        self.properties: list[pika.BasicProperties] = []
+
+    def basic_publish(self, *args: Any, **kwargs: Any) -> None:
+        self.properties.append(args[3])
+
+
+class _IO:
+    def __init__(self) -> None:
+        self.publications: list[Publication] = []
+
+    def publish(self, publications: list[Publication]) -> None:
+        self.publications += publications
+
+
+def published_headers(job: Job, tracer: StepTracer | None) -> dict[str, Any]:
+    """The AMQP headers the relay sends with ``job``'s pointer (traced when ``tracer``)."""
+    relay = Relay(
+        url=URL,
+        records=cast(DispatchRecords, object()),  # routing and sending read no row
+        router=Router(names=NAMES, tiers=DEFAULT_WAIT_TIERS),
+        trace_headers=None if tracer is None else tracer.publish_headers,
+    )
+    io = _IO()
+    relay._io = io  # type: ignore[assignment]
+    row = OutboxRow(
+        id=7,
+        key="k",
+        job_id=job.id,
+        project_id=job.project_id,
+        dispatch_seq=job.dispatch_seq,
+        kind=job.kind,
+        not_before=datetime.now(UTC),
+        workflow_id=job.workflow_id,
+    )
+    relay._publish_rows([row])
+    publisher = _Publisher(URL, queue.Queue(), threading.Event(), threading.Event())
+    channel = _Channel()
+    publisher._channel = channel
+    publisher._send(io.publications)
+    (properties,) = channel.properties
+    return dict(properties.headers or {})
+
+
+def run_delivered(h: Harness, tracer: StepTracer, job: Job, headers: dict[str, Any]) -> None:
+    """As the worker's step actor: the consumer's ``trace`` kwarg to the tracer, then run."""
+    claims, handlers, on_result = tracing.hooked(tracer, h.records, {KIND: ok}, print)
+    runner = StepRunner(
+        jobs=h.jobs,
+        records=claims,
+        broker=h.broker,
+        names=NAMES,
+        tiers=DEFAULT_WAIT_TIERS,
+        handlers=handlers,
+        owner="worker-1",
+        on_result=on_result,
+    )
+    tracer.delivered(_trace(pika.BasicProperties(headers=headers)).get("trace"))
+    assert h.run(runner, job, seq=job.dispatch_seq) is StepResult.SUCCEEDED
+
+
+def spans_by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in exporter.get_finished_spans()}
+
+
+def test_a_steps_span_is_the_child_of_the_span_that_published_its_pointer(
+    h: Harness,
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = StepTracer(provider.get_tracer("test"))
+    job = h.enqueue(workflow_id=WORKFLOW, step="design")
+    headers = published_headers(job, tracer)
+    assert headers["traceparent"].startswith(f"00-{WORKFLOW.int:032x}-")
+    run_delivered(h, tracer, job, headers)
+    found = spans_by_name(exporter)
+    publish, step = found[f"publish {KIND}"], found[f"step {KIND}"]
+    assert step.parent is not None and step.parent.is_remote
+    assert step.parent.span_id == publish.context.span_id  # not the workflow's own span id
+    assert step.parent.span_id != (WORKFLOW.int & 0xFFFF_FFFF_FFFF_FFFF)
+    assert step.context.trace_id == publish.context.trace_id == WORKFLOW.int
+
+
+def test_a_forged_traceparent_falls_back_to_the_workflows_trace(
+    h: Harness,
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = StepTracer(provider.get_tracer("test"))
+    job = h.enqueue(workflow_id=WORKFLOW, step="design")
+    run_delivered(h, tracer, job, {"traceparent": "not-a-traceparent"})
+    step = spans_by_name(exporter)[f"step {KIND}"]
+    assert step.context.trace_id == WORKFLOW.int
+    assert step.parent is not None
+    assert step.parent.span_id == WORKFLOW.int & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def test_without_tracing_no_trace_header_is_written_nor_handed_on(
+    h: Harness,
+) -> None:
+    job = h.enqueue(workflow_id=WORKFLOW, step="design")
+    headers = published_headers(job, None)
+    assert set(headers) == {"vibey-outbox-id", "x-vibey-solo"}
+    assert _trace(pika.BasicProperties(headers=headers)) == {}
