@@ -45,6 +45,7 @@ from workflows.dispatch import EnvelopeError, decode
 log = logging.getLogger(__name__)
 
 STEP_ACTOR_PREFIX = "run_step@"
+PUBLISH_ATTEMPTS = 3  # a re-delay's publish, each on a fresh connection after a lost one
 _CONSUMER_SERIALS = itertools.count(1)
 
 
@@ -222,4 +223,23 @@ class VibeyBroker(RabbitmqBroker):
             message_id=message_id,
             headers=dict(headers) if headers else None,
         )
-        self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+        # This thread's connection may have died while the thread waited (on PostgreSQL, say,
+        # past the broker's heartbeat timeout): a new one is opened and the publish sent again,
+        # as Dramatiq's own enqueue does, rather than the pointer being dropped.
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+                return
+            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+                if isinstance(exc, pika.exceptions.UnroutableError):
+                    raise
+                del self.connection
+                if attempt == PUBLISH_ATTEMPTS:
+                    raise ConnectionClosed(exc) from exc
+                log.warning(
+                    "publish to %s: attempt %d/%d failed (%s); reconnecting",
+                    exchange,
+                    attempt,
+                    PUBLISH_ATTEMPTS,
+                    exc,
+                )

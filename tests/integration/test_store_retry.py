@@ -233,3 +233,38 @@ def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, 
     envelope = decode(body)
     assert (envelope.job_id, envelope.dispatch_seq) == (job_id, 7)
     connection.close()
+
+
+def test_a_re_delay_whose_broker_connection_died_reconnects_and_loses_nothing(
+    dead_pool: Pool, amqp: Amqp
+) -> None:
+    """A thread that waited on PostgreSQL past the broker's heartbeat timeout finds its
+    connection gone: the re-delay opens a new one instead of dropping the pointer."""
+    config = WorkerConfig(pg_url="", amqp_url=amqp.url, prefix=amqp.prefix, tiers=TIERS)
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))
+    broker = VibeyBroker(
+        url=amqp.url, dead_exchange=amqp.names.dead_exchange, declare=lambda _: None
+    )
+    broker.channel.connection.close()  # what the broker's heartbeat timeout does to it
+    job_id = uuid.uuid4()
+    try:
+        outage.wait_out(
+            broker,
+            amqp.names,
+            TIERS,
+            job_id=job_id,
+            project_id=P,
+            seq=3,
+            kind="design.interview",
+            routing_key=f"shared.interactive.{P}",
+        )
+    finally:
+        broker.close()
+    channel = amqp.channel(connection)
+    method, _properties, body = channel.basic_get(
+        amqp.names.tier_queue(tier_name(TIERS.smallest)), auto_ack=True
+    )
+    assert method is not None, "the pointer was dropped"
+    assert decode(body).job_id == job_id
+    connection.close()
