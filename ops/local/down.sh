@@ -39,7 +39,7 @@ stop_one() {  # the fields of one line; 0 once that thing is stopped (or was alr
             "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the worker fleet (process group $1)"
             ;;
         console/group)
-            if ! "$here/native.sh" group-has "$1" "$repo/.venv/bin/vibey console"; then
+            if ! "$here/native.sh" group-has "$1" "vibey console"; then
                 echo "console: pid $1 had already stopped"
                 return 0
             fi

@@ -195,7 +195,7 @@ if [ "${VIBEY_UP_CONSOLE:-1}" != 0 ]; then
         sign_in="sign in with the token in $STATE/console.token (no username)"
     fi
     console_pid=$(recorded_console || true)
-    if [ -n "$console_pid" ] && { ops/local/native.sh group-has "$console_pid" "$VIBEY console" ||
+    if [ -n "$console_pid" ] && { ops/local/native.sh group-has "$console_pid" "bin/vibey console" ||
         console_answers_as "$console_pid"; }; then
         echo "console: reusing the console a previous \`just up\` started (pid $console_pid)"
     else
