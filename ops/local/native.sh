@@ -64,7 +64,7 @@ group_alive() {  # PGID: a process of the group that is not a zombie exists
 group_has() {  # PGID TEXT: a live process of the group has TEXT in its command line
     local pgid=$1 text=$2
     [[ $pgid =~ ^[0-9]+$ ]] && [ "$pgid" -gt 1 ] || return 1
-    ps -eo pgid=,stat=,args= |
+    ps -ww -eo pgid=,stat=,args= |
         awk -v g="$pgid" -v t="$text" '$1 == g && $2 !~ /^Z/ && index($0, t) { found = 1 } END { exit !found }'
 }
 
@@ -73,7 +73,7 @@ pid_alive() {  # PID [TEXT]: the process exists, is not a zombie (and has TEXT i
     [[ $1 =~ ^[0-9]+$ ]] || return 1
     stat=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
     [ -n "$stat" ] && [[ $stat != Z* ]] || return 1
-    [ -z "${2:-}" ] || ps -o args= -p "$1" 2>/dev/null | grep -qF -- "$2"
+    [ -z "${2:-}" ] || ps -ww -o args= -p "$1" 2>/dev/null | grep -qF -- "$2"
 }
 
 stop_group() {  # PGID SECONDS: SIGTERM the group; SIGKILL it after SECONDS; 0 once it is gone

@@ -129,7 +129,7 @@ recorded_worker() {  # the pid of the fleet recorded in the state file, or nothi
 is_our_worker() {  # PID: alive, leads its group, and runs `vibey worker`
     local pid=$1 args
     ops/local/native.sh group-alive "$pid" || return 1
-    args=$(ps -o args= -p "$pid" 2>/dev/null) || return 1
+    args=$(ps -ww -o args= -p "$pid" 2>/dev/null) || return 1
     [[ $args == *vibey*worker* ]]
 }
 forget_worker() {  # PID: drop its line from the state file
@@ -323,7 +323,7 @@ for engine in $service_engines; do
     loop_log=$STATE/logs/loop-$engine.log
     loop_pid=$([ -f "$PIDS" ] && awk -F'\t' -v e="$engine" '$1 == "loop-service" && $4 == e { p = $3 } END { if (p) print p }' "$PIDS" || true)
     if [ -n "$loop_pid" ] && ops/local/native.sh group-alive "$loop_pid" &&
-        [[ $(ps -o args= -p "$loop_pid" 2>/dev/null) == *loop-service* ]]; then
+        [[ $(ps -ww -o args= -p "$loop_pid" 2>/dev/null) == *loop-service* ]]; then
         echo "loop-service $engine: reusing pid $loop_pid"
         continue
     fi

@@ -166,6 +166,9 @@ def up_env(tmp_path: Path, pg_admin_url: str, amqp: Amqp) -> Iterator[dict[str, 
         "VIBEY_UP_DEMO_TIMEOUT": "20",
         "VIBEY_DOWN_TIMEOUT": "10",
         "VIBEY_CONSOLE_PORT": str(free_port()),
+        # ps cuts its lines at $COLUMNS when it has no terminal; CI's shell sets 80, which cut
+        # "…/.venv/bin/vibey console" off a longer checkout path, so down took the console for gone.
+        "COLUMNS": "40",
     }
     try:
         yield env
