@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated
 from cyclopts import App, Parameter
 
 from vibey import render
-from vibey.cli_workflow import whoami
 from vibey.command_groups import help_of
 from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
@@ -176,6 +175,8 @@ def answer(
     from vibey.wiring import workflow_client
 
     settings = load_settings()
+    from vibey.cli_workflow import whoami
+
     who = by or whoami()
     with workflow_client(settings) as client:
         if name:

@@ -731,6 +731,8 @@ def _agent_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _roster(tables: Any, where: str) -> tuple[AgentSpec, ...]:
+    if tables == {}:  # no [engines.<id>] table: the roster's parser is not even imported
+        return ()
     from actors.agents.roster import RosterError, parse_roster
 
     try:

@@ -1,7 +1,7 @@
 """A workflow that parks at once, for ``ops/bench/inbox.py``: nothing runs until it is answered.
 
 Started → gate ``go`` [yes] (no step, no message, no lease) → yes → step ``work``
-(design.interview) → Complete("local").
+(``parked.work``, its own kind) → Complete("local").
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from workflows.engine import (
     Started,
     StepSucceeded,
 )
+from workflows.gates import GateKind, GateKinds
+from workflows.kinds import StepKind, StepKinds
 
-STEP_KIND = "design.interview"
+STEP_KIND = "parked.work"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,9 @@ class ParkedState:
 class Parked:
     name = "parked"
     version = 1
+    kinds = StepKinds([StepKind(STEP_KIND)])
+    gates = GateKinds([GateKind("approval", answers=("yes",))])
+    first_phase = "parked"
 
     def initial(self) -> ParkedState:
         return ParkedState()
