@@ -4,26 +4,20 @@ trace, each step a span over claim → handler → settle; without a tracer noth
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from actors import tracing
-from actors.steps import StepResult, StepRunner
-from actors.stub_broker import StubPublisher
+from actors.steps import StepResult
 from actors.tracing import StepTracer
-from store.memory import ManualClock, MemoryJobRepository
-from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
+from tests.step_harness import KIND, Harness, ok, recording_tracer
+from tests.step_harness import spans_by_name as by_name
 from tests.unit.test_settings import AMQP, PG, settings_error
-from tests.unit.test_step_runner import KIND, NAMES, Harness, ok
 from vibey.settings import load_settings
 from vibey.wiring import worker_config
-from workflows.dispatch import DEFAULT_WAIT_TIERS
 from workflows.job import FailureClass
 from workflows.queue import Job
 from workflows.steps import Failure, Handler, Outcome, Short
@@ -31,44 +25,12 @@ from workflows.steps import Failure, Handler, Outcome, Short
 WORKFLOW = uuid.UUID("6f1c2a9e-4b7d-4c1e-9a53-0d2f8e6b7c41")
 
 
-@pytest.fixture
-def h() -> Harness:
-    clock = ManualClock()
-    broker = StubPublisher()
-    jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
-    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(), [])
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    yield exporter
-    exporter.clear()
-
-
 def traced_run(
     h: Harness, exporter: InMemorySpanExporter, handler: Handler, job: Job
 ) -> StepResult:
     """``job`` run once by a step runner given the tracer's hooks, as the worker wires it."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = StepTracer(provider.get_tracer("test"))
-    claims, handlers, on_result = tracing.hooked(tracer, h.records, {KIND: handler}, print)
-    runner = StepRunner(
-        jobs=h.jobs,
-        records=claims,
-        broker=h.broker,
-        names=NAMES,
-        tiers=DEFAULT_WAIT_TIERS,
-        handlers=handlers,
-        owner="worker-1",
-        on_result=on_result,
-    )
+    runner = h.traced_runner(StepTracer(recording_tracer(exporter)), handler)
     return h.run(runner, job, seq=job.dispatch_seq)
-
-
-def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    return {span.name: span for span in exporter.get_finished_spans()}
 
 
 @pytest.mark.parametrize("short", [False, True], ids=["two commits", "one commit"])
