@@ -44,8 +44,11 @@ class _IO:
         self.publications += publications
 
 
-def published_headers(job: Job, tracer: StepTracer | None) -> dict[str, Any]:
-    """The AMQP headers the relay sends with ``job``'s pointer (traced when ``tracer``)."""
+def published_headers(
+    job: Job, tracer: StepTracer | None, *, traceparent: str | None = None
+) -> dict[str, Any]:
+    """The AMQP headers the relay sends with ``job``'s pointer (traced when ``tracer``),
+    whose outbox row was written with ``traceparent``."""
     relay = Relay(
         url=URL,
         records=cast(DispatchRecords, object()),  # routing and sending read no row
@@ -63,6 +66,7 @@ def published_headers(job: Job, tracer: StepTracer | None) -> dict[str, Any]:
         kind=job.kind,
         not_before=datetime.now(UTC),
         workflow_id=job.workflow_id,
+        traceparent=traceparent,
     )
     relay._publish_rows([row])
     publisher = _Publisher(URL, queue.Queue(), threading.Event(), threading.Event())
@@ -117,3 +121,23 @@ def test_without_tracing_no_trace_header_is_written_nor_handed_on(
     headers = published_headers(job, None)
     assert set(headers) == {"vibey-outbox-id", "x-vibey-solo"}
     assert _trace(pika.BasicProperties(headers=headers)) == {}
+
+
+def test_a_row_written_with_a_traceparent_is_sent_with_it_by_any_relay(
+    h: Harness,
+    spans: InMemorySpanExporter,
+) -> None:
+    """A workflow event's span (a start, an answer) wrote the row: the relay, traced or not
+    (the client's, a reconciler's), sends that traceparent and opens no span of its own, so
+    the step is the event's child."""
+    job = h.enqueue(workflow_id=WORKFLOW, step="design")
+    event = f"00-{WORKFLOW.int:032x}-00f067aa0ba902b7-01"
+    traced = StepTracer(recording_tracer(spans))
+    for tracer in (None, traced):
+        headers = published_headers(job, tracer, traceparent=event)
+        assert headers["traceparent"] == event
+        assert set(headers) == {"vibey-outbox-id", "x-vibey-solo", "traceparent"}
+    assert spans.get_finished_spans() == ()  # no publish span for a row that has its trace
+    run_delivered(h, traced, job, {"traceparent": event})
+    step = spans_by_name(spans)[f"step {job.kind}"]
+    assert step.parent is not None and step.parent.span_id == 0x00F067AA0BA902B7
