@@ -13,6 +13,7 @@ from opentelemetry.trace import StatusCode
 from actors import tracing
 from actors.steps import StepResult
 from actors.tracing import StepTracer
+from store.event_spans import NO_SPANS
 from tests.step_harness import KIND, Harness, ok, recording_tracer
 from tests.step_harness import spans_by_name as by_name
 from tests.unit.test_settings import AMQP, PG, settings_error
@@ -99,3 +100,29 @@ def test_the_endpoint_comes_from_the_settings_and_must_be_a_url(tmp_path: Path) 
     )
     env["VIBEY_TRACING_OTLP_ENDPOINT"] = "collector:4318"
     assert "VIBEY_TRACING_OTLP_ENDPOINT" in settings_error(env, tmp_path)
+
+
+def test_an_event_span_opens_in_the_trace_it_is_given_and_records_a_failure(
+    spans: InMemorySpanExporter,
+) -> None:
+    events = tracing.event_spans(StepTracer(recording_tracer(spans)))
+    assert isinstance(events, tracing.EventTracer)
+    never = events.begin("gate answered", {"vibey.gate.id": "g"})
+    never.end()  # refused: no trace was named, nothing is recorded
+    assert spans.get_finished_spans() == ()
+    span = events.begin("workflow cancelled", {"vibey.event.type": "workflow.cancelled"})
+    traceparent = span.traceparent(WORKFLOW, {"vibey.workflow.id": str(WORKFLOW)})
+    span.end(RuntimeError("the commit was lost"))
+    (ended,) = spans.get_finished_spans()
+    assert traceparent == f"00-{WORKFLOW.int:032x}-{ended.context.span_id:016x}-01"
+    assert ended.status.status_code is StatusCode.ERROR
+    assert dict(ended.attributes or {}) == {
+        "vibey.event.type": "workflow.cancelled",
+        "vibey.workflow.id": str(WORKFLOW),
+    }
+
+
+def test_without_a_step_tracer_the_store_gets_no_event_spans() -> None:
+    assert tracing.event_spans(None) is NO_SPANS
+    span = NO_SPANS.begin("workflow started", {})
+    assert span.traceparent(WORKFLOW, {}) is None
