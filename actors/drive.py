@@ -60,18 +60,19 @@ class PostgresRuntime:
         self.jobs = PostgresJobRepository(
             pool=self.pool, leases=config.leases.resolved(registry.kinds.canonical)
         )
+        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
         self.workflows = WorkflowStore(
             pool=self.pool,
             jobs=self.jobs,
             registry=registry,
             ledger=Ledger(self.pool),
+            events=tracing.event_spans(self.tracer),
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, handler_context(config, self.pool))
         handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
         self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
-        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
         claims, handlers, on_result = tracing.hooked(
             self.tracer, DispatchRecords(pool=self.pool, relay_id=self.owner), handlers, self._count
         )

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from actors import amqp, metrics
+from actors import amqp, metrics, tracing
 from actors.capabilities import detect
 from actors.drive import reap_once
 from actors.event_publisher import EventService
@@ -87,8 +87,15 @@ class ReconcileService:
         )
 
     def _events(self, registry: Registry) -> EventService:
+        tracer = tracing.step_tracer(
+            self.config.otlp_endpoint, service_name=self.config.tracing_service
+        )
         workflows = WorkflowStore(
-            pool=self.pool, jobs=self.jobs, registry=registry, ledger=Ledger(self.pool)
+            pool=self.pool,
+            jobs=self.jobs,
+            registry=registry,
+            ledger=Ledger(self.pool),
+            events=tracing.event_spans(tracer),  # a gate deadline's span
         )
         return event_service(self.config, self.pool, workflows)
 

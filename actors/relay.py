@@ -17,8 +17,10 @@ exchange with the pointer's real routing key. Whether a project's key is its ded
 read from ``project_route`` (``store.routes``: a :class:`~store.routes.RouteCache` in a
 long-lived process, refreshed on NOTIFY), the same answer in every publisher.
 
-Each message carries ``correlation_id`` (the job's workflow, else the job), in a traced
-process the W3C ``traceparent`` of a ``publish`` span (``actors.tracing``), and, where the work
+Each message carries ``correlation_id`` (the job's workflow, else the job), the W3C
+``traceparent`` its row was written with (a traced workflow event's: every relay sends it, a
+drain's resend included), else in a traced process that of a ``publish`` span
+(``actors.tracing``), and, where the work
 queues honour message priorities on the connected broker (``actors.capabilities.
 message_priorities``: detected at each connect, never assumed), the job's priority.
 
@@ -149,8 +151,9 @@ class Relay:
         mark_batch: int = 256,
         trace_headers: Callable[[OutboxRow], Mapping[str, str]] | None = None,
     ) -> None:
-        """``trace_headers``: the trace context to send with a row's pointer (a traced
-        process's :meth:`actors.tracing.StepTracer.publish_headers`); None sends none."""
+        """``trace_headers``: the trace context to send with a row's pointer that carries
+        none of its own (a traced process's :meth:`actors.tracing.StepTracer.
+        publish_headers`); None sends none. A row's stored traceparent is always sent."""
         self._url = url
         self._trace_headers = trace_headers
         self._records = records
@@ -283,18 +286,27 @@ class Relay:
         claimed, for a drain's reclaim."""
         try:
             now = self._clock()
-            publications = [self._router.publication(row, now) for row in rows]
-            if self._trace_headers is not None:
-                publications = [
-                    replace(pub, trace_headers=tuple(self._trace_headers(row).items()))
-                    for pub, row in zip(publications, rows, strict=True)
-                ]
+            publications = [
+                replace(pub, trace_headers=self._trace_of(row))
+                for pub, row in zip(
+                    (self._router.publication(row, now) for row in rows), rows, strict=True
+                )
+            ]
         except Exception:
             log.exception("relay: could not route %d rows; a drain will reclaim them", len(rows))
             self._done(len(rows))
             return
         assert self._io is not None
         self._io.publish(publications)
+
+    def _trace_of(self, row: OutboxRow) -> tuple[tuple[str, str], ...]:
+        """A row's stored traceparent (the workflow event that wrote it), sent by every
+        relay, traced or not; else a traced relay's publish span; else none."""
+        if row.traceparent:
+            return (("traceparent", row.traceparent),)
+        if self._trace_headers is not None:
+            return tuple(self._trace_headers(row).items())
+        return ()
 
     def _settle_confirms(self) -> None:
         sent: list[int] = []

@@ -1,4 +1,5 @@
-"""OpenTelemetry traces of the steps: off (the API's no-op) unless an OTLP endpoint is set.
+"""OpenTelemetry traces of the steps and of the workflow events outside a step: off (the API's
+no-op) unless an OTLP endpoint is set.
 
 A workflow is a trace: its trace id is the workflow's UUID (a plain job's, its own id), so
 every step of one workflow — whichever process, backend or retry ran it — lands in one trace
@@ -10,9 +11,23 @@ Across the broker the W3C ``traceparent`` rides in the dispatch pointer's AMQP h
 traced process's relay opens a ``publish <kind>`` span (under the workflow's context) for each
 pointer it sends and injects it (:meth:`StepTracer.publish_headers`); the consumer hands those
 headers to :meth:`StepTracer.delivered`, and the step's span is then that publish span's child
-(same trace). An untraced relay writes no header; an untraced worker ignores one.
+(same trace). An untraced relay opens no span (it sends only a row's stored traceparent,
+below); an untraced worker ignores the header.
 
-The spans are made after the fact from the times each phase began: only the claim says
+Workflow events recorded outside a step — a start, a gate answered (from the CLI, the console,
+the client, or by its default at its deadline), a cancel — are spans too (:class:`EventTracer`,
+given to the workflow store: ``store.event_spans``), in the same trace: the trace id is derived
+from the workflow id, not persisted with the workflow, because every process (a CLI, a worker
+answering a deadline, a reconciler) can derive it from the id it already holds, with no column
+to read or migrate, and the step spans already hang from it. What is
+persisted is the event span's ``traceparent``, on the outbox rows its transaction wrote
+(``job_outbox.traceparent``): every relay sends a row's stored traceparent as it is (the next
+step's span is then the event span's child), a reconciler's drain and the lost-dispatch sweep
+included, so a resent pointer continues the trace it was written in. A row written untraced
+has none, and a traced relay opens a ``publish`` span for it as above. A timer firing is a
+step (its job's span); a gate's deadline is the ``gate deadline`` span.
+
+The step spans are made after the fact from the times each phase began: only the claim says
 which workflow a pointer belongs to. The hooks wrap what :class:`actors.steps.StepRunner`
 is given (its pointer claims, its handlers, its result callback), so the runner itself knows
 nothing of tracing; one step runs on one thread, and a thread-local holds its times.
@@ -38,6 +53,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 from actors.steps import StepResult
 from store.db import Conn
 from store.dispatch import PointerRow
+from store.event_spans import NO_SPANS, Attributes, EventSpans
 from store.ports import PointerClaims
 from store.unit_of_work import OutboxRow
 from workflows.queue import Job
@@ -45,6 +61,7 @@ from workflows.steps import Handler, Handlers, Outcome, Short
 
 TRACER_NAME = "vibey"
 _FAILED = frozenset({StepResult.FAILED, StepResult.PARKED})
+_configured: list[str] = []  # the endpoint this process exports to, once configured
 
 
 class TracingUnavailable(RuntimeError):
@@ -52,7 +69,10 @@ class TracingUnavailable(RuntimeError):
 
 
 def configure(endpoint: str, *, service_name: str = "vibey") -> None:
-    """Export every span to the OTLP/HTTP collector at ``endpoint`` (…/v1/traces)."""
+    """Export every span to the OTLP/HTTP collector at ``endpoint`` (…/v1/traces); once
+    per process (a second call, e.g. a second client, keeps the first provider)."""
+    if _configured:
+        return
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -66,6 +86,7 @@ def configure(endpoint: str, *, service_name: str = "vibey") -> None:
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     trace.set_tracer_provider(provider)
+    _configured.append(endpoint)
 
 
 def workflow_context(trace_of: UUID) -> Context:
@@ -98,6 +119,10 @@ class StepTracer:
         self._tracer = tracer or trace.get_tracer(TRACER_NAME)
         self._local = threading.local()
 
+    @property
+    def tracer(self) -> trace.Tracer:
+        return self._tracer
+
     # -- the hooks -------------------------------------------------------------------------
 
     def claims(self, inner: PointerClaims) -> PointerClaims:
@@ -124,7 +149,8 @@ class StepTracer:
 
     def publish_headers(self, row: OutboxRow) -> dict[str, str]:
         """A ``publish <kind>`` span for the pointer of ``row``, in its workflow's trace, as
-        the W3C headers to send with it."""
+        the W3C headers to send with it (the relay sends a row's stored traceparent instead,
+        when it has one: no span is opened for it)."""
         span = self._tracer.start_span(
             f"publish {row.kind}",
             context=workflow_context(row.workflow_id or row.job_id),
@@ -193,6 +219,49 @@ class StepTracer:
         return run
 
 
+class EventTracer:
+    """The spans of workflow events outside a step (``store.event_spans.EventSpans``)."""
+
+    def __init__(self, tracer: trace.Tracer | None = None) -> None:
+        self._tracer = tracer or trace.get_tracer(TRACER_NAME)
+
+    def begin(self, name: str, attributes: Attributes) -> _EventSpan:
+        return _EventSpan(self._tracer, name, attributes)
+
+
+class _EventSpan:
+    """A span begun at construction, opened in its trace once the trace is known."""
+
+    def __init__(self, tracer: trace.Tracer, name: str, attributes: Attributes) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._attributes = dict(attributes)
+        self._start = time.time_ns()
+        self._span: trace.Span | None = None
+
+    def traceparent(self, trace_of: UUID, attributes: Attributes) -> str | None:
+        if self._span is None:
+            self._span = self._tracer.start_span(
+                self._name,
+                context=workflow_context(trace_of),
+                start_time=self._start,
+                attributes={**self._attributes, **attributes},
+            )
+        if not self._span.is_recording():
+            return None
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(self._span))
+        return carrier.get("traceparent")
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self._span is None:
+            return
+        if error is not None:
+            self._span.record_exception(error)
+            self._span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        self._span.end()
+
+
 class _TracedClaims:
     """A :class:`store.ports.PointerClaims` that tells the tracer which job a claim took."""
 
@@ -245,6 +314,11 @@ def step_tracer(endpoint: str | None, *, service_name: str = "vibey") -> StepTra
         return None
     configure(endpoint, service_name=service_name)
     return StepTracer()
+
+
+def event_spans(tracer: StepTracer | None) -> EventSpans:
+    """The workflow-event spans of a process whose steps ``tracer`` traces (None: none)."""
+    return NO_SPANS if tracer is None else EventTracer(tracer.tracer)
 
 
 def hooked(

@@ -228,6 +228,7 @@ class Runtime:
             jobs=self.jobs,
             registry=registry,
             ledger=Ledger(self.pool),
+            events=tracing.event_spans(self.tracer),
         )
         if handlers is None:
             handlers = load_handlers(config.handlers, self._handler_context())

@@ -27,6 +27,7 @@ from typing import Any
 from uuid import UUID
 
 from store.db import Pool, fetch_all, fetch_one, transaction
+from store.event_spans import Attributes, traced_unit
 from store.events import emit_txn
 from store.sql import load
 from store.unit_of_work import UnitOfWork
@@ -69,13 +70,36 @@ class GateDeadlines:
             ]
         expired = escalated = 0
         for gate_id in due:
-            with self._units.begin() as unit:
-                outcome = self.expire_txn(unit, gate_id, now)
+            outcome = self.expire(gate_id, now)
             expired += outcome == "expired"
             escalated += outcome == "escalated"
         return SweepReport(expired, escalated, self.remind(now))
 
-    def expire_txn(self, unit: UnitOfWork, gate_id: UUID, now: datetime) -> str:
+    def expire(self, gate_id: UUID, now: datetime) -> str:
+        """One gate's deadline in its own transaction, a span ``gate deadline`` in its
+        workflow's trace (``store.event_spans``): the steps it releases are its children."""
+        found: dict[str, Any] = {}
+
+        def trace_of(outcome: str) -> tuple[UUID, Attributes] | None:
+            if not outcome:
+                return None
+            workflow_id = found["workflow_id"]
+            kind = EventType.GATE_ESCALATED if outcome == "escalated" else EventType.GATE_EXPIRED
+            attributes = {"vibey.workflow.id": str(workflow_id), "vibey.event.type": kind.value}
+            return workflow_id, attributes | {"vibey.gate.on_deadline": found["on_deadline"]}
+
+        return traced_unit(
+            self._units.begin,
+            self._workflows.events,
+            "gate deadline",
+            {"vibey.gate.id": str(gate_id)},
+            lambda unit: self.expire_txn(unit, gate_id, now, found=found),
+            trace_of,
+        )
+
+    def expire_txn(
+        self, unit: UnitOfWork, gate_id: UUID, now: datetime, *, found: dict[str, Any] | None = None
+    ) -> str:
         """Carry out one gate's deadline: ``expired``, ``escalated``, or ``""`` when someone
         answered it first (or it is not due)."""
         conn = unit.conn
@@ -83,6 +107,8 @@ class GateDeadlines:
         gate = fetch_one(conn, Q["lock_due_gate"], {"gate_id": gate_id, "now": now})
         if locked is None or gate is None:
             return ""
+        if found is not None:  # what the caller's span says of the gate
+            found.update(workflow_id=gate["workflow_id"], on_deadline=gate["on_deadline"])
         facts: dict[str, Any] = {
             "gate_id": str(gate_id),
             "gate": gate["name"],

@@ -234,6 +234,8 @@ class JobOutboxRow(SQLModel, table=True):
     # 0010_project_routes: filled from the job by a trigger
     priority: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
     workflow_id: uuid.UUID | None = Field(sa_column=Column(Uuid, nullable=True))
+    # 0017_outbox_traceparent: the W3C trace context the pointer continues (NULL: untraced)
+    traceparent: str | None = Field(sa_column=Column(Text, nullable=True))
 
 
 class WorkflowRow(SQLModel, table=True):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -30,6 +30,7 @@ from uuid import UUID
 from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
 from store.errors import CommitUnknown, DatabaseUnavailable
 from store.resolve import unsent_of
+from store.sql import load
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
 OUTBOX_RETURNING = "id, key, job_id, project_id, dispatch_seq, kind, not_before, solo"
@@ -49,6 +50,7 @@ class OutboxRow:
     solo: bool = False
     priority: int = 0  # the job's; the message priority where the queue honours one
     workflow_id: UUID | None = None  # the message's correlation_id (else the job's id)
+    traceparent: str | None = None  # the W3C trace context it continues (None: untraced)
 
 
 def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
@@ -63,9 +65,11 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
         solo=row["solo"],
         priority=row.get("priority") or 0,
         workflow_id=row.get("workflow_id"),
+        traceparent=row.get("traceparent"),
     )
 
 
+Q = load("dispatch.sql")
 _SAVEPOINTS = itertools.count(1)
 Publish = Callable[[Sequence[OutboxRow]], None]
 
@@ -100,6 +104,16 @@ class UnitOfWork:
                     workflow_id=UUID(row["workflow_id"]) if row.get("workflow_id") else None,
                 )
             )
+
+    def trace(self, traceparent: str | None) -> None:
+        """Mark the rows written so far with the W3C ``traceparent`` their pointers continue
+        (a traced workflow event's span: ``store.event_spans``), in this transaction, so a
+        relay sends it with them, a reconciler's drain included. None: nothing to mark."""
+        if traceparent is None or not self._pointers:
+            return
+        ids = [p.id for p in self._pointers]
+        self.conn.execute(Q["trace_outbox"].encode(), {"traceparent": traceparent, "ids": ids})
+        self._pointers = [replace(p, traceparent=traceparent) for p in self._pointers]
 
     @property
     def pointers(self) -> tuple[OutboxRow, ...]:

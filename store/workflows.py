@@ -6,6 +6,9 @@ workflow's history, (3) runs it through the definition (:func:`workflows.engine.
 backend), gates become gate rows, timers become timer jobs with ``run_after``. Events on one
 workflow therefore serialise on its row, and each is applied exactly once.
 
+A start, an answer and a cancel are each a span when the store is given event spans
+(``store.event_spans``): the outbox rows of their transaction carry its traceparent.
+
 Lock order, everywhere: the workflow row, then job rows, then gate rows. A step's settle
 locks its workflow before its fenced job write (:meth:`WorkflowStore.settle_txn`), a gate
 answer locks the workflow before the gate.
@@ -37,6 +40,7 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
+from store.event_spans import NO_SPANS, Attributes, EventSpans, answer_trace, traced_unit
 from store.events import emit_txn
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
@@ -118,10 +122,13 @@ class WorkflowStore(WorkflowReads):
         registry: Registry,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         ledger: Ledger | None = None,
+        events: EventSpans = NO_SPANS,
     ) -> None:
         """With ``ledger``, every applied event also appends the ledger events its definition
-        says it produces (a definition's optional ``ledger_events``), in the same transaction."""
+        says it produces (a definition's optional ``ledger_events``), in the same transaction.
+        ``events``: the spans of a start, an answer and a cancel (``store.event_spans``)."""
         self._pool = pool
+        self._events = events
         self._ledger = ledger
         self._jobs = jobs
         self._registry = registry
@@ -137,14 +144,33 @@ class WorkflowStore(WorkflowReads):
     def jobs(self) -> PostgresJobRepository:
         return self._jobs
 
+    @property
+    def events(self) -> EventSpans:
+        return self._events
+
     # -- writes ----------------------------------------------------------------------------
 
     @retried("start a workflow", idempotent=False)
     def start(
         self, project_id: str, *, definition: str, input: JsonObject | None = None
     ) -> StartOutcome:
-        with self._jobs.units.begin() as unit:
-            return self.start_txn(unit, project_id, definition=definition, input=input or {})
+        def trace_of(outcome: StartOutcome) -> tuple[UUID, Attributes] | None:
+            if not outcome.created:  # the project's live workflow: nothing started
+                return None
+            started = outcome.workflow
+            return started.id, {
+                "vibey.workflow.id": str(started.id),
+                "vibey.workflow.definition": started.definition,
+            }
+
+        return traced_unit(
+            self._jobs.units.begin,
+            self._events,
+            "workflow started",
+            {"vibey.event.type": "workflow.started", "vibey.project": project_id},
+            lambda unit: self.start_txn(unit, project_id, definition=definition, input=input or {}),
+            trace_of,
+        )
 
     def start_txn(
         self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
@@ -185,8 +211,19 @@ class WorkflowStore(WorkflowReads):
     def record_txn(self, unit: UnitOfWork, workflow_id: UUID, event: Event) -> Workflow:
         return self._record(unit, self._lock(unit.conn, workflow_id), event)
 
+    @retried("cancel a workflow", idempotent=False)
     def cancel(self, workflow_id: UUID, *, by: str, reason: str = "") -> Workflow:
-        return self.record(workflow_id, CancelRequested(by=by, reason=reason))
+        return traced_unit(
+            self._jobs.units.begin,
+            self._events,
+            "workflow cancelled",
+            {"vibey.event.type": "workflow.cancelled", "vibey.cancelled_by": by},
+            lambda unit: self.record_txn(unit, workflow_id, CancelRequested(by=by, reason=reason)),
+            lambda done: (
+                done.id,
+                {"vibey.workflow.id": str(done.id), "vibey.status": done.status.value},
+            ),
+        )
 
     def settle_txn(
         self,
@@ -232,8 +269,14 @@ class WorkflowStore(WorkflowReads):
 
     @retried("answer a gate", idempotent=False)
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
-        with self._jobs.units.begin() as unit:
-            return self.answer_txn(unit, gate_id, answer, by=by)
+        return traced_unit(
+            self._jobs.units.begin,
+            self._events,
+            "gate answered",
+            {"vibey.event.type": "gate.answered", "vibey.gate.id": str(gate_id)},
+            lambda unit: self.answer_txn(unit, gate_id, answer, by=by),
+            answer_trace,
+        )
 
     def answer_txn(
         self, unit: UnitOfWork, gate_id: UUID, answer: str, *, by: str, source: str = "person"
@@ -292,8 +335,14 @@ class WorkflowStore(WorkflowReads):
     def answer_named(
         self, workflow_id: UUID, name: str, answer: str, *, by: str
     ) -> GateAnswerOutcome:
-        with self._jobs.units.begin() as unit:
-            return self.answer_named_txn(unit, workflow_id, name, answer, by=by)
+        return traced_unit(
+            self._jobs.units.begin,
+            self._events,
+            "gate answered",
+            {"vibey.event.type": "gate.answered", "vibey.gate.name": name},
+            lambda unit: self.answer_named_txn(unit, workflow_id, name, answer, by=by),
+            answer_trace,
+        )
 
     def answer_named_txn(
         self, unit: UnitOfWork, workflow_id: UUID, name: str, answer: str, *, by: str

@@ -42,6 +42,7 @@ from uuid import UUID
 
 from actors.relay import Relay, Router
 from actors.topology import QueueNames
+from actors.tracing import event_spans, step_tracer
 from store.db import Pool
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
@@ -156,8 +157,16 @@ class Client:
             relay_id=relay_id,
             after_commit=self._committed,
         )
+        tracing_settings = self.settings.tracing
+        tracer = step_tracer(
+            tracing_settings.otlp_endpoint, service_name=tracing_settings.service_name
+        )
         self.store = WorkflowStore(
-            pool=self._pool, jobs=self.jobs, registry=self.registry, ledger=Ledger(self._pool)
+            pool=self._pool,
+            jobs=self.jobs,
+            registry=self.registry,
+            ledger=Ledger(self._pool),
+            events=event_spans(tracer),  # a start's, an answer's, a cancel's span
         )
 
     def _start_relay(self) -> str | None:

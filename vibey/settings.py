@@ -630,8 +630,10 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TracingSettings:
-    """``[tracing]``: OpenTelemetry traces of the steps, exported over OTLP/HTTP to
-    ``otlp_endpoint`` (None: off, the API's no-op; ``actors/tracing.py``)."""
+    """``[tracing]``: OpenTelemetry traces of the steps and of the workflow events recorded
+    outside a step (a start, an answer, a cancel, a gate's deadline: in workers and in the
+    client and CLI alike), exported over OTLP/HTTP to ``otlp_endpoint`` (None: off, the API's
+    no-op; ``actors/tracing.py``)."""
 
     otlp_endpoint: str | None = None
     service_name: str = "vibey"

@@ -81,10 +81,14 @@ bumped AS (
     WHERE job.id = lost.id
     RETURNING job.id, job.project_id, job.dispatch_seq, job.kind, job.run_after
 )
-INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before)
+INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before, traceparent)
 SELECT 'dispatch:' || b.id || ':' || b.dispatch_seq || ':sweep:'
            || floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
-       b.id, b.project_id, b.dispatch_seq, b.kind, b.run_after
+       b.id, b.project_id, b.dispatch_seq, b.kind, b.run_after,
+       -- the trace the lost pointer continued (its row's traceparent), if it was traced
+       (SELECT o.traceparent FROM job_outbox o
+        WHERE o.job_id = b.id AND o.traceparent IS NOT NULL
+        ORDER BY o.id DESC LIMIT 1)
 FROM bumped b
 ON CONFLICT (key) DO NOTHING
 RETURNING id
@@ -149,13 +153,18 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 )
 RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
-          priority, workflow_id
+          priority, workflow_id, traceparent
 
 -- name: outbox_rows
-SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before, solo, priority, workflow_id
+SELECT id, key, job_id, project_id, dispatch_seq, kind, not_before, solo, priority, workflow_id,
+       traceparent
 FROM job_outbox
 WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
 ORDER BY id
+
+-- name: trace_outbox
+-- A traced unit of work's rows, before its commit: the trace context their pointers continue.
+UPDATE job_outbox SET traceparent = %(traceparent)s WHERE id = ANY (%(ids)s::bigint[])
 
 -- name: mark_sent
 -- After the broker confirmed (and did not return) each row's message.

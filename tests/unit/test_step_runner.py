@@ -1,84 +1,20 @@
 """The step runner (actors/steps.py) on the in-memory fakes: claim → handler → settle, with
-no PostgreSQL and no RabbitMQ (tests/integration/test_step_actor.py runs it on both)."""
+no PostgreSQL and no RabbitMQ (tests/integration/test_step_actor.py runs it on both); the
+harness, ``h``, is tests/step_harness.py's."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
-import pytest
-
-from actors.steps import StepResult, StepRunner
-from actors.stub_broker import StubPublisher
-from actors.topology import QueueNames
+from actors.steps import StepResult
 from store.errors import DatabaseUnavailable
-from store.memory import ManualClock, MemoryJobRepository
-from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore, StepEvent
+from store.memory_records import StepEvent
+from tests.step_harness import NAMES, Harness, P, ok
 from workflows.dispatch import DEFAULT_WAIT_TIERS, decode, tier_name
 from workflows.job import FailureClass, JobState
-from workflows.queue import EnqueueRequest, GateRequest, Job
-from workflows.steps import Failure, Handler, Outcome, Park, Short, Success
-
-P = "proj"
-KIND = "design.interview"
-NAMES = QueueNames("unit")
-
-
-@dataclass
-class Harness:
-    clock: ManualClock
-    jobs: MemoryJobRepository
-    records: MemoryDispatchRecords
-    broker: StubPublisher
-    workflows: MemoryWorkflowStore
-    seen: list[Job]
-
-    def runner(self, handler: Handler, *, workflows: bool = False) -> StepRunner:
-        def recording(job: Job) -> Outcome:
-            self.seen.append(job)
-            return handler(job)
-
-        wrapped: Handler = Short(recording) if isinstance(handler, Short) else recording
-        return StepRunner(
-            jobs=self.jobs,
-            records=self.records,
-            broker=self.broker,
-            names=NAMES,
-            tiers=DEFAULT_WAIT_TIERS,
-            handlers={KIND: wrapped},
-            owner="worker-1",
-            workflows=self.workflows if workflows else None,
-        )
-
-    def enqueue(self, **kw: Any) -> Job:
-        request = EnqueueRequest(project_id=P, kind=KIND, subject=uuid.uuid4().hex, **kw)
-        return self.jobs.enqueue(request).job
-
-    def run(self, runner: StepRunner, job: Job, seq: int, **kw: bool) -> StepResult:
-        route = f"shared.interactive.{P}"
-        return runner.run(
-            job_id=str(job.id), project_id=P, seq=seq, kind=KIND, routing_key=route, **kw
-        )
-
-    def now(self, job: Job) -> Job:
-        found = self.jobs.get(job.id)
-        assert found is not None
-        return found
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    clock = ManualClock()
-    broker = StubPublisher()
-    jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
-    yield Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(), [])
-
-
-def ok(job: Job) -> Outcome:
-    return Success({"answer": 42})
+from workflows.queue import GateRequest, Job
+from workflows.steps import Failure, Outcome, Park, Short, Success
 
 
 def test_a_pointer_is_claimed_handled_and_acked(h: Harness) -> None:

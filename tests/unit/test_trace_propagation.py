@@ -6,47 +6,24 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import pika
-import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from actors import tracing
 from actors.broker import _trace
 from actors.relay import Publication, Relay, Router, _Publisher
-from actors.steps import StepResult, StepRunner
-from actors.stub_broker import StubPublisher
+from actors.steps import StepResult
 from actors.tracing import StepTracer
 from store.dispatch import DispatchRecords
-from store.memory import ManualClock, MemoryJobRepository
-from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
 from store.unit_of_work import OutboxRow
-from tests.unit.test_step_runner import KIND, NAMES, Harness, ok
+from tests.step_harness import KIND, NAMES, Harness, ok, recording_tracer, spans_by_name
 from tests.unit.test_tracing import WORKFLOW
 from workflows.dispatch import DEFAULT_WAIT_TIERS
 from workflows.queue import Job
 
 URL = "amqp://guest:guest@127.0.0.1:5672/"
-
-
-@pytest.fixture
-def h() -> Harness:
-    clock = ManualClock()
-    broker = StubPublisher()
-    jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
-    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(), [])
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    spans = InMemorySpanExporter()
-    yield spans
-    spans.clear()
 
 
 class _Channel:
@@ -67,8 +44,11 @@ class _IO:
         self.publications += publications
 
 
-def published_headers(job: Job, tracer: StepTracer | None) -> dict[str, Any]:
-    """The AMQP headers the relay sends with ``job``'s pointer (traced when ``tracer``)."""
+def published_headers(
+    job: Job, tracer: StepTracer | None, *, traceparent: str | None = None
+) -> dict[str, Any]:
+    """The AMQP headers the relay sends with ``job``'s pointer (traced when ``tracer``),
+    whose outbox row was written with ``traceparent``."""
     relay = Relay(
         url=URL,
         records=cast(DispatchRecords, object()),  # routing and sending read no row
@@ -86,6 +66,7 @@ def published_headers(job: Job, tracer: StepTracer | None) -> dict[str, Any]:
         kind=job.kind,
         not_before=datetime.now(UTC),
         workflow_id=job.workflow_id,
+        traceparent=traceparent,
     )
     relay._publish_rows([row])
     publisher = _Publisher(URL, queue.Queue(), threading.Event(), threading.Event())
@@ -98,37 +79,21 @@ def published_headers(job: Job, tracer: StepTracer | None) -> dict[str, Any]:
 
 def run_delivered(h: Harness, tracer: StepTracer, job: Job, headers: dict[str, Any]) -> None:
     """As the worker's step actor: the consumer's ``trace`` kwarg to the tracer, then run."""
-    claims, handlers, on_result = tracing.hooked(tracer, h.records, {KIND: ok}, print)
-    runner = StepRunner(
-        jobs=h.jobs,
-        records=claims,
-        broker=h.broker,
-        names=NAMES,
-        tiers=DEFAULT_WAIT_TIERS,
-        handlers=handlers,
-        owner="worker-1",
-        on_result=on_result,
-    )
+    runner = h.traced_runner(tracer, ok)
     tracer.delivered(_trace(pika.BasicProperties(headers=headers)).get("trace"))
     assert h.run(runner, job, seq=job.dispatch_seq) is StepResult.SUCCEEDED
 
 
-def spans_by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    return {span.name: span for span in exporter.get_finished_spans()}
-
-
 def test_a_steps_span_is_the_child_of_the_span_that_published_its_pointer(
     h: Harness,
-    exporter: InMemorySpanExporter,
+    spans: InMemorySpanExporter,
 ) -> None:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = StepTracer(provider.get_tracer("test"))
+    tracer = StepTracer(recording_tracer(spans))
     job = h.enqueue(workflow_id=WORKFLOW, step="design")
     headers = published_headers(job, tracer)
     assert headers["traceparent"].startswith(f"00-{WORKFLOW.int:032x}-")
     run_delivered(h, tracer, job, headers)
-    found = spans_by_name(exporter)
+    found = spans_by_name(spans)
     publish, step = found[f"publish {KIND}"], found[f"step {KIND}"]
     assert step.parent is not None and step.parent.is_remote
     assert step.parent.span_id == publish.context.span_id  # not the workflow's own span id
@@ -138,14 +103,12 @@ def test_a_steps_span_is_the_child_of_the_span_that_published_its_pointer(
 
 def test_a_forged_traceparent_falls_back_to_the_workflows_trace(
     h: Harness,
-    exporter: InMemorySpanExporter,
+    spans: InMemorySpanExporter,
 ) -> None:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = StepTracer(provider.get_tracer("test"))
+    tracer = StepTracer(recording_tracer(spans))
     job = h.enqueue(workflow_id=WORKFLOW, step="design")
     run_delivered(h, tracer, job, {"traceparent": "not-a-traceparent"})
-    step = spans_by_name(exporter)[f"step {KIND}"]
+    step = spans_by_name(spans)[f"step {KIND}"]
     assert step.context.trace_id == WORKFLOW.int
     assert step.parent is not None
     assert step.parent.span_id == WORKFLOW.int & 0xFFFF_FFFF_FFFF_FFFF
@@ -158,3 +121,23 @@ def test_without_tracing_no_trace_header_is_written_nor_handed_on(
     headers = published_headers(job, None)
     assert set(headers) == {"vibey-outbox-id", "x-vibey-solo"}
     assert _trace(pika.BasicProperties(headers=headers)) == {}
+
+
+def test_a_row_written_with_a_traceparent_is_sent_with_it_by_any_relay(
+    h: Harness,
+    spans: InMemorySpanExporter,
+) -> None:
+    """A workflow event's span (a start, an answer) wrote the row: the relay, traced or not
+    (the client's, a reconciler's), sends that traceparent and opens no span of its own, so
+    the step is the event's child."""
+    job = h.enqueue(workflow_id=WORKFLOW, step="design")
+    event = f"00-{WORKFLOW.int:032x}-00f067aa0ba902b7-01"
+    traced = StepTracer(recording_tracer(spans))
+    for tracer in (None, traced):
+        headers = published_headers(job, tracer, traceparent=event)
+        assert headers["traceparent"] == event
+        assert set(headers) == {"vibey-outbox-id", "x-vibey-solo", "traceparent"}
+    assert spans.get_finished_spans() == ()  # no publish span for a row that has its trace
+    run_delivered(h, traced, job, {"traceparent": event})
+    step = spans_by_name(spans)[f"step {job.kind}"]
+    assert step.parent is not None and step.parent.span_id == 0x00F067AA0BA902B7

@@ -4,26 +4,21 @@ trace, each step a span over claim → handler → settle; without a tracer noth
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from actors import tracing
-from actors.steps import StepResult, StepRunner
-from actors.stub_broker import StubPublisher
+from actors.steps import StepResult
 from actors.tracing import StepTracer
-from store.memory import ManualClock, MemoryJobRepository
-from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
+from store.event_spans import NO_SPANS
+from tests.step_harness import KIND, Harness, ok, recording_tracer
+from tests.step_harness import spans_by_name as by_name
 from tests.unit.test_settings import AMQP, PG, settings_error
-from tests.unit.test_step_runner import KIND, NAMES, Harness, ok
 from vibey.settings import load_settings
 from vibey.wiring import worker_config
-from workflows.dispatch import DEFAULT_WAIT_TIERS
 from workflows.job import FailureClass
 from workflows.queue import Job
 from workflows.steps import Failure, Handler, Outcome, Short
@@ -31,44 +26,12 @@ from workflows.steps import Failure, Handler, Outcome, Short
 WORKFLOW = uuid.UUID("6f1c2a9e-4b7d-4c1e-9a53-0d2f8e6b7c41")
 
 
-@pytest.fixture
-def h() -> Harness:
-    clock = ManualClock()
-    broker = StubPublisher()
-    jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
-    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(), [])
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    yield exporter
-    exporter.clear()
-
-
 def traced_run(
     h: Harness, exporter: InMemorySpanExporter, handler: Handler, job: Job
 ) -> StepResult:
     """``job`` run once by a step runner given the tracer's hooks, as the worker wires it."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = StepTracer(provider.get_tracer("test"))
-    claims, handlers, on_result = tracing.hooked(tracer, h.records, {KIND: handler}, print)
-    runner = StepRunner(
-        jobs=h.jobs,
-        records=claims,
-        broker=h.broker,
-        names=NAMES,
-        tiers=DEFAULT_WAIT_TIERS,
-        handlers=handlers,
-        owner="worker-1",
-        on_result=on_result,
-    )
+    runner = h.traced_runner(StepTracer(recording_tracer(exporter)), handler)
     return h.run(runner, job, seq=job.dispatch_seq)
-
-
-def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    return {span.name: span for span in exporter.get_finished_spans()}
 
 
 @pytest.mark.parametrize("short", [False, True], ids=["two commits", "one commit"])
@@ -137,3 +100,29 @@ def test_the_endpoint_comes_from_the_settings_and_must_be_a_url(tmp_path: Path) 
     )
     env["VIBEY_TRACING_OTLP_ENDPOINT"] = "collector:4318"
     assert "VIBEY_TRACING_OTLP_ENDPOINT" in settings_error(env, tmp_path)
+
+
+def test_an_event_span_opens_in_the_trace_it_is_given_and_records_a_failure(
+    spans: InMemorySpanExporter,
+) -> None:
+    events = tracing.event_spans(StepTracer(recording_tracer(spans)))
+    assert isinstance(events, tracing.EventTracer)
+    never = events.begin("gate answered", {"vibey.gate.id": "g"})
+    never.end()  # refused: no trace was named, nothing is recorded
+    assert spans.get_finished_spans() == ()
+    span = events.begin("workflow cancelled", {"vibey.event.type": "workflow.cancelled"})
+    traceparent = span.traceparent(WORKFLOW, {"vibey.workflow.id": str(WORKFLOW)})
+    span.end(RuntimeError("the commit was lost"))
+    (ended,) = spans.get_finished_spans()
+    assert traceparent == f"00-{WORKFLOW.int:032x}-{ended.context.span_id:016x}-01"
+    assert ended.status.status_code is StatusCode.ERROR
+    assert dict(ended.attributes or {}) == {
+        "vibey.event.type": "workflow.cancelled",
+        "vibey.workflow.id": str(WORKFLOW),
+    }
+
+
+def test_without_a_step_tracer_the_store_gets_no_event_spans() -> None:
+    assert tracing.event_spans(None) is NO_SPANS
+    span = NO_SPANS.begin("workflow started", {})
+    assert span.traceparent(WORKFLOW, {}) is None
