@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.events import emit_txn
+from store.ledger import append_txn as ledger_append_txn
 from store.retry import retried, retrying
 from store.sql import load
 from store.unit_of_work import Publish, UnitOfWork, Units
@@ -36,6 +37,7 @@ from workflows.job import (
     backoff,
     jitter_fraction,
 )
+from workflows.ledger import NewEvent, job_gate_answered, job_gate_asked
 from workflows.queue import (
     DELIVERY_EXHAUSTED_PROMPT,
     NOT_APPLIED,
@@ -395,12 +397,13 @@ class PostgresJobRepository:
             "deadline_at": None,
             "on_deadline": None,
         }
-        emit_txn(
+        _gate_opened_txn(
             conn,
+            opened,
             row["project_id"],
-            [Draft(EventType.GATE_OPENED, opened)],
-            correlation_id=None if row["workflow_id"] is None else str(row["workflow_id"]),
-            causation_id=str(lease.job_id),
+            row["workflow_id"],
+            job_gate_asked(row["id"], gate.kind, gate.prompt, gate.answers, lease.job_id),
+            job_id=lease.job_id,
         )
         return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
 
@@ -459,6 +462,15 @@ class PostgresJobRepository:
         if answered is None:  # pragma: no cover - the row lock above rules this out
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.job_id is not None:
+            ledger_append_txn(
+                conn,
+                gate.project_id,
+                [job_gate_answered(gate_id, answer, answered_by)],
+                causation_id=f"gate:{gate_id}",
+                correlation_id=None if gate.workflow_id is None else str(gate.workflow_id),
+                job_id=gate.job_id,
+                workflow_id=gate.workflow_id,
+            )
             # What the answer grants is the gate kind's (a delivery_exhausted answer gives one
             # attempt back; a ladder_exhausted one the attempts it names).
             kind = ENGINE_GATES.get(gate.kind)
@@ -474,19 +486,42 @@ class PostgresJobRepository:
     def reap(self) -> ReapResult:
         requeued = parked = 0
         while True:
-            with self._statement() as conn:
+            with transaction(self._pool) as conn:  # the gates' events and ledger with them
                 row = fetch_one(
                     conn,
                     Q["reap"],
                     {"limit": REAP_BATCH, "prompt": DELIVERY_EXHAUSTED_PROMPT}
                     | self._dispatch_params(),
                 )
+                for gate in row["opened"] if row else ():
+                    self._delivery_exhausted_txn(conn, gate)
             batch_requeued = int(row["requeued"]) if row else 0
             batch_parked = int(row["parked"]) if row else 0
             requeued += batch_requeued
             parked += batch_parked
             if batch_requeued + batch_parked < REAP_BATCH:
                 return ReapResult(requeued=requeued, parked=parked)
+
+    @staticmethod
+    def _delivery_exhausted_txn(conn: Conn, gate: Mapping[str, Any]) -> None:
+        """A gate the reaper opened: its ``gate.opened`` event and its ledger question."""
+        opened: dict[str, object] = {
+            "gate_id": gate["id"],
+            "gate": None,
+            "kind": "delivery_exhausted",
+            "question": DELIVERY_EXHAUSTED_PROMPT,
+            "answers": [],
+            "job_id": gate["job_id"],
+            "deadline_at": None,
+            "on_deadline": None,
+        }
+        workflow = None if gate["workflow_id"] is None else UUID(gate["workflow_id"])
+        asked = job_gate_asked(
+            gate["id"], "delivery_exhausted", DELIVERY_EXHAUSTED_PROMPT, (), gate["job_id"]
+        )
+        _gate_opened_txn(
+            conn, opened, gate["project_id"], workflow, asked, job_id=UUID(gate["job_id"])
+        )
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -618,4 +653,34 @@ def gate_from_row(row: DictRow) -> Gate:
         on_deadline=row.get("on_deadline"),
         default_answer=row.get("default_answer"),
         answer_source=row.get("answer_source"),
+    )
+
+
+def _gate_opened_txn(
+    conn: Conn,
+    opened: Mapping[str, object],
+    project_id: str,
+    workflow_id: UUID | None,
+    asked: NewEvent,
+    *,
+    job_id: UUID,
+) -> None:
+    """A parked job's gate, in the transaction that opened it: the ``gate.opened`` domain
+    event and the ledger's ``QuestionAsked`` (its answer appends the ``AnswerGiven``)."""
+    correlation = None if workflow_id is None else str(workflow_id)
+    emit_txn(
+        conn,
+        project_id,
+        [Draft(EventType.GATE_OPENED, dict(opened))],
+        correlation_id=correlation,
+        causation_id=str(job_id),
+    )
+    ledger_append_txn(
+        conn,
+        project_id,
+        [asked],
+        causation_id=str(job_id),
+        correlation_id=correlation,
+        job_id=job_id,
+        workflow_id=workflow_id,
     )

@@ -95,43 +95,16 @@ class Ledger:
         job_id: UUID | None = None,
         workflow_id: UUID | None = None,
     ) -> list[LedgerEvent]:
-        """Append ``events`` in order within the caller's transaction: they get the next
-        seqs of ``project_id``, and every other appender of that project waits until the
-        transaction ends. All the events share the ids given. Returns them as stored."""
-        _check_writable(project_id, events)
-        if not events:
-            return []
-        rows = fetch_all(
+        """Append ``events`` in order within the caller's transaction (:func:`append_txn`)."""
+        return append_txn(
             conn,
-            Q["append_events"],
-            {
-                "project_id": project_id,
-                "n": len(events),
-                "kinds": [e.kind.value for e in events],
-                "payloads": [Jsonb(dict(e.payload)) for e in events],
-                "digests": [e.digest for e in events],
-                "causation_id": causation_id,
-                "correlation_id": correlation_id,
-                "job_id": job_id,
-                "workflow_id": workflow_id,
-            },
+            project_id,
+            events,
+            causation_id=causation_id,
+            correlation_id=correlation_id,
+            job_id=job_id,
+            workflow_id=workflow_id,
         )
-        rows.sort(key=lambda r: int(r["seq"]))
-        return [
-            LedgerEvent(
-                project_id=project_id,
-                seq=int(row["seq"]),
-                kind=event.kind,
-                payload=event.payload,
-                digest=event.digest,
-                causation_id=causation_id,
-                correlation_id=correlation_id,
-                job_id=job_id,
-                workflow_id=workflow_id,
-                recorded_at=row["recorded_at"],
-            )
-            for event, row in zip(events, rows, strict=True)
-        ]
 
     @retried("read the ledger", idempotent=True)
     def read(
@@ -160,6 +133,55 @@ class Ledger:
             row = fetch_one(conn, Q["head"], {"project_id": project_id})
             last_seq = 0 if row is None else int(row["last_seq"])
             return verify_events(_stream(conn, project_id), last_seq=last_seq)
+
+
+def append_txn(
+    conn: Conn,
+    project_id: str,
+    events: Sequence[NewEvent],
+    *,
+    causation_id: str | None = None,
+    correlation_id: str | None = None,
+    job_id: UUID | None = None,
+    workflow_id: UUID | None = None,
+) -> list[LedgerEvent]:
+    """Append ``events`` in order within the caller's transaction: they get the next seqs of
+    ``project_id``, and every other appender of that project waits until the transaction
+    ends. All the events share the ids given. Returns them as stored."""
+    _check_writable(project_id, events)
+    if not events:
+        return []
+    rows = fetch_all(
+        conn,
+        Q["append_events"],
+        {
+            "project_id": project_id,
+            "n": len(events),
+            "kinds": [e.kind.value for e in events],
+            "payloads": [Jsonb(dict(e.payload)) for e in events],
+            "digests": [e.digest for e in events],
+            "causation_id": causation_id,
+            "correlation_id": correlation_id,
+            "job_id": job_id,
+            "workflow_id": workflow_id,
+        },
+    )
+    rows.sort(key=lambda r: int(r["seq"]))
+    return [
+        LedgerEvent(
+            project_id=project_id,
+            seq=int(row["seq"]),
+            kind=event.kind,
+            payload=event.payload,
+            digest=event.digest,
+            causation_id=causation_id,
+            correlation_id=correlation_id,
+            job_id=job_id,
+            workflow_id=workflow_id,
+            recorded_at=row["recorded_at"],
+        )
+        for event, row in zip(events, rows, strict=True)
+    ]
 
 
 def _stream(conn: Conn, project_id: str) -> Iterator[LedgerEvent]:

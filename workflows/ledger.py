@@ -61,7 +61,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -469,6 +469,28 @@ ENGINE_KINDS: frozenset[EventKind] = frozenset(
         EventKind.HandoffAccepted,
     }
 )
+
+
+def job_gate_asked(
+    gate_id: object, kind: str, question: str, answers: Sequence[str], job_id: object
+) -> NewEvent:
+    """A parked job's gate (ladder, spend, handoff, delivery_exhausted, ...) as the ledger's
+    ``QuestionAsked``: ``id`` is ``gate:<gate id>``, which its answer closes."""
+    payload = {
+        "id": f"gate:{gate_id}",
+        "kind": kind,
+        "question": question,
+        "answers": list(answers),
+        "job_id": str(job_id),
+    }
+    return NewEvent(EventKind.QuestionAsked, payload)
+
+
+def job_gate_answered(gate_id: object, answer: str, by: str) -> NewEvent:
+    """The answer to a parked job's gate: an ``AnswerGiven`` that closes its question."""
+    return NewEvent(
+        EventKind.AnswerGiven, {"closes": f"gate:{gate_id}", "answer": answer, "by": by}
+    )
 
 
 def engine_events(evidence: Mapping[str, Any]) -> list[NewEvent]:

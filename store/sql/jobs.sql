@@ -297,8 +297,8 @@ released AS (
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM expired e
     WHERE job.id = e.id
-    RETURNING job.id, job.project_id, job.attempts, e.exhausted, job.dispatch_seq, job.kind,
-              job.run_after
+    RETURNING job.id, job.project_id, job.workflow_id, job.attempts, e.exhausted,
+              job.dispatch_seq, job.kind, job.run_after
 ),
 outbox AS (
     -- solo: the attempt died with its process; the next one runs alone
@@ -311,12 +311,12 @@ outbox AS (
     RETURNING id
 ),
 gates AS (
-    INSERT INTO gate (id, project_id, job_id, kind, prompt, context)
-    SELECT gen_random_uuid(), r.project_id, r.id, 'delivery_exhausted', %(prompt)s,
-           jsonb_build_object('attempts', r.attempts)
+    INSERT INTO gate (id, project_id, job_id, workflow_id, kind, prompt, context)
+    SELECT gen_random_uuid(), r.project_id, r.id, r.workflow_id, 'delivery_exhausted',
+           %(prompt)s, jsonb_build_object('attempts', r.attempts)
     FROM released r
     WHERE r.exhausted
-    RETURNING job_id
+    RETURNING id, job_id, project_id, workflow_id
 ),
 woken AS (
     SELECT pg_notify('vibey_job_ready', p.project_id)
@@ -324,8 +324,11 @@ woken AS (
 )
 SELECT count(*) FILTER (WHERE NOT r.exhausted) AS requeued,
        count(*) FILTER (WHERE r.exhausted) AS parked,
-       (SELECT count(*) FROM gates) AS gates,
-       (SELECT count(*) FROM woken) AS woken
+       (SELECT count(*) FROM woken) AS woken,
+       -- the gates opened, for their gate.opened events and ledger questions (same transaction)
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+            'id', g.id, 'job_id', g.job_id, 'project_id', g.project_id,
+            'workflow_id', g.workflow_id)), '[]'::jsonb) FROM gates g) AS opened
 FROM released r
 
 -- name: lock_gate

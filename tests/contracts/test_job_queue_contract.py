@@ -437,6 +437,55 @@ def test_reap_parks_a_job_whose_deliveries_are_spent_and_each_answer_buys_one(
     assert len(repo.open_gates(P)) == 1
 
 
+def ledgered(backend: Backend, job_id: uuid.UUID) -> list[tuple[object, ...]]:
+    """The job's ledger events: (kind, payload), in seq order."""
+    query = "SELECT kind, payload FROM ledger_event WHERE job_id = %s ORDER BY seq"
+    return backend.sql(query, job_id)
+
+
+def gate_events(backend: Backend, gate_id: uuid.UUID) -> list[object]:
+    query = "SELECT event_type FROM domain_event WHERE payload->>'gate_id' = %s ORDER BY seq"
+    return [row[0] for row in backend.sql(query, str(gate_id))]
+
+
+def test_a_parked_jobs_gate_and_its_answer_are_ledgered(backend: Backend) -> None:
+    repo = backend.repo()
+    job = repo.enqueue(req("ask")).job
+    (held,) = claim_n(repo, P, owner="w")
+    gate_id = repo.park(held.lease, GateRequest(kind="spend", prompt="More?", answers=("yes",)))
+    assert gate_id.gate_id is not None
+    asked = {
+        "id": f"gate:{gate_id.gate_id}",
+        "kind": "spend",
+        "question": "More?",
+        "answers": ["yes"],
+        "job_id": str(job.id),
+    }
+    assert ledgered(backend, job.id) == [("QuestionAsked", asked)]
+    assert repo.answer_gate(gate_id.gate_id, answer="maybe", answered_by="ann").status is (
+        AnswerStatus.INVALID_ANSWER
+    )
+    assert len(ledgered(backend, job.id)) == 1  # a refused answer writes nothing
+    assert repo.answer_gate(gate_id.gate_id, answer="yes", answered_by="ann").applied
+    answer = {"closes": f"gate:{gate_id.gate_id}", "answer": "yes", "by": "ann"}
+    assert ledgered(backend, job.id) == [("QuestionAsked", asked), ("AnswerGiven", answer)]
+
+
+def test_a_gate_the_reaper_opens_is_announced_and_ledgered(backend: Backend) -> None:
+    repo = backend.repo(leases=SHORT)
+    job = repo.enqueue(req("poison", max_attempts=1)).job
+    claim_n(repo, P, owner="w")
+    expire()
+    assert repo.reap().parked == 1
+    (gate,) = repo.open_gates(P)
+    assert gate_events(backend, gate.id) == ["gate.opened"]
+    ((kind, payload),) = ledgered(backend, job.id)
+    assert kind == "QuestionAsked" and payload["id"] == f"gate:{gate.id}"  # type: ignore[index]
+    assert payload["kind"] == DELIVERY_EXHAUSTED  # type: ignore[index]
+    assert repo.answer_gate(gate.id, answer="retry", answered_by="ops").applied
+    assert [k for k, _ in ledgered(backend, job.id)] == ["QuestionAsked", "AnswerGiven"]
+
+
 # -- reads -----------------------------------------------------------------------------------
 
 
