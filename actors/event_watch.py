@@ -55,7 +55,8 @@ class EventWatch:
         self._name = name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.connects = 0
+        self.attempts = 0  # connections tried
+        self.connects = 0  # connections that were bound
         self.seen = 0
 
     def start(self, *, on_event: OnEvent, on_state: OnState) -> None:
@@ -74,6 +75,7 @@ class EventWatch:
         failures = 0
         while not self._stop.is_set():
             ready = threading.Event()
+            self.attempts += 1
             try:
                 self._consume(ready, on_event, on_state)
             except Exception as exc:  # noqa: BLE001 - the broker, or a callback: both again
