@@ -180,7 +180,7 @@ class _Pages:
     async def workflows(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        marker = self.feed.marker
+        marker = self.feed.marker or ""  # before the read: see _render
         rows = await run_in_threadpool(self.data.workflows)
         return self._render(
             request, "workflows.html", marker=marker, workflows=rows, page="workflows"
@@ -190,7 +190,7 @@ class _Pages:
         if (refused := self._refused(request)) is not None:
             return refused
         wanted: UUID = request.path_params["workflow_id"]
-        marker = self.feed.marker
+        marker = self.feed.marker or ""  # before the read: see _render
         detail = await run_in_threadpool(self.data.workflow, wanted)
         if detail is None:
             return self._render(request, "missing.html", 404, what=f"workflow {wanted}")
@@ -201,14 +201,14 @@ class _Pages:
     async def gates(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        marker = self.feed.marker
+        marker = self.feed.marker or ""  # before the read: see _render
         gates = await run_in_threadpool(self.data.gates)
         return self._render(request, "gates.html", marker=marker, gates=gates, page="gates")
 
     async def health(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        marker = self.feed.marker
+        marker = self.feed.marker or ""  # before the read: see _render
         health = await run_in_threadpool(self.data.health)
         return self._render(request, "health.html", marker=marker, health=health, page="health")
 
