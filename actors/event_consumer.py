@@ -26,9 +26,10 @@ error — it never blocks the queue.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from actors import amqp
@@ -40,6 +41,55 @@ log = logging.getLogger(__name__)
 
 MALFORMED = "malformed_event"
 EFFECT_FAILED = "effect_failed"
+OnMessage = Callable[[Any, Any, amqp.BasicProperties, bytes], None]
+
+
+def declare_queue(
+    channel: Any, *, exchange: str, queue: str, bindings: Sequence[str], transient: bool
+) -> str:
+    """Declare ``exchange`` and ``queue`` bound to it by each of ``bindings``; the queue's name.
+
+    ``transient``: exclusive and auto-deleted (it lives as long as the connection); with
+    ``queue=""`` the broker names it, so several such views never share one."""
+    declare_exchange(channel, exchange)
+    if transient:
+        declared = channel.queue_declare(queue, exclusive=True, auto_delete=True)
+    else:
+        declared = channel.queue_declare(queue, durable=True)
+    name = queue or str(declared.method.queue)
+    for key in bindings:
+        channel.queue_bind(name, exchange, routing_key=key)
+    return name
+
+
+def consume(
+    url: str,
+    *,
+    declare: Callable[[Any], str],
+    on_message: OnMessage,
+    stop: threading.Event,
+    prefetch: int,
+    poll: float = 0.2,
+    auto_ack: bool = False,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """One connection: ``declare`` the queue, consume it with ``on_message`` until ``stop``
+    is set (``on_ready`` once it is bound and consumed). A lost connection raises
+    ``amqp.AMQPError`` (or ``OSError``): whether to connect again is the caller's choice."""
+    connection = amqp.connect(url)
+    try:
+        channel = connection.channel()
+        queue = declare(channel)
+        channel.basic_qos(prefetch_count=prefetch)
+        channel.basic_consume(queue, on_message, auto_ack=auto_ack)
+        if on_ready is not None:
+            on_ready()
+        while not stop.is_set():
+            connection.process_data_events(time_limit=poll)
+    finally:
+        if connection.is_open:
+            with contextlib.suppress(amqp.AMQPError):  # already going
+                connection.close()
 
 
 class EventConsumer:
@@ -70,28 +120,25 @@ class EventConsumer:
         self.duplicates = 0
         self.dead = 0
 
-    def declare(self, channel: Any) -> None:
-        declare_exchange(channel, self._exchange)
-        if self._transient:
-            channel.queue_declare(self.queue, exclusive=True, auto_delete=True)
-        else:
-            channel.queue_declare(self.queue, durable=True)
-        for key in self._bindings:
-            channel.queue_bind(self.queue, self._exchange, routing_key=key)
+    def declare(self, channel: Any) -> str:
+        return declare_queue(
+            channel,
+            exchange=self._exchange,
+            queue=self.queue,
+            bindings=self._bindings,
+            transient=self._transient,
+        )
 
     def run(self, stop: threading.Event, *, poll: float = 0.2) -> None:
         """Consume until ``stop`` is set."""
-        connection = amqp.connect(self._url)
-        try:
-            channel = connection.channel()
-            self.declare(channel)
-            channel.basic_qos(prefetch_count=self._prefetch)
-            channel.basic_consume(self.queue, self._on_message)
-            while not stop.is_set():
-                connection.process_data_events(time_limit=poll)
-        finally:
-            if connection.is_open:
-                connection.close()
+        consume(
+            self._url,
+            declare=self.declare,
+            on_message=self._on_message,
+            stop=stop,
+            prefetch=self._prefetch,
+            poll=poll,
+        )
 
     def _on_message(
         self, channel: Any, method: Any, properties: amqp.BasicProperties, body: bytes

@@ -2,8 +2,9 @@
 console shows does (a workflow moved, a gate opened or was answered, a step was claimed or
 settled, an engine's health or a ledger changed).
 
-It is a poll, not a feed: :func:`last_change` is read every ``poll_seconds`` by one task per
-console process. It is the one seam the domain events (seed 003) replace once they exist.
+It is the console's fallback (``vibey.console.feed``): read every ``poll_seconds`` by one task
+per console process while no domain events arrive, every ``safety_poll_seconds`` while they do
+(for what they do not report: a step claimed, an engine's health probe).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from vibey.command_groups import help_of
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from vibey.settings import ConsoleSettings
+    from vibey.console.feed import EventSource
+    from vibey.settings import ConsoleSettings, Settings
 
 console_app = App(name="console", help=help_of("console"))
 
@@ -37,6 +38,10 @@ def serve(
     It listens on [console] host and port (default 127.0.0.1:8377); a host beyond loopback
     needs allow_remote = true. Signing in takes the password of [console] password_hash (as
     username) or the token of token_hash; with neither the console is read-only.
+
+    Pages update live: the domain events on the vibey.events exchange wake them (rabbitmq
+    backend, [console] follow_events); PostgreSQL is polled every poll_seconds without them
+    (postgres backend, broker away) and every safety_poll_seconds while they arrive.
 
     Parameters
     ----------
@@ -70,7 +75,9 @@ def serve(
     try:
         with Client(settings, registry=registry, pool=pool, name="vibey-console") as client:
             app = create_app(
-                settings=console, data=StoreData(settings=settings, client=client, pool=pool)
+                settings=console,
+                data=StoreData(settings=settings, client=client, pool=pool),
+                events=event_source(settings),
             )
             listening = listen(console.host, console.port)
             server = uvicorn.Server(
@@ -84,6 +91,23 @@ def serve(
     finally:
         pool.close()
     return ExitCode.OK
+
+
+def event_source(settings: Settings) -> EventSource | None:
+    """The domain events that wake the pages: a transient queue on the events exchange, when
+    the workers publish there (the rabbitmq backend, an AMQP URL) and [console] follow_events
+    holds; else None (the poll alone)."""
+    from actors.event_watch import EventWatch
+    from workflows.events import exchange_for
+
+    url = settings.bus.amqp_url
+    if not settings.console.follow_events or settings.queue.backend == "postgres" or not url:
+        return None
+    return EventWatch(
+        url=url,
+        exchange=exchange_for(settings.bus.prefix),
+        name="vibey-console-events",
+    )
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -68,7 +68,11 @@ The file, every key optional (unknown sections and keys are errors)::
     token_hash = "scrypt$..."        # a token's hash (sign in with it, or Bearer); ..._TOKEN_HASH
     read_only = false                # a shared screen: no form, no write; VIBEY_CONSOLE_READ_ONLY
     anonymous_read = false           # pages without signing in (never writes); ..._ANONYMOUS_READ
-    poll_seconds = 0.5               # how often it looks for a change; VIBEY_CONSOLE_POLL
+    poll_seconds = 0.5               # how often it looks for a change without the domain
+                                     # events (postgres backend, broker away); VIBEY_CONSOLE_POLL
+    safety_poll_seconds = 5.0        # ... while the events arrive; VIBEY_CONSOLE_SAFETY_POLL
+    follow_events = true             # pages woken by vibey.events (rabbitmq backend);
+                                     # false: the poll alone; VIBEY_CONSOLE_FOLLOW_EVENTS
 
     [engines.claude]                 # the roster: one table per engine (docs/engines.md)
     adapter = "claude-code"          # claude-code, codex, gemini, aider, command, scripted
@@ -208,6 +212,8 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "read_only": "VIBEY_CONSOLE_READ_ONLY",
         "anonymous_read": "VIBEY_CONSOLE_ANONYMOUS_READ",
         "poll_seconds": "VIBEY_CONSOLE_POLL",
+        "safety_poll_seconds": "VIBEY_CONSOLE_SAFETY_POLL",
+        "follow_events": "VIBEY_CONSOLE_FOLLOW_EVENTS",
     },
     "tracing": {
         "otlp_endpoint": "VIBEY_TRACING_OTLP_ENDPOINT",
@@ -271,13 +277,20 @@ def _fix(variable: str, key: str, section: str) -> str:
     return f"fix {variable} (or {key} under [{section}])"
 
 
-def _check_interval(value: float, variable: str, key: str, *, zero_ok: bool = False) -> None:
+def _check_interval(
+    value: float,
+    variable: str,
+    key: str,
+    *,
+    zero_ok: bool = False,
+    section: str = "queue.rabbitmq",
+) -> None:
     low_ok = value >= 0 if zero_ok else value > 0
     if not (math.isfinite(value) and low_ok and value <= MAX_INTERVAL_SECONDS):
         low = "at least 0" if zero_ok else "more than 0"
         raise SettingsError(
             f"{key} must be {low} and at most {MAX_INTERVAL_SECONDS:.0f} seconds, got {value}: "
-            + _fix(variable, key, "queue.rabbitmq")
+            + _fix(variable, key, section)
         )
 
 
@@ -585,7 +598,13 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 class ConsoleSettings:
     """``[console]``: where `vibey console` listens and who may use it. The hashes are
     ``scrypt$N$r$p$salt$digest`` (`vibey console hash` prints one); with neither, the console
-    is read-only and needs no sign-in."""
+    is read-only and needs no sign-in.
+
+    Live updates (``vibey.console.feed``): with ``follow_events`` and the rabbitmq backend the
+    domain events wake the pages and PostgreSQL is read every ``safety_poll_seconds``; without
+    them (or while the broker is away) it is read every ``poll_seconds``. The slow pace is
+    never faster than the fast one (a ``safety_poll_seconds`` below ``poll_seconds`` acts as
+    ``poll_seconds``)."""
 
     host: str = "127.0.0.1"
     port: int = 8377
@@ -596,6 +615,8 @@ class ConsoleSettings:
     read_only: bool = False
     anonymous_read: bool = False
     poll_seconds: float = 0.5
+    safety_poll_seconds: float = 5.0
+    follow_events: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
@@ -616,7 +637,13 @@ class ConsoleSettings:
                     f"`vibey console hash` and set VIBEY_CONSOLE_{key.upper()} (or {key} "
                     "under [console])"
                 )
-        _check_interval(self.poll_seconds, "VIBEY_CONSOLE_POLL", "poll_seconds")
+        _check_interval(self.poll_seconds, "VIBEY_CONSOLE_POLL", "poll_seconds", section="console")
+        _check_interval(
+            self.safety_poll_seconds,
+            "VIBEY_CONSOLE_SAFETY_POLL",
+            "safety_poll_seconds",
+            section="console",
+        )
 
     @property
     def signs_in(self) -> bool:
@@ -1121,5 +1148,7 @@ def _console(src: _Source) -> ConsoleSettings:
             read_only=src.flag("read_only"),
             anonymous_read=src.flag("anonymous_read"),
             poll_seconds=src.seconds("poll_seconds"),
+            safety_poll_seconds=src.seconds("safety_poll_seconds"),
+            follow_events=src.flag("follow_events"),
         )
     )

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.acceptance.stack import DEMO_SCRIPT, VIBEY, Stack, declare_topology, stack
+from tests.acceptance.console_process import Console, console_process, wait_feed
+from tests.acceptance.stack import DEMO_SCRIPT, Stack, declare_topology, stack
 from tests.amqp_fixtures import Amqp
 from vibey.console.auth import hash_secret
 
@@ -32,32 +27,6 @@ CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "a password for the browser test"
 DONE_WITHIN_S = 240.0
 SCREENSHOTS = ("workflows", "workflow", "gates", "health", "done")
-
-
-@dataclass
-class Console:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_healthy(console: Console, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if console.proc.poll() is not None:
-            raise AssertionError(f"vibey console exited: {console.log.read_text()[-3000:]}")
-        with suppress(OSError), urllib.request.urlopen(f"{console.url}healthz", timeout=2) as r:
-            if r.read() == b"ok":
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"vibey console not up in {timeout}s: {console.log.read_text()[-3000:]}")
 
 
 @pytest.fixture
@@ -69,30 +38,9 @@ def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
 
 @pytest.fixture
 def console(e2e: Stack, tmp_path: Path) -> Iterator[Console]:
-    port = free_port()
-    log = tmp_path / "console.log"
     env = e2e.env | {"VIBEY_CONSOLE_PASSWORD_HASH": hash_secret(PASSWORD)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [VIBEY, "console", "--port", str(port)],
-            env=env,
-            cwd=e2e.workspace.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    running = Console(f"http://127.0.0.1:{port}/", proc, log)
-    try:
-        wait_healthy(running)
+    with console_process(env, e2e.workspace.parent, tmp_path / "console.log") as running:
         yield running
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -159,6 +107,7 @@ def shoot(page: Any, folder: Path, name: str, *, full_page: bool = True) -> None
 def test_every_demo_gate_is_answered_in_the_browser_and_the_diagram_reaches_done(
     e2e: Stack, console: Console, browser: Any, tmp_path: Path
 ) -> None:
+    wait_feed(console, "events")  # the pages are woken by the domain events
     e2e.start_worker()
     started = e2e.json("workflow", "start", "demo", "--script", str(DEMO_SCRIPT))
     workflow_id = started["workflow"]["id"]

@@ -50,7 +50,10 @@ class TcpProxy:
         self._flowing.set()
 
     def close(self) -> None:
+        """Stop accepting (the port refuses connections from now on) and cut every one."""
         self._closed.set()
+        with contextlib.suppress(OSError):  # a blocked accept() returns only on a shutdown
+            self._server.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._server.close()
         self.cut()

@@ -3,9 +3,12 @@
 Pages: ``/`` the projects' workflows on their phase diagrams; ``/workflows/<id>`` one
 workflow's diagram, open gates, steps and attempts, history and ledger (with its verify
 status); ``/gates`` the inbox with the answer forms; ``/health`` engine health, circuits and
-queue stats. ``/events`` streams ``change`` events; the page's script then fetches the page
-again and swaps its live regions (a region holding the focused field keeps it, unless what
-it shows changed). ``/healthz`` answers ``ok`` to anyone.
+queue stats. ``/events`` streams ``change`` events, fed by the domain events with a poll of
+PostgreSQL as the fallback (:mod:`vibey.console.feed`); each one's data is JSON, ``{"marker",
+"event_type", "workflow_id"}`` (the last two null when the poll saw the change). The page's
+script then fetches the page again and swaps its live regions (a region holding the focused
+field keeps it, unless what it shows changed). ``/healthz`` answers ``ok`` to anyone (its
+``X-Vibey-Feed`` header says ``events`` or ``poll``).
 
 Writes: only ``POST /gates/<id>/answer`` (and signing in and out). Every form carries the
 session's CSRF token; see :mod:`vibey.console.auth` for who may read and write.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,7 +46,7 @@ from starlette.templating import Jinja2Templates
 from vibey.console import diagram
 from vibey.console.auth import CSRF_FIELD, Access, csrf_ok, csrf_token
 from vibey.console.data import ConsoleData, age, clock
-from vibey.console.feed import ChangeFeed
+from vibey.console.feed import Change, ChangeFeed, EventSource
 from vibey.settings import ConsoleSettings
 
 HERE = Path(__file__).parent
@@ -53,21 +57,34 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(
-    *, settings: ConsoleSettings, data: ConsoleData, secret_key: str | None = None
+    *,
+    settings: ConsoleSettings,
+    data: ConsoleData,
+    secret_key: str | None = None,
+    events: EventSource | None = None,
 ) -> Starlette:
     """The console for ``settings`` on ``data``. ``secret_key`` signs the session cookie (a
-    fresh random one by default: signing in again after a restart)."""
+    fresh random one by default: signing in again after a restart). ``events``: the domain
+    events that wake the pages (None: the poll alone, every ``poll_seconds``)."""
     access = Access(settings)
-    feed = ChangeFeed(data.last_change, interval=settings.poll_seconds)
+    feed = ChangeFeed(
+        data.last_change,
+        interval=settings.poll_seconds,
+        safety_interval=settings.safety_poll_seconds,
+    )
     templates = _templates(access)
     pages = _Pages(access=access, data=data, feed=feed, templates=templates)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(feed.run())
+        if events is not None:
+            feed.listen(events)
         try:
             yield
         finally:
+            if events is not None:
+                await run_in_threadpool(events.stop)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -81,7 +98,7 @@ def create_app(
         Route("/login", pages.login, methods=["GET", "POST"]),
         Route("/logout", pages.logout, methods=["POST"]),
         Route("/events", pages.events),
-        Route("/healthz", _healthz),
+        Route("/healthz", pages.healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     middleware = [
@@ -127,7 +144,17 @@ class _Pages:
             return user
         return self.access.bearer(request.headers.get("authorization"))
 
-    def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+    def _render(
+        self,
+        request: Request,
+        name: str,
+        status: int = 200,
+        *,
+        marker: str | None = None,
+        **context: Any,
+    ) -> Response:
+        """``marker``: the feed's before the page's data was read (a change during the read
+        then reaches the page as the next event); the current one for a page without data."""
         user = self.user(request)
         context |= {
             "user": user,
@@ -135,7 +162,7 @@ class _Pages:
             "signs_in": self.access.settings.signs_in,
             "csrf": csrf_token(request.session),
             "csrf_field": CSRF_FIELD,
-            "marker": self.feed.marker or "",
+            "marker": (marker if marker is not None else self.feed.marker) or "",
             "flash": request.session.pop("flash", None),
         }
         return self.templates.TemplateResponse(request, name, context, status_code=status)
@@ -153,29 +180,37 @@ class _Pages:
     async def workflows(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
+        marker = self.feed.marker or ""  # before the read: see _render
         rows = await run_in_threadpool(self.data.workflows)
-        return self._render(request, "workflows.html", workflows=rows, page="workflows")
+        return self._render(
+            request, "workflows.html", marker=marker, workflows=rows, page="workflows"
+        )
 
     async def workflow(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
         wanted: UUID = request.path_params["workflow_id"]
+        marker = self.feed.marker or ""  # before the read: see _render
         detail = await run_in_threadpool(self.data.workflow, wanted)
         if detail is None:
             return self._render(request, "missing.html", 404, what=f"workflow {wanted}")
-        return self._render(request, "workflow.html", detail=detail, page="workflows")
+        return self._render(
+            request, "workflow.html", marker=marker, detail=detail, page="workflows"
+        )
 
     async def gates(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
+        marker = self.feed.marker or ""  # before the read: see _render
         gates = await run_in_threadpool(self.data.gates)
-        return self._render(request, "gates.html", gates=gates, page="gates")
+        return self._render(request, "gates.html", marker=marker, gates=gates, page="gates")
 
     async def health(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
+        marker = self.feed.marker or ""  # before the read: see _render
         health = await run_in_threadpool(self.data.health)
-        return self._render(request, "health.html", health=health, page="health")
+        return self._render(request, "health.html", marker=marker, health=health, page="health")
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -195,7 +230,7 @@ class _Pages:
             request.session["flash"] = ["ok", f"answered gate {gate_id} with {value!r}"]
         else:
             request.session["flash"] = ["error", done.problem]
-        self.feed.publish(await run_in_threadpool(self.data.last_change))
+        self.feed.polled(await run_in_threadpool(self.data.last_change))  # this page, at once
         return RedirectResponse(_local(str(form.get("next", "/gates"))), status_code=303)
 
     def _why(self, user: str | None) -> str:
@@ -229,6 +264,15 @@ class _Pages:
 
     # -- live --------------------------------------------------------------------------------
 
+    async def healthz(self, request: Request) -> Response:
+        """``ok``, to anyone, with the serving process's pid (`just up` checks it is its own)
+        and what feeds the pages: ``X-Vibey-Feed: events`` while the domain events arrive,
+        ``poll`` otherwise."""
+        feed = "events" if self.feed.live else "poll"
+        return PlainTextResponse(
+            "ok", headers={"X-Vibey-Pid": str(os.getpid()), "X-Vibey-Feed": feed}
+        )
+
     async def events(self, request: Request) -> Response:
         if self._refused(request) is not None:
             return PlainTextResponse("sign in first", status_code=401)
@@ -236,18 +280,22 @@ class _Pages:
 
         async def stream() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
-            async for marker in self.feed.changes(seen):
+            async for change in self.feed.changes(seen):
                 if await request.is_disconnected():
                     return
-                yield ": keepalive\n\n" if marker is None else f"event: change\ndata: {marker}\n\n"
+                yield ": keepalive\n\n" if change is None else _sse_change(change)
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
 
-async def _healthz(request: Request) -> Response:
-    """``ok``, to anyone, with the serving process's pid (`just up` checks it is its own)."""
-    return PlainTextResponse("ok", headers={"X-Vibey-Pid": str(os.getpid())})
+def _sse_change(change: Change) -> str:
+    data = {
+        "marker": change.marker,
+        "event_type": change.event_type,
+        "workflow_id": change.workflow_id,
+    }
+    return f"event: change\ndata: {json.dumps(data)}\n\n"
 
 
 def _local(target: str) -> str:

@@ -1,9 +1,13 @@
 """An in-memory :class:`~vibey.console.data.ConsoleData` for the console's unit tests: gates
 that take an answer once (checked by the one validator, ``workflows.gates.check_answer``) and
-a change marker that moves with every answer."""
+a change marker that moves with every answer; and :class:`FakeEvents`, an
+:class:`~vibey.console.feed.EventSource` the test drives, calling back from threads of its own
+as the broker's ``actors.event_watch.EventWatch`` does."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
@@ -12,6 +16,7 @@ from store.workflow_reads import Workflow
 from vibey.console.data import Answered, Health, OpenGate, WorkflowDetail, WorkflowSummary
 from vibey.console.diagram import PhasePath
 from workflows.engine import Status
+from workflows.events import DomainEvent
 from workflows.gates import check_answer
 from workflows.queue import Gate
 
@@ -101,3 +106,39 @@ class FakeData:
 
     def last_change(self) -> str:
         return str(self.marker)
+
+
+@dataclass
+class FakeEvents:
+    on_event: Callable[[DomainEvent | None], None] | None = None
+    on_state: Callable[[bool], None] | None = None
+    stopped: bool = False
+
+    def start(
+        self,
+        *,
+        on_event: Callable[[DomainEvent | None], None],
+        on_state: Callable[[bool], None],
+    ) -> None:
+        self.on_event, self.on_state = on_event, on_state
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def connect(self) -> None:
+        assert self.on_state is not None, "start() first"
+        _on_a_thread(self.on_state, True)
+
+    def drop(self) -> None:
+        assert self.on_state is not None, "start() first"
+        _on_a_thread(self.on_state, False)
+
+    def emit(self, event: DomainEvent | None) -> None:
+        assert self.on_event is not None, "start() first"
+        _on_a_thread(self.on_event, event)
+
+
+def _on_a_thread(callback: Callable[..., None], *args: object) -> None:
+    thread = threading.Thread(target=callback, args=args, name="fake-events")
+    thread.start()
+    thread.join()

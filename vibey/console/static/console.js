@@ -1,6 +1,9 @@
-// Live updates: the server says "change" (server-sent events); the page is fetched again and
-// each [data-live-region] is swapped for its new version. A region holding the focused field
-// is kept while its data-live-key (what it shows) is the same, so typing is never lost.
+// Live updates: the server says "change" (server-sent events, fed by the domain events); the
+// page is fetched again and each [data-live-region] is swapped for its new version. A region
+// holding the focused field is kept while its data-live-key (what it shows) is the same, so
+// typing is never lost. A change's data is {"marker", "event_type", "workflow_id"} (null type:
+// the server's poll saw it); it is passed on as the "vibey:change" event's detail. Every
+// change refreshes the page: one message may stand for several events (the newest is named).
 (function () {
   "use strict";
   if (document.body.dataset.live !== "on" || !window.EventSource) return;
@@ -59,8 +62,11 @@
   source.addEventListener("open", function () { state.classList.remove("off"); });
   source.addEventListener("error", function () { state.classList.add("off"); });
   source.addEventListener("change", function (e) {
-    if (e.data === marker) return;
-    marker = e.data;
+    var change;
+    try { change = JSON.parse(e.data); } catch (_) { change = { marker: e.data }; }
+    if (!change || change.marker === marker) return;
+    marker = change.marker;
+    document.dispatchEvent(new CustomEvent("vibey:change", { detail: change }));
     refresh();
   });
 })();
