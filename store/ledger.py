@@ -51,90 +51,6 @@ VERIFY_BATCH = 2000
 __all__ = ["Ledger", "LedgerVerification", "LedgerWriteRefused"]
 
 
-class LedgerWriteRefused(StoreError):
-    pass
-
-
-class Ledger:
-    """Appends to, reads and verifies projects' ledgers on ``pool``."""
-
-    def __init__(self, pool: Pool) -> None:
-        self._pool = pool
-
-    @retried("append to the ledger", idempotent=False)
-    def append(
-        self,
-        project_id: str,
-        events: Sequence[NewEvent],
-        *,
-        causation_id: str | None = None,
-        correlation_id: str | None = None,
-        job_id: UUID | None = None,
-        workflow_id: UUID | None = None,
-    ) -> list[LedgerEvent]:
-        """Append ``events`` in order, in a transaction of their own."""
-        with transaction(self._pool) as conn:
-            return self.append_txn(
-                conn,
-                project_id,
-                events,
-                causation_id=causation_id,
-                correlation_id=correlation_id,
-                job_id=job_id,
-                workflow_id=workflow_id,
-            )
-
-    def append_txn(
-        self,
-        conn: Conn,
-        project_id: str,
-        events: Sequence[NewEvent],
-        *,
-        causation_id: str | None = None,
-        correlation_id: str | None = None,
-        job_id: UUID | None = None,
-        workflow_id: UUID | None = None,
-    ) -> list[LedgerEvent]:
-        """Append ``events`` in order within the caller's transaction (:func:`append_txn`)."""
-        return append_txn(
-            conn,
-            project_id,
-            events,
-            causation_id=causation_id,
-            correlation_id=correlation_id,
-            job_id=job_id,
-            workflow_id=workflow_id,
-        )
-
-    @retried("read the ledger", idempotent=True)
-    def read(
-        self, project_id: str, *, after: int = 0, limit: int | None = None
-    ) -> list[LedgerEvent]:
-        """The project's events with seq > ``after``, in seq order, at most ``limit``."""
-        with statement(self._pool) as conn:
-            rows = fetch_all(
-                conn, Q["read_events"], {"project_id": project_id, "after": after, "limit": limit}
-            )
-        return [event_from_row(row) for row in rows]
-
-    @retried("read the ledger's head", idempotent=True)
-    def head(self, project_id: str) -> int:
-        """The project's last assigned seq; 0 when it has never had an event."""
-        with statement(self._pool) as conn:
-            row = fetch_one(conn, Q["head"], {"project_id": project_id})
-        return 0 if row is None else int(row["last_seq"])
-
-    @retried("verify the ledger", idempotent=True)
-    def verify(self, project_id: str) -> LedgerVerification:
-        """Recompute every digest and check the seqs and the head, in one snapshot
-        (:func:`workflows.ledger.verify_events`)."""
-        with transaction(self._pool) as conn:
-            conn.execute(Q["verify_snapshot"].encode())
-            row = fetch_one(conn, Q["head"], {"project_id": project_id})
-            last_seq = 0 if row is None else int(row["last_seq"])
-            return verify_events(_stream(conn, project_id), last_seq=last_seq)
-
-
 def append_txn(
     conn: Conn,
     project_id: str,
@@ -182,6 +98,71 @@ def append_txn(
         )
         for event, row in zip(events, rows, strict=True)
     ]
+
+
+class LedgerWriteRefused(StoreError):
+    pass
+
+
+class Ledger:
+    """Appends to, reads and verifies projects' ledgers on ``pool``."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    @retried("append to the ledger", idempotent=False)
+    def append(
+        self,
+        project_id: str,
+        events: Sequence[NewEvent],
+        *,
+        causation_id: str | None = None,
+        correlation_id: str | None = None,
+        job_id: UUID | None = None,
+        workflow_id: UUID | None = None,
+    ) -> list[LedgerEvent]:
+        """Append ``events`` in order, in a transaction of their own."""
+        with transaction(self._pool) as conn:
+            return self.append_txn(
+                conn,
+                project_id,
+                events,
+                causation_id=causation_id,
+                correlation_id=correlation_id,
+                job_id=job_id,
+                workflow_id=workflow_id,
+            )
+
+    # Within the caller's transaction: see :func:`append_txn`.
+    append_txn = staticmethod(append_txn)
+
+    @retried("read the ledger", idempotent=True)
+    def read(
+        self, project_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[LedgerEvent]:
+        """The project's events with seq > ``after``, in seq order, at most ``limit``."""
+        with statement(self._pool) as conn:
+            rows = fetch_all(
+                conn, Q["read_events"], {"project_id": project_id, "after": after, "limit": limit}
+            )
+        return [event_from_row(row) for row in rows]
+
+    @retried("read the ledger's head", idempotent=True)
+    def head(self, project_id: str) -> int:
+        """The project's last assigned seq; 0 when it has never had an event."""
+        with statement(self._pool) as conn:
+            row = fetch_one(conn, Q["head"], {"project_id": project_id})
+        return 0 if row is None else int(row["last_seq"])
+
+    @retried("verify the ledger", idempotent=True)
+    def verify(self, project_id: str) -> LedgerVerification:
+        """Recompute every digest and check the seqs and the head, in one snapshot
+        (:func:`workflows.ledger.verify_events`)."""
+        with transaction(self._pool) as conn:
+            conn.execute(Q["verify_snapshot"].encode())
+            row = fetch_one(conn, Q["head"], {"project_id": project_id})
+            last_seq = 0 if row is None else int(row["last_seq"])
+            return verify_events(_stream(conn, project_id), last_seq=last_seq)
 
 
 def _stream(conn: Conn, project_id: str) -> Iterator[LedgerEvent]:

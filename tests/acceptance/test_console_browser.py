@@ -19,21 +19,13 @@ from typing import Any
 import pytest
 
 from tests.acceptance.console_process import Console, console_process, wait_feed
-from tests.acceptance.stack import DEMO_SCRIPT, Stack, declare_topology, stack
-from tests.amqp_fixtures import Amqp
+from tests.acceptance.stack import DEMO_SCRIPT, Stack
 from vibey.console.auth import hash_secret
 
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "a password for the browser test"
 DONE_WITHIN_S = 240.0
 SCREENSHOTS = ("workflows", "workflow", "gates", "health", "done")
-
-
-@pytest.fixture
-def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    declare_topology(pg_url, amqp)
-    with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
-        yield running
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from psycopg_pool import ConnectionPool
 from actors.event_publisher import EventPublisher
 from store.events import EventLog
 from tests.acceptance.console_process import Console, console_process, free_port, wait_feed
-from tests.acceptance.stack import DEMO_SCRIPT, Stack, declare_topology, stack
+from tests.acceptance.stack import DEMO_SCRIPT, Stack
 from tests.amqp_fixtures import Amqp
 from tests.chaos.tcp_proxy import TcpProxy
 
@@ -84,13 +84,6 @@ def streaming(console: Console) -> Iterator[Stream]:
         yield stream
     finally:
         stream.close()
-
-
-@pytest.fixture
-def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    declare_topology(pg_url, amqp)
-    with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
-        yield running
 
 
 @pytest.fixture

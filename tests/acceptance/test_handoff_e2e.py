@@ -7,15 +7,12 @@ outgoing engine's capacity."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
-from tests.acceptance.stack import REPO, Stack, cooperative, declare_topology, stack
-from tests.amqp_fixtures import Amqp
+from tests.acceptance.stack import REPO, Stack, cooperative
 
 HANDOFF_SCRIPT = REPO / "ops" / "demo" / "handoff.toml"
 
@@ -32,13 +29,6 @@ credits_exhausted = [{{ engine = "{a}", item = "api", attempt = 1 }}]
 [handoff]
 failing_briefs = 5   # four briefs and a full-transcript one fail; a retry's first passes
 """
-
-
-@pytest.fixture
-def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    declare_topology(pg_url, amqp)  # cleaned up by the amqp fixture
-    with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
-        yield running
 
 
 def sql(pg_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import pytest
 from psycopg import sql
 
 from actors.topology import QueueNames
+from tests.acceptance.console_process import free_port
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane
 
@@ -99,13 +99,6 @@ def recorded_worker(state: Path, what: str = "worker") -> int | None:
         if fields[:2] == [what, "group"]:
             return int(fields[2])
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def with_database(url: str, database: str) -> str:
