@@ -7,7 +7,7 @@
 #
 # The state file has one tab-separated line per thing started:
 #   worker      group    PGID                     console   group    PGID
-#   loop-service group   PGID ENGINE
+#   loop-service group   PGID ENGINE             notify    group    PGID
 #   postgresql  native   DATADIR BINDIR RUNAS     rabbitmq  native   ROOT NODE PGID EPMD_STARTED
 #   postgresql  service  VERSION CLUSTER          rabbitmq  service  -
 #   postgresql  docker   COMPOSE_FILE             rabbitmq  docker   COMPOSE_FILE
@@ -44,6 +44,13 @@ stop_one() {  # the fields of one line; 0 once that thing is stopped (or was alr
                 return 0
             fi
             "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the web console (process group $1)"
+            ;;
+        notify/group)
+            if ! "$here/native.sh" group-has "$1" "vibey notify"; then
+                echo "notify: pid $1 had already stopped"
+                return 0
+            fi
+            "$here/native.sh" stop-group "$1" "$TIMEOUT" && echo "stopped the webhooks' consumer (process group $1)"
             ;;
         loop-service/group)
             if ! "$here/native.sh" group-has "$1" "$repo/.venv/bin/"; then

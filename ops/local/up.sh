@@ -7,7 +7,8 @@
 #     group of its own, logging to $VIBEY_STATE_DIR/logs/worker.log. A fleet a previous
 #     `just up` started is reused while it runs with the same settings. Beside it, one
 #     `vibey loop-service --engine <id>` per engine with invocation = "service" (its log:
-#     $VIBEY_STATE_DIR/logs/loop-<id>.log).
+#     $VIBEY_STATE_DIR/logs/loop-<id>.log), and `vibey notify` (the webhooks' consumer) when a
+#     [notify.webhooks.<name>] table is configured (its log: $VIBEY_STATE_DIR/logs/notify.log).
 #  4. The web console (`vibey console`) in the background, in a process group of its own, logging
 #     to $VIBEY_STATE_DIR/logs/console.log; its URL is printed. With no [console] password_hash
 #     or token_hash configured, up makes a token (kept in $VIBEY_STATE_DIR/console.token) and
@@ -333,6 +334,22 @@ for engine in $service_engines; do
     echo "loop-service $engine: started (pid $loop_pid, log $loop_log)"
 done
 
+# (beside the fleet) The webhooks' consumer, `vibey notify`, when [notify.webhooks.<name>] has one.
+notify_line="not started (no [notify.webhooks.<name>] configured)"
+if [ "$("$PY" -c 'from vibey.settings import load_settings; print(len(load_settings().webhooks))')" != 0 ]; then
+    NOTIFY_LOG=$STATE/logs/notify.log
+    notify_pid=$([ -f "$PIDS" ] && awk -F'\t' '$1 == "notify" && $2 == "group" { p = $3 } END { if (p) print p }' "$PIDS" || true)
+    if [ -n "$notify_pid" ] && ops/local/native.sh group-has "$notify_pid" "bin/vibey notify"; then
+        echo "notify: reusing pid $notify_pid"
+    else
+        echo "--- $(date '+%Y-%m-%d %H:%M:%S') started by ops/local/up.sh ---" >>"$NOTIFY_LOG"
+        notify_pid=$(ops/local/native.sh spawn "$NOTIFY_LOG" "$VIBEY" notify 9>&-)
+        printf 'notify\tgroup\t%s\n' "$notify_pid" >>"$PIDS"
+        echo "notify: started (pid $notify_pid, log $NOTIFY_LOG)"
+    fi
+    notify_line="pid $notify_pid, log $NOTIFY_LOG"
+fi
+
 stack_summary() {
     local env_shown=$ENV_FILE
     [[ $env_shown == /* ]] || env_shown=./$env_shown
@@ -343,6 +360,7 @@ vibey's local stack:
   RabbitMQ    $AMQP_URL
   worker      pid $worker_pid, log $WORKER_LOG  (\`just down\` stops it)
   console     $console_line
+  webhooks    $notify_line
   settings    $ENV_FILE (loaded by just); to use vibey in a shell:
               source .venv/bin/activate; set -a; . $env_shown; set +a
 MSG

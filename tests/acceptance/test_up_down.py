@@ -131,6 +131,8 @@ def delete_topology(url: str, prefix: str) -> None:
     queues += [names.tier_queue(tier) for tier in tiers]
     exchanges = [names.work_exchange, names.dead_exchange]
     exchanges += [names.tier_exchange(tier) for tier in tiers]
+    queues.append(f"{prefix}.notify.webhooks")  # `vibey notify`'s, on the events exchange
+    exchanges.append(f"{prefix}.events")
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         channel = connection.channel()
@@ -145,6 +147,11 @@ def delete_topology(url: str, prefix: str) -> None:
 @pytest.fixture
 def up_env(tmp_path: Path, pg_admin_url: str, amqp: Amqp) -> Iterator[dict[str, str]]:
     database = f"vibey_up_{uuid.uuid4().hex[:12]}"
+    config = tmp_path / "vibey.toml"  # a webhook (to a closed port): up starts `vibey notify`
+    config.write_text(
+        '[notify.webhooks.ops]\nurl = "http://127.0.0.1:9/hook"\nevents = ["gate.opened"]\n'
+        'secret = "s3cret"\nmax_attempts = 2\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEY_")}
     env |= {
         "VIBEY_PG_URL": with_database(pg_admin_url, database),
@@ -159,6 +166,7 @@ def up_env(tmp_path: Path, pg_admin_url: str, amqp: Amqp) -> Iterator[dict[str, 
         "VIBEY_UP_DEMO_TIMEOUT": "20",
         "VIBEY_DOWN_TIMEOUT": "10",
         "VIBEY_CONSOLE_PORT": str(free_port()),
+        "VIBEY_CONFIG": str(config),
         # ps cuts its lines at $COLUMNS when it has no terminal; CI's shell sets 80, which cut
         # "…/.venv/bin/vibey console" off a longer checkout path, so down took the console for gone.
         "COLUMNS": "40",
@@ -166,7 +174,7 @@ def up_env(tmp_path: Path, pg_admin_url: str, amqp: Amqp) -> Iterator[dict[str, 
     try:
         yield env
     finally:
-        for what in ("worker", "console"):
+        for what in ("worker", "console", "notify"):
             group = recorded_worker(tmp_path / "state", what)
             if group is not None:  # the test failed before down: end what up started
                 with suppress(ProcessLookupError, PermissionError):
@@ -200,6 +208,10 @@ def test_up_waits_at_the_first_gate_and_down_stops_what_up_started(
     assert (state / "console.token").read_text().strip()
     with urllib.request.urlopen(f"{url}healthz", timeout=5) as healthz:
         assert healthz.headers["X-Vibey-Pid"] == str(console)
+    # The webhooks' consumer, since a webhook is configured.
+    notify = recorded_worker(state, "notify")
+    assert notify is not None and f"notify: started (pid {notify}" in up.stdout, up.stdout[-3000:]
+    assert any(m.endswith("vibey notify") for m in group_members(notify))
 
     # A second up reuses the fleet and the demo: nothing new runs.
     again = run(UP, up_env, budget.left(keep=DOWN_S + 5))
@@ -209,6 +221,7 @@ def test_up_waits_at_the_first_gate_and_down_stops_what_up_started(
     assert recorded_worker(state) == worker
     assert f"reusing the console a previous `just up` started (pid {console})" in again.stdout
     assert (state / "pids").read_text().count("worker\t") == 1
+    assert f"notify: reusing pid {notify}" in again.stdout
 
     # The printed command continues the demo; answering every gate brings it to its end.
     gate_id, answer = commands[0]
@@ -230,6 +243,8 @@ def test_up_waits_at_the_first_gate_and_down_stops_what_up_started(
     assert group_members(worker) == []
     assert f"stopped the web console (process group {console})" in down.stdout
     assert group_members(console) == []
+    assert f"stopped the webhooks' consumer (process group {notify})" in down.stdout
+    assert group_members(notify) == []
     assert not (state / "pids").exists()
     assert answers_at_postgres(pg_admin_url)
     assert answers_at_rabbitmq(amqp.url)
