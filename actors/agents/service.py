@@ -60,6 +60,7 @@ from actors.agents.run_host import (
     read_result,
     write_result,
 )
+from actors.agents.watchdog import Heartbeat
 from actors.amqp import parameters
 from actors.capabilities import detect
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
@@ -102,8 +103,10 @@ class LoopService:
         topology: RunsTopology,
         prefetch: int = 1,
         drain_grace: float = 60.0,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.host = host
+        self._heartbeat = heartbeat
         self.engine = host.spec.id
         self._url = amqp_url
         self._topology = topology
@@ -121,6 +124,7 @@ class LoopService:
     def run(self, stop: threading.Event) -> None:
         """Serves until ``stop`` is set, reconnecting when the broker goes away; then drains."""
         while not stop.is_set():
+            self._beat()
             try:
                 self._serve(stop)
             except pika.exceptions.AMQPError as exc:
@@ -431,6 +435,13 @@ class LoopService:
     def _process(self, connection: Any) -> None:
         connection.process_data_events(time_limit=0.2)
         self._run_queued()
+        self._beat()
+
+    def _beat(self) -> None:
+        """The watchdog's heartbeat (:mod:`actors.agents.watchdog`), with the process groups
+        of the runs in progress (the watchdog kills them when it kills a wedged service)."""
+        if self._heartbeat is not None:
+            self._heartbeat.beat(a.pid for a in self.host.active() if a.pid is not None)
 
     def _reply(self, reply_to: str, run_id: object, message: RunAccepted | RunResult) -> None:
         self._publish("", reply_to, encode(message), str(run_id))
@@ -460,6 +471,7 @@ def build_service(
     drain_grace: float = 60.0,
     grace: float = 2.0,
     instance: str | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> LoopService:
     """The loop service of ``spec`` (an engine with a CLI adapter): its adapter gets the
     engine's own environment from ``agent_env`` and ``spec.env``, never from a message."""
@@ -484,4 +496,5 @@ def build_service(
         topology=RunsTopology(prefix, (spec.id,)),
         prefetch=spec.prefetch,
         drain_grace=drain_grace,
+        heartbeat=heartbeat,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,11 +72,11 @@ class Services:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.log = tmp_path / "service.log"
 
-    def start(self, drain_grace: float = 2.0) -> subprocess.Popen[bytes]:
+    def start(self, drain_grace: float = 2.0, *flags: str) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "vibey", "loop-service", "--engine", ENGINE,
-                 "--drain-grace", str(drain_grace)],
+                 "--drain-grace", str(drain_grace), *flags],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.processes.append(process)
@@ -203,6 +204,54 @@ def test_a_sigkilled_service_abandons_its_run_and_the_next_attempt_runs_alone(
     assert len(starts) == 2  # attempt 1 once, attempt 2 once
     assert starts[1]["at"] >= died_at - 0.5
     assert sorted(r.status for r in results(workdir)) == [RunStatus.ABANDONED, RunStatus.EXITED]
+
+
+def children(services: Services) -> list[int]:
+    """The service processes the watchdog started, in order (from its log)."""
+    text = services.log.read_text(errors="replace")
+    return [int(m) for m in re.findall(r"loop service started \(pid (\d+)\)", text)]
+
+
+def test_the_watchdog_restarts_a_wedged_service_which_then_serves_a_run(
+    services: Services,
+) -> None:
+    watchdog = services.start(2.0, "--stale-after", "3")
+    wait_for(lambda: len(children(services)) == 1)
+    (wedged,) = children(services)
+    workdir = services.root / "wt"
+    workdir.mkdir()
+    old, old_out = in_thread(services.engine().run, task(workdir, 1, sleep=60))
+    wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
+    engine_pid = services.spans()[0]["pid"]
+    os.kill(wedged, signal.SIGSTOP)  # wedged: alive, holding its deliveries, answering nothing
+    wait_for(lambda: len(children(services)) == 2, 30)
+    assert "is wedged (no heartbeat" in services.log.read_text()
+    wait_for(lambda: not alive(wedged), 15)
+    wait_for(lambda: not alive(engine_pid), 15)  # no engine process outlives the wedged service
+    assert watchdog.poll() is None
+    services._wait_consumer()
+    old.join(60)
+    assert isinstance(old_out[0], RunCut), old_out  # the redelivered attempt 1: abandoned
+    new = services.engine().run(task(workdir, 2, sleep=0))
+    assert new.status == "ok", new.detail
+    assert [s["event"] for s in services.spans()].count("start") == 2
+    watchdog.send_signal(signal.SIGTERM)
+    assert watchdog.wait(30) == 0
+    assert not any(alive(pid) for pid in children(services))
+
+
+def test_the_watchdog_restarts_a_crashed_service(services: Services) -> None:
+    watchdog = services.start(2.0, "--stale-after", "30")
+    wait_for(lambda: len(children(services)) == 1)
+    os.kill(children(services)[0], signal.SIGKILL)
+    wait_for(lambda: len(children(services)) == 2, 30)
+    assert "exited with -9; restart 1" in services.log.read_text()
+    services._wait_consumer()
+    workdir = services.root / "wt"
+    workdir.mkdir()
+    assert services.engine().run(task(workdir, 1, sleep=0)).status == "ok"
+    watchdog.kill()  # the service dies with its watchdog
+    wait_for(lambda: not alive(children(services)[1]), 15)
 
 
 def test_engine_list_shows_the_loop_service_and_a_probe(services: Services) -> None:
