@@ -26,6 +26,10 @@ again when it starts).
 Probes (``<p>.runs.<engine>.probe``) are consumed on their own channel and run in their own
 threads, so they are answered while a long run is in progress. Control messages (stop,
 wind_down) arrive on an exclusive queue bound to ``<p>.runs.control`` with key ``<engine>``.
+A request the broker dead-letters (its delivery limit reached: it crashed its service each
+time) is copied by the dead-letter fanout to ``<p>.runs.dead.answers``, which every service
+consumes: the caller named in its ``reply_to`` gets ``dead_lettered`` at once (and the result
+file is written), instead of waiting for its deadline; ``<p>.runs.dead`` keeps the original.
 SIGTERM drains: consuming stops, runs get ``drain_grace`` seconds to finish, then are stopped
 (``abandoned``); an unstarted request is returned to the queue.
 """
@@ -150,6 +154,9 @@ class LoopService:
             control = connection.channel()
             queue = self._topology.declare_control_queue(control, self.engine)
             control.basic_consume(queue, self._on_control, auto_ack=True)
+            dead = connection.channel()
+            dead.basic_qos(prefetch_count=PROBE_PREFETCH)
+            dead.basic_consume(self._topology.dead_answers_queue, self._on_dead)
             self._deliveries.tags.clear()  # the old channels' deliveries come back redelivered
             self._deliveries.waiting.clear()
             self._run_queued()
@@ -362,6 +369,29 @@ class LoopService:
         )
         channel.basic_ack(delivery)
 
+    # -- dead-lettered requests ----------------------------------------------------------------
+
+    def _on_dead(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        """A dead-lettered request (a copy from ``<p>.runs.dead.answers``): its caller is told
+        ``dead_lettered`` now instead of waiting for its deadline. A forged request was answered
+        ``rejected`` when it was refused (its ``x-vibey-rejected`` header); one that is not a
+        request at all names no caller. Its result file is written when the request is this
+        engine's and passes :meth:`RunHost.check` (a caller whose reply is lost reads it)."""
+        headers = properties.headers or {}
+        try:
+            request = decode_request(body)
+        except RunCodecError:
+            request = None
+        if request is not None and REJECTED_HEADER not in headers:
+            detail = f"dead-lettered ({_death_reason(headers)}): its service never settled it"
+            result = self.host.ended(request, RunStatus.DEAD_LETTERED, detail)
+            if request.engine == self.engine and self.host.check(request) is None:
+                if read_result(request.cwd, request.run_id) is None:
+                    write_result(request.cwd, result)
+            log.warning("run %s of engine %s: %s", request.run_id, request.engine, detail)
+            self._reply(request.reply_to, request.run_id, result)
+        channel.basic_ack(method.delivery_tag)
+
     # -- probes and control --------------------------------------------------------------------
 
     def _on_probe(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
@@ -451,6 +481,17 @@ class LoopService:
             correlation_id=correlation_id, content_type=CONTENT_TYPE, delivery_mode=2
         )
         self._publisher.basic_publish(exchange, key, body, properties)  # not mandatory
+
+
+def _death_reason(headers: Mapping[str, Any]) -> str:
+    """Why the broker dead-lettered a message (``x-first-death-reason``, else ``x-death``)."""
+    reason = headers.get("x-first-death-reason")
+    deaths = headers.get("x-death")
+    if reason is None and isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        reason = deaths[0].get("reason")
+    if isinstance(reason, bytes):
+        reason = reason.decode("utf-8", "replace")
+    return str(reason or "unknown reason")
 
 
 def _uuid_or_none(value: object) -> UUID | None:

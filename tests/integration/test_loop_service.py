@@ -430,6 +430,54 @@ def test_forged_requests_are_rejected_dead_lettered_and_run_nothing(rig: Rig) ->
     assert rig.spans() == []
 
 
+def test_a_dead_lettered_request_reaches_its_caller_as_dead_lettered(rig: Rig) -> None:
+    """A request past its delivery limit (here: a consumer of another engine's queue that
+    requeues it each time, as a crashing service would) is answered ``dead_lettered`` by a
+    loop service from the dead-letter fanout, long before the caller's deadline."""
+    rig.start()
+    other = RunsTopology(rig.amqp.prefix, ("crashy",))
+    connection = rig.amqp.connect()
+    channel = connection.channel()
+    other.declare(channel, detect(connection))
+    rig.amqp.queues.update(q.name for q in other.queues(detect(connection)))
+    spec = replace(rig.spec, id="crashy")
+    client = RunClient(rig.amqp.url, other)
+    workdir = rig.workdir("wt")
+    request = client.request(spec, ["-p", "x"], workdir, deadline_seconds=600)
+    began = time.monotonic()
+    thread, out = in_thread(client.run, request)
+    requeued = 0
+    while thread.is_alive() and time.monotonic() - began < 30:
+        method, _props, _body = channel.basic_get(other.queue("crashy"))
+        if method is None:
+            connection.sleep(0.05)
+            continue
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        requeued += 1
+    thread.join(30)
+    (result,) = out
+    assert isinstance(result, RunResult), result
+    assert result.status is RunStatus.DEAD_LETTERED, result
+    assert "dead-lettered" in result.detail and result.service_instance
+    assert time.monotonic() - began < 30 and requeued >= 3
+    assert rig.spans() == []  # nothing ran
+    (kept,) = [b for b in _drain(channel, rig.topology.dead_queue)]
+    assert decode(kept).run_id == request.run_id  # type: ignore[union-attr]  # kept for the operator
+
+
+def _drain(channel: Any, queue: str) -> list[bytes]:
+    bodies = []
+    for _ in range(40):
+        method, _props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            if bodies:
+                break
+            time.sleep(0.05)
+            continue
+        bodies.append(body)
+    return bodies
+
+
 def test_result_paths_are_under_the_cwd(tmp_path: Path) -> None:
     run_id = uuid.uuid4()
     assert (
