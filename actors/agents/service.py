@@ -385,9 +385,9 @@ class LoopService:
         if request is not None and REJECTED_HEADER not in headers:
             detail = f"dead-lettered ({_death_reason(headers)}): its service never settled it"
             result = self.host.ended(request, RunStatus.DEAD_LETTERED, detail)
-            if request.engine == self.engine and self.host.check(request) is None:
-                if read_result(request.cwd, request.run_id) is None:
-                    write_result(request.cwd, result)
+            mine = request.engine == self.engine and self.host.check(request) is None
+            if mine and read_result(request.cwd, request.run_id) is None:
+                write_result(request.cwd, result)
             log.warning("run %s of engine %s: %s", request.run_id, request.engine, detail)
             self._reply(request.reply_to, request.run_id, result)
         channel.basic_ack(method.delivery_tag)
