@@ -462,11 +462,11 @@ def test_a_dead_lettered_request_reaches_its_caller_as_dead_lettered(rig: Rig) -
     assert time.monotonic() - began < 30 and requeued >= 3
     assert rig.spans() == []  # nothing ran
     (kept,) = [b for b in _drain(channel, rig.topology.dead_queue)]
-    assert decode(kept).run_id == request.run_id  # type: ignore[union-attr]  # kept for the operator
+    assert decode(kept).run_id == request.run_id  # kept for the operator
 
 
 def _drain(channel: Any, queue: str) -> list[bytes]:
-    bodies = []
+    bodies: list[bytes] = []
     for _ in range(40):
         method, _props, body = channel.basic_get(queue, auto_ack=True)
         if method is None:
