@@ -27,6 +27,8 @@ binary), ``dead_lettered``, no result
 by the deadline
 ``exited`` with 75 (a wind-down)         :class:`RunWoundDown`: defers, no attempt burned
 ``exited`` / ``deadline_exceeded``       the adapter judges the transcript, as ever
+``progress`` (its output's new lines)    logged at DEBUG and handed to ``on_progress``;
+                                         a ``seq`` gap logged at WARNING; never evidence
 the reply lost (connection gone, reply   the result file ``<cwd>/.vibey/diagnostics/
 queue gone)                              <run_id>.result.json`` is read until the deadline
 =======================================  =================================================
@@ -37,11 +39,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pika
 import pika.exceptions
@@ -58,6 +61,7 @@ from workflows.runs import (
     Purpose,
     RunAccepted,
     RunCodecError,
+    RunProgress,
     RunRequest,
     RunResult,
     RunStatus,
@@ -101,6 +105,7 @@ class RunClient:
     amqp_url: str
     topology: RunsTopology
     poll: float = POLL_S
+    on_progress: Callable[[RunProgress], None] | None = None  # besides the DEBUG log line
 
     def request(
         self,
@@ -199,6 +204,7 @@ class RunClient:
 
     def _wait(self, channel: Any, request: RunRequest) -> RunResult:
         accepted = False
+        progress = _Progress(request.run_id, self.on_progress)
         give_up = request.start_by + timedelta(seconds=request.deadline_seconds) + SLACK
         for method, _properties, body in channel.consume(
             request.reply_to, auto_ack=True, inactivity_timeout=self.poll
@@ -207,7 +213,10 @@ class RunClient:
             if method is not None:
                 message = _decoded(body)
                 if isinstance(message, RunResult) and message.run_id == request.run_id:
+                    progress.ended()
                     return message
+                if isinstance(message, RunProgress) and message.run_id == request.run_id:
+                    progress.record(message)
                 accepted = accepted or (
                     isinstance(message, RunAccepted) and message.run_id == request.run_id
                 )
@@ -239,6 +248,31 @@ class RunClient:
                     "no result arrived and none was written by the deadline",
                 )
             time.sleep(self.poll)
+
+
+class _Progress:
+    """A run's progress messages as the caller records them: each line logged at DEBUG (and
+    handed to ``on_progress``), a gap in ``seq`` (a lost message) at WARNING, the count at
+    the end. Advisory: the step's evidence is still the transcript on disk."""
+
+    def __init__(self, run_id: UUID, on_progress: Callable[[RunProgress], None] | None) -> None:
+        self.run_id = run_id
+        self._on_progress = on_progress
+        self.next_seq = 0
+        self.lost = 0
+
+    def record(self, message: RunProgress) -> None:
+        if message.seq > self.next_seq:
+            self.lost += message.seq - self.next_seq
+            log.warning("run %s: progress %d-%d lost", self.run_id, self.next_seq, message.seq - 1)
+        self.next_seq = max(self.next_seq, message.seq + 1)
+        log.debug("run %s progress %d: %s", self.run_id, message.seq, message.line[:300])
+        if self._on_progress is not None:
+            self._on_progress(message)
+
+    def ended(self) -> None:
+        if self.next_seq:
+            log.info("run %s: %d progress line(s), %d lost", self.run_id, self.next_seq, self.lost)
 
 
 def _with_reply(request: RunRequest, reply_to: str) -> RunRequest:

@@ -16,7 +16,9 @@ their own threads and hand back to it through ``add_callback_threadsafe``. Per r
    then start; a higher one → ``superseded`` for this one; another key → ``rejected: worktree
    busy`` (the caller defers without burning an attempt; nothing queues behind a run).
 
-A started run sends ``accepted`` (pid, instance) and, at its end, its result is written to
+A started run sends ``accepted`` (pid, instance), then its output's new lines as ``progress``
+(every ``progress_every`` s, ``seq`` counting from 0; advisory, never the caller's evidence)
+and, at its end, its result is written to
 ``<cwd>/.vibey/diagnostics/<run_id>.result.json``, published with a publisher confirm, and only
 then is the request acked. The broker prefetch is ``prefetch + 1``: the extra slot lets a
 superseding or a busy request be answered while ``prefetch`` runs are in progress; a request
@@ -61,6 +63,7 @@ from actors.agents.run_host import (
     Admission,
     RunHost,
     admit,
+    output_paths,
     read_result,
     write_result,
 )
@@ -69,11 +72,13 @@ from actors.amqp import parameters
 from actors.capabilities import detect
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
 from workflows.runs import (
+    MAX_TEXT_CHARS,
     ControlCommand,
     Purpose,
     RunAccepted,
     RunCodecError,
     RunControl,
+    RunProgress,
     RunRequest,
     RunResult,
     RunStatus,
@@ -87,6 +92,8 @@ log = logging.getLogger("vibey.loop_service")
 PROBE_PREFETCH = 4
 CONTENT_TYPE = "application/json"
 RECONNECT_S = 1.0
+PROGRESS_EVERY_S = 1.0  # how often a run's new output lines are sent as progress (0: never)
+PROGRESS_BYTES = 256 * 1024  # read of the output a tick at most; the rest at the next
 
 
 @dataclass
@@ -108,9 +115,12 @@ class LoopService:
         prefetch: int = 1,
         drain_grace: float = 60.0,
         heartbeat: Heartbeat | None = None,
+        progress_every: float = PROGRESS_EVERY_S,
     ) -> None:
         self.host = host
         self._heartbeat = heartbeat
+        self._progress_every = progress_every
+        self._tailers: dict[str, threading.Thread] = {}  # run id → its progress thread
         self.engine = host.spec.id
         self._url = amqp_url
         self._topology = topology
@@ -289,6 +299,9 @@ class LoopService:
             log.exception("run %s failed to start", request.run_id)
             result = self.host.ended(request, RunStatus.REJECTED, f"the service failed: {exc}")
             write_result(request.cwd, result)
+        tailer = self._tailers.pop(str(request.run_id), None)
+        if tailer is not None:  # its last lines go before the result
+            tailer.join(5)
         self._later(lambda: self._finish(request, result, active))
 
     def _accepted(self, active: Active) -> None:
@@ -297,6 +310,27 @@ class LoopService:
             active.request.run_id, self.host.instance, active.pid, active.started_at
         )
         self._later(lambda: self._reply(active.request.reply_to, active.request.run_id, accepted))
+        if self._progress_every > 0:
+            name = f"progress-{active.request.run_id}"
+            tailer = threading.Thread(target=self._tail, args=(active,), name=name, daemon=True)
+            self._tailers[str(active.request.run_id)] = tailer
+            tailer.start()
+
+    def _tail(self, active: Active) -> None:
+        """Sends each new line of the run's output (its transcript) as ``vibey.run.progress/1``,
+        every ``progress_every`` s while it runs, then once more. Advisory: the caller's
+        evidence is the transcript on disk, never these messages."""
+        stdout = output_paths(active.request.cwd, active.request.run_id)[0]
+        reply_to, run_id = active.request.reply_to, active.request.run_id
+        seq, offset, partial = 0, 0, b""
+        while True:
+            ended = active.done.wait(self._progress_every)
+            lines, offset, partial = _new_lines(stdout, offset, partial, ended)
+            for line in lines:
+                self._later(_progress_reply(self._reply, reply_to, RunProgress(run_id, seq, line)))
+                seq += 1
+            if ended and not partial and len(lines) == 0:
+                return
 
     def _attach(self, active: Active, request: RunRequest, channel: Any, delivery: int) -> None:
         run_id = str(request.run_id)
@@ -473,7 +507,9 @@ class LoopService:
         if self._heartbeat is not None:
             self._heartbeat.beat(a.pid for a in self.host.active() if a.pid is not None)
 
-    def _reply(self, reply_to: str, run_id: object, message: RunAccepted | RunResult) -> None:
+    def _reply(
+        self, reply_to: str, run_id: object, message: RunAccepted | RunProgress | RunResult
+    ) -> None:
         self._publish("", reply_to, encode(message), str(run_id))
 
     def _publish(self, exchange: str, key: str, body: bytes, correlation_id: str) -> None:
@@ -481,6 +517,32 @@ class LoopService:
             correlation_id=correlation_id, content_type=CONTENT_TYPE, delivery_mode=2
         )
         self._publisher.basic_publish(exchange, key, body, properties)  # not mandatory
+
+
+def _progress_reply(
+    reply: Callable[[str, object, RunProgress], None], reply_to: str, progress: RunProgress
+) -> Callable[[], None]:
+    return lambda: reply(reply_to, progress.run_id, progress)
+
+
+def _new_lines(
+    path: Path, offset: int, partial: bytes, ended: bool
+) -> tuple[list[str], int, bytes]:
+    """The whole lines written to ``path`` since ``offset`` (at most :data:`PROGRESS_BYTES` of
+    it a tick; the last, unfinished line too once the run ``ended``), the new offset and the
+    unfinished rest."""
+    try:
+        with path.open("rb") as out:
+            out.seek(offset)
+            chunk = out.read(PROGRESS_BYTES)
+    except OSError:
+        return [], offset, partial
+    offset += len(chunk)
+    *whole, partial = (partial + chunk).split(b"\n")
+    if ended and partial and len(chunk) < PROGRESS_BYTES:
+        whole, partial = [*whole, partial], b""
+    lines = [line.decode("utf-8", "replace")[:MAX_TEXT_CHARS] for line in whole]
+    return [line.replace("\x00", "") for line in lines if line.strip()], offset, partial
 
 
 def _death_reason(headers: Mapping[str, Any]) -> str:

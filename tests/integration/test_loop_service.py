@@ -34,7 +34,15 @@ from actors.runs_topology import REJECTED_HEADER, RunsTopology
 from tests.agents.fake_cli import install
 from tests.amqp_fixtures import Amqp
 from tests.factories import leased_job
-from workflows.runs import Purpose, RunResult, RunStatus, Supersedes, decode, encode
+from workflows.runs import (
+    Purpose,
+    RunProgress,
+    RunResult,
+    RunStatus,
+    Supersedes,
+    decode,
+    encode,
+)
 from workflows.steps import Defer, Success
 
 ENGINE = "claude"
@@ -203,6 +211,31 @@ def test_a_request_redelivered_while_it_runs_attaches_to_the_run(rig: Rig) -> No
     assert isinstance(out[0], EngineVerdict) and out[0].status == "ok"
     assert result.status is RunStatus.EXITED and result.exit_code == 0
     assert len([s for s in rig.spans() if s["event"] == "start"]) == 1
+
+
+def test_a_run_in_progress_sends_its_output_lines_as_progress(rig: Rig) -> None:
+    """The fake prints its work's events, pauses 3 s, then reports: the caller has the events
+    as progress (seq 0, 1, ...) while the run is still in progress, each a transcript line."""
+    spec = replace(rig.spec, env={**rig.spec.env, "FAKE_PAUSE": "3"})
+    rig.start(spec)
+    seen: list[tuple[float, RunProgress]] = []
+    client = replace(rig.client, on_progress=lambda p: seen.append((time.monotonic(), p)))
+    engine = engine_for(spec, worker_env={}, state_dir=rig.state / "worker", runs=client)
+    workdir = rig.workdir("wt")
+    verdict = engine.run(task(workdir))
+    ended = time.monotonic()
+    assert verdict.status == "ok", verdict.detail
+    assert seen, "no progress arrived"
+    assert [p.seq for _at, p in seen] == list(range(len(seen)))
+    assert ended - seen[0][0] > 2.0  # the first line came while the run paused, not at its end
+    (stdout,) = (workdir / ".vibey/diagnostics").glob("*.stdout")
+    transcript = [line for line in stdout.read_text().splitlines() if line.strip()]
+    assert [p.line for _at, p in seen] == transcript
+    assert all("completed" not in vars_of(p) and "capacity" not in vars_of(p) for _at, p in seen)
+
+
+def vars_of(progress: RunProgress) -> set[str]:
+    return set(json.loads(encode(progress)))
 
 
 # -- probes ---------------------------------------------------------------------------------------
