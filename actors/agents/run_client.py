@@ -22,6 +22,9 @@ no ``accepted`` by ``start_by``          :class:`EngineQueueSaturated`: the step
 ``superseded``, ``abandoned`` (the       :class:`RunCut`: defers, no attempt burned, no
 fleet cut it: a higher attempt, its      circuit failure recorded
 service gone or drained)
+``abandoned`` for the job's              an engine fault: the attempt fails (each further
+``abandoned_runs``-th time (default 5)   cut too), so the job's attempts run out and it
+                                         fails or parks like other exhausted work
 ``rejected`` otherwise (forged, no       an engine fault (the job's attempt fails)
 binary), ``dead_lettered``, no result
 by the deadline
@@ -36,6 +39,8 @@ queue gone)                              <run_id>.result.json`` is read until th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 import uuid
@@ -286,6 +291,34 @@ def _decoded(body: bytes) -> object:
         return None
 
 
+def abandoned_path(workdir: Path, key: str) -> Path:
+    """Where the runs of run key ``key`` (a job) that came back ``abandoned`` are counted."""
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
+    return workdir / ".vibey" / "diagnostics" / f"abandoned-{digest}.jsonl"
+
+
+def record_abandoned(workdir: Path, key: str, run_id: UUID, detail: str) -> int:
+    """Appends one abandoned run of ``key`` (once per run id); how many there are now."""
+    path = abandoned_path(workdir, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seen = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    runs = {_run_id_of(line) for line in seen} - {None}
+    if str(run_id) not in runs:
+        line = json.dumps({"key": key, "run_id": str(run_id), "detail": detail[:500]})
+        with path.open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+        runs.add(str(run_id))
+    return len(runs)
+
+
+def _run_id_of(line: str) -> str | None:
+    try:
+        found = json.loads(line).get("run_id")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
 class ServiceLaunch:
     """A :data:`~actors.agents.cli.Launch` that runs the CLI in the engine's loop service."""
 
@@ -313,8 +346,20 @@ class ServiceLaunch:
             raise WorktreeBusy(workdir, None)
         if result.status is RunStatus.REJECTED and result.detail.startswith("late"):
             raise EngineQueueSaturated(f"engine {engine}: {result.detail}")
-        if result.status in (RunStatus.SUPERSEDED, RunStatus.ABANDONED) and result.service_instance:
-            raise RunCut(f"engine {engine}: run {request.run_id} {result.status}: {result.detail}")
+        cut = result.status in (RunStatus.SUPERSEDED, RunStatus.ABANDONED)
+        if cut and result.service_instance:
+            detail = f"engine {engine}: run {request.run_id} {result.status}: {result.detail}"
+            if result.status is RunStatus.ABANDONED and request.supersedes is not None:
+                count = record_abandoned(workdir, request.supersedes.key, request.run_id, detail)
+                if count >= self.spec.abandoned_runs:
+                    limit = f"the limit is {self.spec.abandoned_runs}, [engines.{engine}]"
+                    evidence = {"engine_id": engine, "run_id": str(request.run_id)}
+                    return fault(
+                        f"{detail}; its runs were abandoned {count} times ({limit} "
+                        "abandoned_runs): this attempt fails",
+                        {**evidence, "abandoned": count},
+                    )
+            raise RunCut(detail)
         if result.status not in (RunStatus.EXITED, RunStatus.DEADLINE_EXCEEDED):
             detail = f"engine {engine}: run {request.run_id} {result.status}: {result.detail}"
             return fault(detail, {"engine_id": engine, "run_id": str(request.run_id)})

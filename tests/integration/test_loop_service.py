@@ -29,13 +29,16 @@ from actors.agents.run_client import EngineQueueSaturated, RunClient, RunCut
 from actors.agents.run_host import read_result, result_path
 from actors.agents.service import LoopService, build_service
 from actors.capabilities import detect
-from actors.handlers import HandlerContext, Steps
+from actors.handlers import HandlerContext, Steps, to_outcome
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
 from tests.agents.fake_cli import install
 from tests.amqp_fixtures import Amqp
 from tests.factories import leased_job
+from workflows.job import FailureClass
 from workflows.runs import (
+    ControlCommand,
     Purpose,
+    RunControl,
     RunProgress,
     RunResult,
     RunStatus,
@@ -43,7 +46,7 @@ from workflows.runs import (
     decode,
     encode,
 )
-from workflows.steps import Defer, Success
+from workflows.steps import Defer, Failure, Success
 
 ENGINE = "claude"
 
@@ -509,6 +512,41 @@ def _drain(channel: Any, queue: str) -> list[bytes]:
             continue
         bodies.append(body)
     return bodies
+
+
+def _stop_the_run(rig: Rig, workdir: Path, runs_before: int) -> None:
+    """Waits for the next run to start, then stops it by a control message (``abandoned``)."""
+    started = workdir / ".vibey/diagnostics"
+    wait_for(lambda: len(list(started.glob("*.started"))) > runs_before)
+    newest = max(started.glob("*.started"), key=lambda p: p.stat().st_mtime)
+    control = RunControl(uuid.UUID(newest.name.removesuffix(".started")), ENGINE, ControlCommand.STOP)
+    channel = rig.amqp.connect().channel()
+    channel.basic_publish(rig.topology.control_exchange, ENGINE, encode(control))
+
+
+def test_a_job_whose_runs_keep_coming_back_abandoned_fails_at_the_bound(rig: Rig) -> None:
+    """``abandoned_runs = 2``: the first abandoned run defers the step (no attempt burned),
+    the second fails it as an engine fault that names the bound, so the job's attempts run out
+    like any failing work's instead of looping."""
+    spec = replace(rig.spec, abandoned_runs=2)
+    rig.start(spec)
+    engine = engine_for(spec, worker_env={}, state_dir=rig.state / "worker", runs=rig.client)
+    workdir = rig.workdir("wt")
+    outcomes = []
+    for n in range(3):
+        thread, out = in_thread(engine.run, task(workdir, sleep=30))
+        _stop_the_run(rig, workdir, n)
+        thread.join(30)
+        outcomes.append(out[0])
+    first, second, third = outcomes
+    assert isinstance(first, RunCut) and "abandoned" in str(first)
+    for failed in (second, third):
+        assert isinstance(failed, EngineVerdict) and failed.engine_fault, failed
+        assert "abandoned 2 times" in failed.detail or "abandoned 3 times" in failed.detail
+        assert "abandoned_runs" in failed.detail
+    assert third.evidence["abandoned"] == 3
+    failure = to_outcome("design.research", second)  # as the step handler maps it
+    assert isinstance(failure, Failure) and failure.failure_class is FailureClass.ENGINE
 
 
 def test_result_paths_are_under_the_cwd(tmp_path: Path) -> None:
