@@ -519,7 +519,9 @@ def _stop_the_run(rig: Rig, workdir: Path, runs_before: int) -> None:
     started = workdir / ".vibey/diagnostics"
     wait_for(lambda: len(list(started.glob("*.started"))) > runs_before)
     newest = max(started.glob("*.started"), key=lambda p: p.stat().st_mtime)
-    control = RunControl(uuid.UUID(newest.name.removesuffix(".started")), ENGINE, ControlCommand.STOP)
+    control = RunControl(
+        uuid.UUID(newest.name.removesuffix(".started")), ENGINE, ControlCommand.STOP
+    )
     channel = rig.amqp.connect().channel()
     channel.basic_publish(rig.topology.control_exchange, ENGINE, encode(control))
 
