@@ -70,6 +70,7 @@ from workflows.runs import (
     RunRequest,
     RunResult,
     RunStatus,
+    ServiceStatus,
     Supersedes,
     decode,
     encode,
@@ -138,9 +139,12 @@ class RunClient:
             caller=caller,
         )
 
-    def run(self, request: RunRequest) -> RunResult:
+    def run(
+        self, request: RunRequest, on_status: Callable[[ServiceStatus], None] | None = None
+    ) -> RunResult:
         """Sends ``request`` (its ``reply_to`` set to a fresh reply queue) and returns its
-        result; :class:`EngineQueueSaturated` when nothing accepted it by its ``start_by``."""
+        result; :class:`EngineQueueSaturated` when nothing accepted it by its ``start_by``.
+        A probe's ``status`` (the service's runs in flight) goes to ``on_status``."""
         params = parameters(self.amqp_url)
         for one in params:
             one.client_properties = {"connection_name": f"vibey-run-{request.run_id}"}
@@ -150,7 +154,7 @@ class RunClient:
             reply = declare_reply_queue(channel)
             sent = _with_reply(request, reply)
             self._send(channel, sent)
-            return self._wait(channel, sent)
+            return self._wait(channel, sent, on_status)
         except pika.exceptions.AMQPError as exc:
             log.warning(
                 "run %s: the reply is lost (%r); reading its result file", request.run_id, exc
@@ -176,12 +180,20 @@ class RunClient:
             if connection.is_open:
                 connection.close()
 
-    def probe(self, spec: AgentSpec, cwd: Path, args: Sequence[str], wait: float) -> RunResult:
+    def probe(
+        self,
+        spec: AgentSpec,
+        cwd: Path,
+        args: Sequence[str],
+        wait: float,
+        on_status: Callable[[ServiceStatus], None] | None = None,
+    ) -> RunResult:
         """A probe (``args``: the adapter's version argv) answered within ``wait`` seconds;
-        :class:`EngineQueueSaturated` when no service answered."""
+        :class:`EngineQueueSaturated` when no service answered. The answering service's
+        status (its runs in flight) goes to ``on_status``."""
         request = self.request(replace(spec, queue_wait_seconds=wait), args, cwd,
                                purpose=Purpose.PROBE, deadline_seconds=wait)  # fmt: skip
-        return self.run(request)
+        return self.run(request, on_status)
 
     def _send(self, channel: Any, request: RunRequest) -> None:
         channel.confirm_delivery()
@@ -207,7 +219,12 @@ class RunClient:
                 f"{request.engine}`"
             ) from None
 
-    def _wait(self, channel: Any, request: RunRequest) -> RunResult:
+    def _wait(
+        self,
+        channel: Any,
+        request: RunRequest,
+        on_status: Callable[[ServiceStatus], None] | None = None,
+    ) -> RunResult:
         accepted = False
         progress = _Progress(request.run_id, self.on_progress)
         give_up = request.start_by + timedelta(seconds=request.deadline_seconds) + SLACK
@@ -222,6 +239,9 @@ class RunClient:
                     return message
                 if isinstance(message, RunProgress) and message.run_id == request.run_id:
                     progress.record(message)
+                status = isinstance(message, ServiceStatus) and message.run_id == request.run_id
+                if status and on_status is not None:
+                    on_status(message)  # type: ignore[arg-type]
                 accepted = accepted or (
                     isinstance(message, RunAccepted) and message.run_id == request.run_id
                 )

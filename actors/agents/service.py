@@ -26,12 +26,16 @@ that may start but finds every slot taken waits in the service (its ``start_by``
 again when it starts).
 
 Probes (``<p>.runs.<engine>.probe``) are consumed on their own channel and run in their own
-threads, so they are answered while a long run is in progress. Control messages (stop,
-wind_down) arrive on an exclusive queue bound to ``<p>.runs.control`` with key ``<engine>``.
+threads, so they are answered while a long run is in progress; each is answered first with a
+``status`` (the runs in flight here, the probe answered before this one), then its result.
+Control messages (stop, wind_down) arrive on an exclusive queue bound to
+``<p>.runs.control`` with key ``<engine>``.
+
 A request the broker dead-letters (its delivery limit reached: it crashed its service each
 time) is copied by the dead-letter fanout to ``<p>.runs.dead.answers``, which every service
 consumes: the caller named in its ``reply_to`` gets ``dead_lettered`` at once (and the result
 file is written), instead of waiting for its deadline; ``<p>.runs.dead`` keeps the original.
+
 SIGTERM drains: consuming stops, runs get ``drain_grace`` seconds to finish, then are stopped
 (``abandoned``); an unstarted request is returned to the queue.
 """
@@ -72,8 +76,10 @@ from actors.amqp import parameters
 from actors.capabilities import detect
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
 from workflows.runs import (
+    MAX_IN_FLIGHT,
     MAX_TEXT_CHARS,
     ControlCommand,
+    InFlight,
     Purpose,
     RunAccepted,
     RunCodecError,
@@ -82,6 +88,7 @@ from workflows.runs import (
     RunRequest,
     RunResult,
     RunStatus,
+    ServiceStatus,
     decode,
     decode_request,
     encode,
@@ -121,6 +128,7 @@ class LoopService:
         self._heartbeat = heartbeat
         self._progress_every = progress_every
         self._tailers: dict[str, threading.Thread] = {}  # run id → its progress thread
+        self._last_probe: tuple[datetime, str] | None = None  # when, and its outcome
         self.engine = host.spec.id
         self._url = amqp_url
         self._topology = topology
@@ -441,13 +449,25 @@ class LoopService:
             self._forged(channel, method.delivery_tag, properties, body, why, request)
             return
 
+        self._reply(request.reply_to, request.run_id, self._status(request))
+
         def probe() -> None:
             result = self.host.probe(request)
             self._later(lambda: self._probed(channel, method.delivery_tag, request, result))
 
         threading.Thread(target=probe, name=f"probe-{request.run_id}", daemon=True).start()
 
+    def _status(self, probe: RunRequest) -> ServiceStatus:
+        """This service's status for ``probe``: its runs in flight, its previous probe."""
+        runs = tuple(
+            InFlight(a.request.run_id, a.request.cwd, a.started_at) for a in self.host.active()
+        )[:MAX_IN_FLIGHT]
+        at, outcome = self._last_probe or (None, "")
+        return ServiceStatus(probe.run_id, self.host.instance, datetime.now(UTC), runs, at, outcome)
+
     def _probed(self, channel: Any, delivery: int, request: RunRequest, result: RunResult) -> None:
+        answer = result.detail.strip().splitlines()[:1] or [""]
+        self._last_probe = (result.finished_at, f"{result.status.value}: {answer[0][:200]}")
         self._reply(request.reply_to, request.run_id, result)
         channel.basic_ack(delivery)
 
@@ -508,7 +528,10 @@ class LoopService:
             self._heartbeat.beat(a.pid for a in self.host.active() if a.pid is not None)
 
     def _reply(
-        self, reply_to: str, run_id: object, message: RunAccepted | RunProgress | RunResult
+        self,
+        reply_to: str,
+        run_id: object,
+        message: RunAccepted | RunProgress | RunResult | ServiceStatus,
     ) -> None:
         self._publish("", reply_to, encode(message), str(run_id))
 

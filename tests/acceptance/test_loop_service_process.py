@@ -254,15 +254,62 @@ def test_the_watchdog_restarts_a_crashed_service(services: Services) -> None:
     wait_for(lambda: not alive(children(services)[1]), 15)
 
 
-def test_engine_list_shows_the_loop_service_and_a_probe(services: Services) -> None:
-    services.start()
+def engine_list(services: Services, *flags: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "vibey", "engine", "list", "--json"],
+        [sys.executable, "-m", "vibey", "engine", "list", *flags],
         env=services.env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    (row,) = json.loads(done.stdout)["engines"]
+    return done.stdout
+
+
+def test_engine_list_shows_the_loop_service_and_a_probe(services: Services) -> None:
+    services.start()
+    (row,) = json.loads(engine_list(services, "--json"))["engines"]
     assert row["invocation"] == "service"
-    assert row["service"]["consumers"] == 1 and row["service"]["queued"] == 0
-    assert row["service"]["probe"].startswith("exited: claude 9.9.9"), row
-    assert row["service"]["probe_seconds"] < 1.0
+    service = row["service"]
+    assert service["consumers"] == 1 and service["queued"] == 0
+    assert service["probe"].startswith("exited: claude 9.9.9"), row
+    assert service["probe_seconds"] < 1.0 and service["probe_at"]
+    assert service["in_flight"] == [] and service["previous_probe"] is None
+
+
+def test_engine_list_shows_the_runs_in_flight_and_the_probe_before(services: Services) -> None:
+    services.start()
+    workdir = services.root / "wt"
+    workdir.mkdir()
+    thread, _out = in_thread(services.engine().run, task(workdir, 1, sleep=20))
+    wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
+    (started,) = (workdir / ".vibey/diagnostics").glob("*.started")
+    run_id = started.name.removesuffix(".started")
+    (first,) = json.loads(engine_list(services, "--json"))["engines"]
+    (row,) = json.loads(engine_list(services, "--json"))["engines"]
+    service = row["service"]
+    assert [r["run_id"] for r in service["in_flight"]] == [run_id]
+    assert service["in_flight"][0]["cwd"] == str(workdir.resolve())
+    assert service["in_flight"][0]["started_at"]
+    assert service["instance"]
+    assert service["previous_probe"]["outcome"].startswith("exited: claude 9.9.9")
+    assert service["previous_probe"]["at"] >= first["service"]["probe_at"]
+    table = engine_list(services)
+    assert "1 in flight" in table and f"run {run_id} in {workdir.resolve()}" in table
+    assert "last probe at " in table and "probe before it: " in table
+    os.kill(services.spans()[0]["pid"], signal.SIGKILL)  # the run ends; the fixture stops all
+    thread.join(30)
+
+
+def test_engine_list_without_an_answer_leaves_the_runs_in_flight_unknown(
+    services: Services,
+) -> None:
+    process = services.start()
+    os.kill(process.pid, signal.SIGSTOP)  # the watchdog; its child next
+    for child in children(services):
+        os.kill(child, signal.SIGSTOP)
+    try:
+        (row,) = json.loads(engine_list(services, "--json"))["engines"]
+        assert row["service"]["probe"] == "no answer within 2 s"
+        assert row["service"]["in_flight"] is None and row["service"]["probe_at"]
+        assert "in flight unknown (no answer)" in engine_list(services)
+    finally:
+        for pid in [process.pid, *children(services)]:
+            os.kill(pid, signal.SIGCONT)

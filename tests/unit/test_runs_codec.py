@@ -19,6 +19,7 @@ from workflows.runs import (
     FORBIDDEN_FIELDS,
     CodecRejection,
     ControlCommand,
+    InFlight,
     Message,
     Purpose,
     RunAccepted,
@@ -28,6 +29,7 @@ from workflows.runs import (
     RunRequest,
     RunResult,
     RunStatus,
+    ServiceStatus,
     Supersedes,
     decode,
     decode_request,
@@ -78,6 +80,15 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(RunAccepted, st.uuids(), texts, st.integers(0, 2**31), times),
     st.builds(RunProgress, st.uuids(), st.integers(0, 10**6), texts),
     st.builds(RunControl, st.uuids(), engine_ids, st.sampled_from(ControlCommand)),
+    st.builds(
+        ServiceStatus,
+        st.uuids(),
+        texts,
+        times,
+        st.lists(st.builds(InFlight, st.uuids(), cwds, st.none() | times), max_size=3).map(tuple),
+        st.none() | times,
+        texts,
+    ),
 )
 
 
