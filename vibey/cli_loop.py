@@ -26,6 +26,7 @@ def loop_service(
     engine: Annotated[str, Parameter(name="--engine")],
     drain_grace: Annotated[float, Parameter(name="--drain-grace")] = 60.0,
     stale_after: Annotated[float, Parameter(name="--stale-after")] = 60.0,
+    progress_every: Annotated[float, Parameter(name="--progress-every")] = 1.0,
     no_watchdog: Annotated[bool, Parameter(name="--no-watchdog", negative=())] = False,
     watched_by: Annotated[int | None, Parameter(name="--watched-by", show=False)] = None,
     heartbeat: Annotated[Path | None, Parameter(name="--heartbeat", show=False)] = None,
@@ -51,6 +52,9 @@ def loop_service(
         Seconds the runs in progress get to finish on SIGTERM before they are stopped.
     stale_after
         Seconds without a heartbeat after which the service counts as wedged.
+    progress_every
+        Seconds between a run's progress messages to its caller (its new output lines); 0
+        sends none.
     no_watchdog
         Serve in this process, without the supervising watchdog.
     """
@@ -61,15 +65,19 @@ def loop_service(
         raise CommandError(str(exc), ExitCode.USAGE) from exc
     if stale_after <= 0:
         raise CommandError("--stale-after must be more than 0 seconds", ExitCode.USAGE)
+    if progress_every < 0:
+        raise CommandError("--progress-every must be 0 (none) or more seconds", ExitCode.USAGE)
     if not spec.as_service and watched_by is None:
         print(f'vibey: engine {engine} has invocation = "subprocess"; its steps do not come here')
     if watched_by is None and not no_watchdog:
-        return _watchdog(settings, engine, drain_grace, stale_after)
+        return _watchdog(settings, engine, drain_grace, stale_after, progress_every)
     if watched_by is not None:
         from actors.agents.watchdog import die_with_parent
 
         die_with_parent(watched_by)
-    return _serve(settings, spec, drain_grace, heartbeat, metrics=watched_by is None)
+    return _serve(
+        settings, spec, drain_grace, heartbeat, progress_every, metrics=watched_by is None
+    )
 
 
 def _stop_on_signals() -> threading.Event:
@@ -79,7 +87,9 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _watchdog(settings: Settings, engine: str, drain_grace: float, stale_after: float) -> ExitCode:
+def _watchdog(
+    settings: Settings, engine: str, drain_grace: float, stale_after: float, progress_every: float
+) -> ExitCode:
     import os
 
     from actors.agents.watchdog import Watchdog
@@ -90,7 +100,8 @@ def _watchdog(settings: Settings, engine: str, drain_grace: float, stale_after: 
     def command(beat: Path) -> list[str]:
         return [
             sys.executable, "-m", "vibey", "loop-service", f"--engine={engine}",
-            f"--drain-grace={drain_grace:g}", f"--watched-by={os.getpid()}", f"--heartbeat={beat}",
+            f"--drain-grace={drain_grace:g}", f"--progress-every={progress_every:g}",
+            f"--watched-by={os.getpid()}", f"--heartbeat={beat}",
         ]  # fmt: skip
 
     watchdog = Watchdog(
@@ -119,7 +130,13 @@ def _watchdog(settings: Settings, engine: str, drain_grace: float, stale_after: 
 
 
 def _serve(
-    settings: Settings, spec: object, drain_grace: float, beat: Path | None, *, metrics: bool
+    settings: Settings,
+    spec: object,
+    drain_grace: float,
+    beat: Path | None,
+    progress_every: float,
+    *,
+    metrics: bool,
 ) -> ExitCode:
     from actors.agents.roster import AgentSpec
     from actors.agents.service import build_service
@@ -140,6 +157,7 @@ def _serve(
             state_dir=root / ".state",
             drain_grace=drain_grace,
             heartbeat=Heartbeat(beat) if beat is not None else None,
+            progress_every=progress_every,
         )
     except ValueError as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc

@@ -598,6 +598,7 @@ def build_service(
     grace: float = 2.0,
     instance: str | None = None,
     heartbeat: Heartbeat | None = None,
+    progress_every: float = PROGRESS_EVERY_S,
 ) -> LoopService:
     """The loop service of ``spec`` (an engine with a CLI adapter): its adapter gets the
     engine's own environment from ``agent_env`` and ``spec.env``, never from a message."""
@@ -623,4 +624,5 @@ def build_service(
         prefetch=spec.prefetch,
         drain_grace=drain_grace,
         heartbeat=heartbeat,
+        progress_every=progress_every,
     )
