@@ -201,9 +201,17 @@ class _Quiet(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on ``port`` (0: any free port; see :attr:`port`)."""
+    """``/metrics`` and ``/healthz`` on ``port`` (0: any free port; see :attr:`port`);
+    ``/healthz`` answers 503 while ``healthy`` (when given) says no."""
 
-    def __init__(self, *, port: int, collectors: Iterable[Collector] = (), host: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        collectors: Iterable[Collector] = (),
+        host: str = "",
+        healthy: Callable[[], bool] | None = None,
+    ) -> None:
         self.registry = _registry()
         for collector in collectors:
             self.registry.register(collector)
@@ -211,6 +219,9 @@ class MetricsServer:
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
             if environ.get("PATH_INFO") == "/healthz":
+                if healthy is not None and not healthy():
+                    start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                    return [b"stale\n"]
                 start_response("200 OK", [("Content-Type", "text/plain")])
                 return [b"ok\n"]
             return metrics(environ, start_response)

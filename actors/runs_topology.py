@@ -12,7 +12,11 @@ object                           type                       arguments / bindings
                                                             wait behind a long run
 ``<p>.runs.dlx``                 fanout exchange            run requests that crashed their
 ``<p>.runs.dead``                quorum queue               service, and forged ones (with the
-                                                            ``x-vibey-rejected`` reason header)
+                                                            ``x-vibey-rejected`` reason header),
+                                                            kept for the operator
+``<p>.runs.dead.answers``        quorum queue               a copy of each (the fanout's second
+                                                            queue): a loop service answers the
+                                                            caller ``dead_lettered`` from it
 ``<p>.runs.control``             topic exchange             each service instance binds an
                                                             exclusive, auto-delete queue on
                                                             ``<engine>``: stop, wind_down
@@ -75,6 +79,10 @@ class RunsTopology:
     def dead_queue(self) -> str:
         return f"{self.prefix}.runs.dead"
 
+    @property
+    def dead_answers_queue(self) -> str:
+        return f"{self.prefix}.runs.dead.answers"
+
     def queue(self, engine: str) -> str:
         return f"{self.prefix}.runs.{engine}"
 
@@ -103,7 +111,10 @@ class RunsTopology:
         dead: dict[str, Any] = {"x-queue-type": QUORUM}
         if caps.default_delivery_limit_20:
             dead["x-delivery-limit"] = -1
-        specs = [QueueSpec(self.dead_queue, dead, (Binding(self.dead_exchange, ""),))]
+        specs = [
+            QueueSpec(self.dead_queue, dead, (Binding(self.dead_exchange, ""),)),
+            QueueSpec(self.dead_answers_queue, dead, (Binding(self.dead_exchange, ""),)),
+        ]
         for engine in self.engines:
             specs.append(self._run_queue(engine, caps))
             probe = {"x-message-ttl": int(PROBE_TTL.total_seconds() * 1000)}

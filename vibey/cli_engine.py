@@ -31,12 +31,16 @@ def list_(*, json_output: Json = False) -> ExitCode:
     """The roster: adapter, weight, installed, last doctor pass, circuit and capacity.
 
     An engine with invocation = "service" also shows its loop service: the run queue's
-    consumers and queued requests, and a probe sent now (its answer and how long it took).
+    consumers and queued requests, and a probe sent now (2 s to answer) - when, its outcome
+    and how long it took - with the answering instance's runs in flight (run id, worktree,
+    since when) and the probe it answered before this one. With several instances, one of
+    them answers; no answer leaves the runs in flight unknown.
 
     JSON: ``{"engines": [{"id", "adapter", "binary", "weight", "local", "phases",
     "installed", "last_doctor_at", "authenticated_at", "circuit", "capacity", "resets_at",
     "invocation", "service"}, ...]}`` (``service``: null, or ``{"consumers", "queued",
-    "probe", "probe_seconds"}``).
+    "probe", "probe_at", "probe_seconds", "instance", "in_flight": null | [{"run_id",
+    "cwd", "started_at"}], "previous_probe": null | {"at", "outcome"}}``).
 
     Parameters
     ----------
@@ -60,11 +64,7 @@ def list_(*, json_output: Json = False) -> ExitCode:
             f"circuit {row['circuit']}  {row['capacity']}{reset}"
         )
         if row["service"] is not None:
-            service = row["service"]
-            print(
-                f"{'':<16} loop service: {service['consumers']} consumer(s), "
-                f"{service['queued']} queued, probe {service['probe']}"
-            )
+            _print_service(row["service"])
     return ExitCode.OK
 
 
@@ -149,15 +149,23 @@ def roster_rows(settings: Settings) -> list[dict[str, Any]]:
     return rows
 
 
+PROBE_WAIT_S = 2.0
+
+
 def _service_row(settings: Settings, spec: Any) -> dict[str, Any]:
+    """The loop service of ``spec``: its run queue's consumers and queued requests, and a
+    probe sent now: its time, outcome and seconds, and the answering instance's status (its
+    runs in flight, the probe it answered before this one). No answer: ``in_flight`` None."""
     import time
 
     from actors.agents.adapters import CLI_ADAPTERS
     from actors.agents.run_client import EngineQueueSaturated, RunClient
     from actors.runs_topology import RunsTopology
 
-    row: dict[str, Any] = {"consumers": None, "queued": None, "probe": "no broker"}
-    row["probe_seconds"] = None
+    row: dict[str, Any] = {
+        "consumers": None, "queued": None, "probe": "no broker", "probe_at": None,
+        "probe_seconds": None, "instance": None, "in_flight": None, "previous_probe": None,
+    }  # fmt: skip
     if settings.bus.amqp_url is None:
         return row
     client = RunClient(settings.bus.amqp_url, RunsTopology(settings.bus.prefix, (spec.id,)))
@@ -166,15 +174,55 @@ def _service_row(settings: Settings, spec: Any) -> dict[str, Any]:
         return {**row, "probe": "no run queue: start `vibey loop-service`"}
     row["consumers"], row["queued"] = status
     version = CLI_ADAPTERS[spec.adapter](spec, worker_env={}, transcripts=Path()).version_argv()
+    statuses: list[Any] = []
+    row["probe_at"] = render.when(datetime.now(UTC))
     began = time.monotonic()
     try:
-        result = client.probe(spec, Path(settings.engine.workspace), version, wait=2.0)
+        result = client.probe(
+            spec, Path(settings.engine.workspace), version, PROBE_WAIT_S, statuses.append
+        )
     except EngineQueueSaturated:
-        return {**row, "probe": "no answer within 2 s"}
+        return {**row, "probe": f"no answer within {PROBE_WAIT_S:g} s"}
     answer = result.detail.strip().splitlines()[:1] or [result.status.value]
     row["probe"] = f"{result.status.value}: {answer[0][:80]}"
     row["probe_seconds"] = round(time.monotonic() - began, 3)
+    if statuses:
+        row.update(_status_fields(statuses[-1]))
     return row
+
+
+def _status_fields(status: Any) -> dict[str, Any]:
+    runs = [
+        {"run_id": str(r.run_id), "cwd": r.cwd, "started_at": render.when(r.started_at)}
+        for r in status.in_flight
+    ]
+    previous = None
+    if status.last_probe_at is not None:
+        previous = {"at": render.when(status.last_probe_at), "outcome": status.last_probe}
+    return {"instance": status.service_instance, "in_flight": runs, "previous_probe": previous}
+
+
+def _print_service(service: dict[str, Any]) -> None:
+    pad = " " * 17
+    consumers = "?" if service["consumers"] is None else service["consumers"]
+    queued = "?" if service["queued"] is None else service["queued"]
+    runs = service["in_flight"]
+    if runs is None:
+        flight = "in flight unknown (no answer)"
+    else:
+        flight = f"{len(runs)} in flight" + (
+            f" at {service['instance']}" if service["instance"] else ""
+        )
+    print(f"{pad}loop service: {consumers} consumer(s), {queued} queued, {flight}")
+    for run in runs or []:
+        since = f" since {run['started_at']}" if run["started_at"] else " (starting)"
+        print(f"{pad}  run {run['run_id']} in {run['cwd']}{since}")
+    took = f" in {service['probe_seconds']} s" if service["probe_seconds"] is not None else ""
+    at = f" at {service['probe_at']}" if service["probe_at"] else ""
+    print(f"{pad}last probe{at}: {service['probe']}{took}")
+    if service["previous_probe"]:
+        previous = service["previous_probe"]
+        print(f"{pad}probe before it: {previous['at']}: {previous['outcome']}")
 
 
 def _run_client(settings: Settings, specs: Any) -> Any:

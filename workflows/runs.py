@@ -13,6 +13,9 @@ schema                      direction                   carries
 ``vibey.run.result/1``      service → ``reply_to``      status, exit code, times, a detail
 ``vibey.run.control/1``     caller → the control        stop or wind_down one run
                             exchange
+``vibey.run.status/1``      service → ``reply_to``      in answer to a probe, before its result:
+                                                        the instance, the runs it has in flight
+                                                        (run id, cwd, started), its last probe
 ==========================  ==========================  ==========================================
 
 A result's ``status`` is one of :class:`RunStatus`. **A result says how the process ended,
@@ -56,6 +59,8 @@ ACCEPTED = "vibey.run.accepted/1"
 PROGRESS = "vibey.run.progress/1"
 RESULT = "vibey.run.result/1"
 CONTROL = "vibey.run.control/1"
+STATUS = "vibey.run.status/1"
+MAX_IN_FLIGHT = 64
 # What a message may never carry (a completion claim, a capacity state, or what only the
 # service's configuration decides); named in the refusal, so a forged request says why.
 FORBIDDEN_FIELDS: frozenset[str] = frozenset(
@@ -227,13 +232,56 @@ class RunControl:
         object.__setattr__(self, "command", _enum(ControlCommand, self.command, "command"))
 
 
-Message: TypeAlias = RunRequest | RunAccepted | RunProgress | RunResult | RunControl
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """One run a service has in progress (``started_at`` None: admitted, not yet started)."""
+
+    run_id: UUID
+    cwd: str
+    started_at: datetime | None
+
+    def __post_init__(self) -> None:
+        _uuid(self.run_id, "in_flight.run_id")
+        _cwd(self.cwd)
+        if self.started_at is not None:
+            object.__setattr__(self, "started_at", _utc(self.started_at, "in_flight.started_at"))
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatus:
+    """What a service says of itself in answer to the probe ``run_id``: its runs in flight
+    and the probe it answered before this one (``last_probe_at`` None: none yet)."""
+
+    run_id: UUID
+    service_instance: str
+    at: datetime
+    in_flight: tuple[InFlight, ...]
+    last_probe_at: datetime | None = None
+    last_probe: str = ""
+
+    def __post_init__(self) -> None:
+        _uuid(self.run_id, "run_id")
+        _text(self.service_instance, "service_instance", limit=200)
+        object.__setattr__(self, "at", _utc(self.at, "at"))
+        runs = self.in_flight
+        if not isinstance(runs, tuple | list) or len(runs) > MAX_IN_FLIGHT:
+            raise _bad("in_flight", f"must be at most {MAX_IN_FLIGHT} runs")
+        if not all(isinstance(run, InFlight) for run in runs):
+            raise _bad("in_flight", "must hold {run_id, cwd, started_at} objects")
+        object.__setattr__(self, "in_flight", tuple(runs))
+        if self.last_probe_at is not None:
+            object.__setattr__(self, "last_probe_at", _utc(self.last_probe_at, "last_probe_at"))
+        _text(self.last_probe, "last_probe", limit=500)
+
+
+Message: TypeAlias = RunRequest | RunAccepted | RunProgress | RunResult | RunControl | ServiceStatus
 SCHEMA_OF: Mapping[type[Any], str] = {
     RunRequest: REQUEST,
     RunAccepted: ACCEPTED,
     RunProgress: PROGRESS,
     RunResult: RESULT,
     RunControl: CONTROL,
+    ServiceStatus: STATUS,
 }
 TYPE_OF: Mapping[str, type[Any]] = {schema: cls for cls, schema in SCHEMA_OF.items()}
 
@@ -265,7 +313,9 @@ def _to_json(value: object) -> object:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
-        return list(value)
+        return [_to_json(item) for item in value]
+    if isinstance(value, InFlight):
+        return {item.name: _to_json(getattr(value, item.name)) for item in fields(value)}
     if isinstance(value, Supersedes):
         return {"key": value.key, "attempt": value.attempt}
     return value
@@ -308,6 +358,7 @@ def decode_request(body: bytes) -> RunRequest:
 _OPTIONAL: Mapping[type[Any], frozenset[str]] = {
     RunRequest: frozenset({"caller"}),
     RunResult: frozenset({"detail", "service_instance"}),
+    ServiceStatus: frozenset({"last_probe_at", "last_probe"}),
 }
 
 
@@ -342,7 +393,7 @@ def _uuid_from(value: object) -> UUID:
 
 def _time_from(name: str) -> Callable[[object], object]:
     def parse(value: object) -> object:
-        if value is None and name in ("started_at",):
+        if value is None and name in ("started_at", "last_probe_at"):
             return None
         if isinstance(value, str) and value.isascii() and len(value) <= 64:
             try:
@@ -375,6 +426,24 @@ def _supersedes_from(value: object) -> Supersedes | None:
     return Supersedes(value["key"], value["attempt"])
 
 
+def _in_flight_from(value: object) -> tuple[InFlight, ...]:
+    if not isinstance(value, list) or len(value) > MAX_IN_FLIGHT:
+        raise RunCodecError(
+            CodecRejection.BAD_FIELD, f"in_flight must be at most {MAX_IN_FLIGHT} runs", "in_flight"
+        )
+    runs = []
+    for run in value:
+        if not isinstance(run, dict) or set(run) != {"run_id", "cwd", "started_at"}:
+            raise RunCodecError(
+                CodecRejection.BAD_FIELD,
+                "in_flight must hold {run_id, cwd, started_at} objects",
+                "in_flight",
+            )
+        started = _time_from("started_at")(run["started_at"])
+        runs.append(InFlight(_uuid_from(run["run_id"]), run["cwd"], started))  # type: ignore[arg-type]
+    return tuple(runs)
+
+
 def _deadline_from(value: object) -> object:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RunCodecError(
@@ -392,6 +461,9 @@ _FROM_JSON: Mapping[str, Callable[[object], object]] = {
     "requested_at": _time_from("requested_at"),
     "started_at": _time_from("started_at"),
     "finished_at": _time_from("finished_at"),
+    "at": _time_from("at"),
+    "last_probe_at": _time_from("last_probe_at"),
+    "in_flight": _in_flight_from,
 }
 
 

@@ -16,6 +16,7 @@
     prefetch = 1                     # service: runs at once (1-64; above 1 on a local one warns)
     queue_wait_seconds = 300         # service: no `accepted` by then → the step defers
     supersede_grace_seconds = 30     # service: a superseded run's stop grace before the kill
+    abandoned_runs = 5               # service: a job's runs abandoned this often → it fails
 
     [engines.claude.effort]          # vibey's five levels onto native flags; a level left
     TRIVIAL = ["--max-turns", "5"]   # out takes the nearest lower one that is given
@@ -61,6 +62,7 @@ KEYS: tuple[str, ...] = (
     "prefetch",
     "queue_wait_seconds",
     "supersede_grace_seconds",
+    "abandoned_runs",
 )
 INVOCATIONS: tuple[str, ...] = ("subprocess", "service")
 SERVICE_ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider")
@@ -88,6 +90,7 @@ class AgentSpec:
     prefetch: int = 1
     queue_wait_seconds: float = 300.0
     supersede_grace_seconds: float = 30.0
+    abandoned_runs: int = 5  # a job's runs cut `abandoned` this often: the next cut fails it
 
     @property
     def as_service(self) -> bool:
@@ -177,7 +180,14 @@ def _service(adapter: str, body: Mapping[str, Any], where: str) -> dict[str, Any
         "prefetch": prefetch,
         "queue_wait_seconds": _timeout(body.get("queue_wait_seconds", 300.0), where),
         "supersede_grace_seconds": _timeout(body.get("supersede_grace_seconds", 30.0), where),
+        "abandoned_runs": _abandoned(body.get("abandoned_runs", 5), where),
     }
+
+
+def _abandoned(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise RosterError(f"{where}: abandoned_runs must be a whole number 1-1000, got {value!r}")
+    return value
 
 
 def _text(value: Any, key: str, where: str) -> str:

@@ -22,11 +22,16 @@ no ``accepted`` by ``start_by``          :class:`EngineQueueSaturated`: the step
 ``superseded``, ``abandoned`` (the       :class:`RunCut`: defers, no attempt burned, no
 fleet cut it: a higher attempt, its      circuit failure recorded
 service gone or drained)
+``abandoned`` for the job's              an engine fault: the attempt fails (each further
+``abandoned_runs``-th time (default 5)   cut too), so the job's attempts run out and it
+                                         fails or parks like other exhausted work
 ``rejected`` otherwise (forged, no       an engine fault (the job's attempt fails)
 binary), ``dead_lettered``, no result
 by the deadline
 ``exited`` with 75 (a wind-down)         :class:`RunWoundDown`: defers, no attempt burned
 ``exited`` / ``deadline_exceeded``       the adapter judges the transcript, as ever
+``progress`` (its output's new lines)    logged at DEBUG and handed to ``on_progress``;
+                                         a ``seq`` gap logged at WARNING; never evidence
 the reply lost (connection gone, reply   the result file ``<cwd>/.vibey/diagnostics/
 queue gone)                              <run_id>.result.json`` is read until the deadline
 =======================================  =================================================
@@ -34,14 +39,17 @@ queue gone)                              <run_id>.result.json`` is read until th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pika
 import pika.exceptions
@@ -58,9 +66,11 @@ from workflows.runs import (
     Purpose,
     RunAccepted,
     RunCodecError,
+    RunProgress,
     RunRequest,
     RunResult,
     RunStatus,
+    ServiceStatus,
     Supersedes,
     decode,
     encode,
@@ -101,6 +111,7 @@ class RunClient:
     amqp_url: str
     topology: RunsTopology
     poll: float = POLL_S
+    on_progress: Callable[[RunProgress], None] | None = None  # besides the DEBUG log line
 
     def request(
         self,
@@ -128,9 +139,12 @@ class RunClient:
             caller=caller,
         )
 
-    def run(self, request: RunRequest) -> RunResult:
+    def run(
+        self, request: RunRequest, on_status: Callable[[ServiceStatus], None] | None = None
+    ) -> RunResult:
         """Sends ``request`` (its ``reply_to`` set to a fresh reply queue) and returns its
-        result; :class:`EngineQueueSaturated` when nothing accepted it by its ``start_by``."""
+        result; :class:`EngineQueueSaturated` when nothing accepted it by its ``start_by``.
+        A probe's ``status`` (the service's runs in flight) goes to ``on_status``."""
         params = parameters(self.amqp_url)
         for one in params:
             one.client_properties = {"connection_name": f"vibey-run-{request.run_id}"}
@@ -140,7 +154,7 @@ class RunClient:
             reply = declare_reply_queue(channel)
             sent = _with_reply(request, reply)
             self._send(channel, sent)
-            return self._wait(channel, sent)
+            return self._wait(channel, sent, on_status)
         except pika.exceptions.AMQPError as exc:
             log.warning(
                 "run %s: the reply is lost (%r); reading its result file", request.run_id, exc
@@ -166,12 +180,20 @@ class RunClient:
             if connection.is_open:
                 connection.close()
 
-    def probe(self, spec: AgentSpec, cwd: Path, args: Sequence[str], wait: float) -> RunResult:
+    def probe(
+        self,
+        spec: AgentSpec,
+        cwd: Path,
+        args: Sequence[str],
+        wait: float,
+        on_status: Callable[[ServiceStatus], None] | None = None,
+    ) -> RunResult:
         """A probe (``args``: the adapter's version argv) answered within ``wait`` seconds;
-        :class:`EngineQueueSaturated` when no service answered."""
+        :class:`EngineQueueSaturated` when no service answered. The answering service's
+        status (its runs in flight) goes to ``on_status``."""
         request = self.request(replace(spec, queue_wait_seconds=wait), args, cwd,
                                purpose=Purpose.PROBE, deadline_seconds=wait)  # fmt: skip
-        return self.run(request)
+        return self.run(request, on_status)
 
     def _send(self, channel: Any, request: RunRequest) -> None:
         channel.confirm_delivery()
@@ -197,8 +219,14 @@ class RunClient:
                 f"{request.engine}`"
             ) from None
 
-    def _wait(self, channel: Any, request: RunRequest) -> RunResult:
+    def _wait(
+        self,
+        channel: Any,
+        request: RunRequest,
+        on_status: Callable[[ServiceStatus], None] | None = None,
+    ) -> RunResult:
         accepted = False
+        progress = _Progress(request.run_id, self.on_progress)
         give_up = request.start_by + timedelta(seconds=request.deadline_seconds) + SLACK
         for method, _properties, body in channel.consume(
             request.reply_to, auto_ack=True, inactivity_timeout=self.poll
@@ -207,7 +235,13 @@ class RunClient:
             if method is not None:
                 message = _decoded(body)
                 if isinstance(message, RunResult) and message.run_id == request.run_id:
+                    progress.ended()
                     return message
+                if isinstance(message, RunProgress) and message.run_id == request.run_id:
+                    progress.record(message)
+                status = isinstance(message, ServiceStatus) and message.run_id == request.run_id
+                if status and on_status is not None:
+                    on_status(message)  # type: ignore[arg-type]
                 accepted = accepted or (
                     isinstance(message, RunAccepted) and message.run_id == request.run_id
                 )
@@ -241,6 +275,31 @@ class RunClient:
             time.sleep(self.poll)
 
 
+class _Progress:
+    """A run's progress messages as the caller records them: each line logged at DEBUG (and
+    handed to ``on_progress``), a gap in ``seq`` (a lost message) at WARNING, the count at
+    the end. Advisory: the step's evidence is still the transcript on disk."""
+
+    def __init__(self, run_id: UUID, on_progress: Callable[[RunProgress], None] | None) -> None:
+        self.run_id = run_id
+        self._on_progress = on_progress
+        self.next_seq = 0
+        self.lost = 0
+
+    def record(self, message: RunProgress) -> None:
+        if message.seq > self.next_seq:
+            self.lost += message.seq - self.next_seq
+            log.warning("run %s: progress %d-%d lost", self.run_id, self.next_seq, message.seq - 1)
+        self.next_seq = max(self.next_seq, message.seq + 1)
+        log.debug("run %s progress %d: %s", self.run_id, message.seq, message.line[:300])
+        if self._on_progress is not None:
+            self._on_progress(message)
+
+    def ended(self) -> None:
+        if self.next_seq:
+            log.info("run %s: %d progress line(s), %d lost", self.run_id, self.next_seq, self.lost)
+
+
 def _with_reply(request: RunRequest, reply_to: str) -> RunRequest:
     return replace(request, reply_to=reply_to)
 
@@ -250,6 +309,34 @@ def _decoded(body: bytes) -> object:
         return decode(body)
     except RunCodecError:
         return None
+
+
+def abandoned_path(workdir: Path, key: str) -> Path:
+    """Where the runs of run key ``key`` (a job) that came back ``abandoned`` are counted."""
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
+    return workdir / ".vibey" / "diagnostics" / f"abandoned-{digest}.jsonl"
+
+
+def record_abandoned(workdir: Path, key: str, run_id: UUID, detail: str) -> int:
+    """Appends one abandoned run of ``key`` (once per run id); how many there are now."""
+    path = abandoned_path(workdir, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seen = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    runs = {_run_id_of(line) for line in seen} - {None}
+    if str(run_id) not in runs:
+        line = json.dumps({"key": key, "run_id": str(run_id), "detail": detail[:500]})
+        with path.open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+        runs.add(str(run_id))
+    return len(runs)
+
+
+def _run_id_of(line: str) -> str | None:
+    try:
+        found = json.loads(line).get("run_id")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 class ServiceLaunch:
@@ -279,8 +366,20 @@ class ServiceLaunch:
             raise WorktreeBusy(workdir, None)
         if result.status is RunStatus.REJECTED and result.detail.startswith("late"):
             raise EngineQueueSaturated(f"engine {engine}: {result.detail}")
-        if result.status in (RunStatus.SUPERSEDED, RunStatus.ABANDONED) and result.service_instance:
-            raise RunCut(f"engine {engine}: run {request.run_id} {result.status}: {result.detail}")
+        cut = result.status in (RunStatus.SUPERSEDED, RunStatus.ABANDONED)
+        if cut and result.service_instance:
+            detail = f"engine {engine}: run {request.run_id} {result.status}: {result.detail}"
+            if result.status is RunStatus.ABANDONED and request.supersedes is not None:
+                count = record_abandoned(workdir, request.supersedes.key, request.run_id, detail)
+                if count >= self.spec.abandoned_runs:
+                    limit = f"the limit is {self.spec.abandoned_runs}, [engines.{engine}]"
+                    evidence = {"engine_id": engine, "run_id": str(request.run_id)}
+                    return fault(
+                        f"{detail}; its runs were abandoned {count} times ({limit} "
+                        "abandoned_runs): this attempt fails",
+                        {**evidence, "abandoned": count},
+                    )
+            raise RunCut(detail)
         if result.status not in (RunStatus.EXITED, RunStatus.DEADLINE_EXCEEDED):
             detail = f"engine {engine}: run {request.run_id} {result.status}: {result.detail}"
             return fault(detail, {"engine_id": engine, "run_id": str(request.run_id)})

@@ -16,7 +16,9 @@ their own threads and hand back to it through ``add_callback_threadsafe``. Per r
    then start; a higher one → ``superseded`` for this one; another key → ``rejected: worktree
    busy`` (the caller defers without burning an attempt; nothing queues behind a run).
 
-A started run sends ``accepted`` (pid, instance) and, at its end, its result is written to
+A started run sends ``accepted`` (pid, instance), then its output's new lines as ``progress``
+(every ``progress_every`` s, ``seq`` counting from 0; advisory, never the caller's evidence)
+and, at its end, its result is written to
 ``<cwd>/.vibey/diagnostics/<run_id>.result.json``, published with a publisher confirm, and only
 then is the request acked. The broker prefetch is ``prefetch + 1``: the extra slot lets a
 superseding or a busy request be answered while ``prefetch`` runs are in progress; a request
@@ -24,8 +26,16 @@ that may start but finds every slot taken waits in the service (its ``start_by``
 again when it starts).
 
 Probes (``<p>.runs.<engine>.probe``) are consumed on their own channel and run in their own
-threads, so they are answered while a long run is in progress. Control messages (stop,
-wind_down) arrive on an exclusive queue bound to ``<p>.runs.control`` with key ``<engine>``.
+threads, so they are answered while a long run is in progress; each is answered first with a
+``status`` (the runs in flight here, the probe answered before this one), then its result.
+Control messages (stop, wind_down) arrive on an exclusive queue bound to
+``<p>.runs.control`` with key ``<engine>``.
+
+A request the broker dead-letters (its delivery limit reached: it crashed its service each
+time) is copied by the dead-letter fanout to ``<p>.runs.dead.answers``, which every service
+consumes: the caller named in its ``reply_to`` gets ``dead_lettered`` at once (and the result
+file is written), instead of waiting for its deadline; ``<p>.runs.dead`` keeps the original.
+
 SIGTERM drains: consuming stops, runs get ``drain_grace`` seconds to finish, then are stopped
 (``abandoned``); an unstarted request is returned to the queue.
 """
@@ -57,21 +67,28 @@ from actors.agents.run_host import (
     Admission,
     RunHost,
     admit,
+    output_paths,
     read_result,
     write_result,
 )
+from actors.agents.watchdog import Heartbeat
 from actors.amqp import parameters
 from actors.capabilities import detect
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
 from workflows.runs import (
+    MAX_IN_FLIGHT,
+    MAX_TEXT_CHARS,
     ControlCommand,
+    InFlight,
     Purpose,
     RunAccepted,
     RunCodecError,
     RunControl,
+    RunProgress,
     RunRequest,
     RunResult,
     RunStatus,
+    ServiceStatus,
     decode,
     decode_request,
     encode,
@@ -82,6 +99,8 @@ log = logging.getLogger("vibey.loop_service")
 PROBE_PREFETCH = 4
 CONTENT_TYPE = "application/json"
 RECONNECT_S = 1.0
+PROGRESS_EVERY_S = 1.0  # how often a run's new output lines are sent as progress (0: never)
+PROGRESS_BYTES = 256 * 1024  # read of the output a tick at most; the rest at the next
 
 
 @dataclass
@@ -102,8 +121,14 @@ class LoopService:
         topology: RunsTopology,
         prefetch: int = 1,
         drain_grace: float = 60.0,
+        heartbeat: Heartbeat | None = None,
+        progress_every: float = PROGRESS_EVERY_S,
     ) -> None:
         self.host = host
+        self._heartbeat = heartbeat
+        self._progress_every = progress_every
+        self._tailers: dict[str, threading.Thread] = {}  # run id → its progress thread
+        self._last_probe: tuple[datetime, str] | None = None  # when, and its outcome
         self.engine = host.spec.id
         self._url = amqp_url
         self._topology = topology
@@ -121,6 +146,7 @@ class LoopService:
     def run(self, stop: threading.Event) -> None:
         """Serves until ``stop`` is set, reconnecting when the broker goes away; then drains."""
         while not stop.is_set():
+            self._beat()
             try:
                 self._serve(stop)
             except pika.exceptions.AMQPError as exc:
@@ -146,6 +172,9 @@ class LoopService:
             control = connection.channel()
             queue = self._topology.declare_control_queue(control, self.engine)
             control.basic_consume(queue, self._on_control, auto_ack=True)
+            dead = connection.channel()
+            dead.basic_qos(prefetch_count=PROBE_PREFETCH)
+            dead.basic_consume(self._topology.dead_answers_queue, self._on_dead)
             self._deliveries.tags.clear()  # the old channels' deliveries come back redelivered
             self._deliveries.waiting.clear()
             self._run_queued()
@@ -278,6 +307,9 @@ class LoopService:
             log.exception("run %s failed to start", request.run_id)
             result = self.host.ended(request, RunStatus.REJECTED, f"the service failed: {exc}")
             write_result(request.cwd, result)
+        tailer = self._tailers.pop(str(request.run_id), None)
+        if tailer is not None:  # its last lines go before the result
+            tailer.join(5)
         self._later(lambda: self._finish(request, result, active))
 
     def _accepted(self, active: Active) -> None:
@@ -286,6 +318,27 @@ class LoopService:
             active.request.run_id, self.host.instance, active.pid, active.started_at
         )
         self._later(lambda: self._reply(active.request.reply_to, active.request.run_id, accepted))
+        if self._progress_every > 0:
+            name = f"progress-{active.request.run_id}"
+            tailer = threading.Thread(target=self._tail, args=(active,), name=name, daemon=True)
+            self._tailers[str(active.request.run_id)] = tailer
+            tailer.start()
+
+    def _tail(self, active: Active) -> None:
+        """Sends each new line of the run's output (its transcript) as ``vibey.run.progress/1``,
+        every ``progress_every`` s while it runs, then once more. Advisory: the caller's
+        evidence is the transcript on disk, never these messages."""
+        stdout = output_paths(active.request.cwd, active.request.run_id)[0]
+        reply_to, run_id = active.request.reply_to, active.request.run_id
+        seq, offset, partial = 0, 0, b""
+        while True:
+            ended = active.done.wait(self._progress_every)
+            lines, offset, partial = _new_lines(stdout, offset, partial, ended)
+            for line in lines:
+                self._later(_progress_reply(self._reply, reply_to, RunProgress(run_id, seq, line)))
+                seq += 1
+            if ended and not partial and len(lines) == 0:
+                return
 
     def _attach(self, active: Active, request: RunRequest, channel: Any, delivery: int) -> None:
         run_id = str(request.run_id)
@@ -358,6 +411,29 @@ class LoopService:
         )
         channel.basic_ack(delivery)
 
+    # -- dead-lettered requests ----------------------------------------------------------------
+
+    def _on_dead(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        """A dead-lettered request (a copy from ``<p>.runs.dead.answers``): its caller is told
+        ``dead_lettered`` now instead of waiting for its deadline. A forged request was answered
+        ``rejected`` when it was refused (its ``x-vibey-rejected`` header); one that is not a
+        request at all names no caller. Its result file is written when the request is this
+        engine's and passes :meth:`RunHost.check` (a caller whose reply is lost reads it)."""
+        headers = properties.headers or {}
+        try:
+            request = decode_request(body)
+        except RunCodecError:
+            request = None
+        if request is not None and REJECTED_HEADER not in headers:
+            detail = f"dead-lettered ({_death_reason(headers)}): its service never settled it"
+            result = self.host.ended(request, RunStatus.DEAD_LETTERED, detail)
+            mine = request.engine == self.engine and self.host.check(request) is None
+            if mine and read_result(request.cwd, request.run_id) is None:
+                write_result(request.cwd, result)
+            log.warning("run %s of engine %s: %s", request.run_id, request.engine, detail)
+            self._reply(request.reply_to, request.run_id, result)
+        channel.basic_ack(method.delivery_tag)
+
     # -- probes and control --------------------------------------------------------------------
 
     def _on_probe(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
@@ -373,13 +449,25 @@ class LoopService:
             self._forged(channel, method.delivery_tag, properties, body, why, request)
             return
 
+        self._reply(request.reply_to, request.run_id, self._status(request))
+
         def probe() -> None:
             result = self.host.probe(request)
             self._later(lambda: self._probed(channel, method.delivery_tag, request, result))
 
         threading.Thread(target=probe, name=f"probe-{request.run_id}", daemon=True).start()
 
+    def _status(self, probe: RunRequest) -> ServiceStatus:
+        """This service's status for ``probe``: its runs in flight, its previous probe."""
+        runs = tuple(
+            InFlight(a.request.run_id, a.request.cwd, a.started_at) for a in self.host.active()
+        )[:MAX_IN_FLIGHT]
+        at, outcome = self._last_probe or (None, "")
+        return ServiceStatus(probe.run_id, self.host.instance, datetime.now(UTC), runs, at, outcome)
+
     def _probed(self, channel: Any, delivery: int, request: RunRequest, result: RunResult) -> None:
+        answer = result.detail.strip().splitlines()[:1] or [""]
+        self._last_probe = (result.finished_at, f"{result.status.value}: {answer[0][:200]}")
         self._reply(request.reply_to, request.run_id, result)
         channel.basic_ack(delivery)
 
@@ -431,8 +519,20 @@ class LoopService:
     def _process(self, connection: Any) -> None:
         connection.process_data_events(time_limit=0.2)
         self._run_queued()
+        self._beat()
 
-    def _reply(self, reply_to: str, run_id: object, message: RunAccepted | RunResult) -> None:
+    def _beat(self) -> None:
+        """The watchdog's heartbeat (:mod:`actors.agents.watchdog`), with the process groups
+        of the runs in progress (the watchdog kills them when it kills a wedged service)."""
+        if self._heartbeat is not None:
+            self._heartbeat.beat(a.pid for a in self.host.active() if a.pid is not None)
+
+    def _reply(
+        self,
+        reply_to: str,
+        run_id: object,
+        message: RunAccepted | RunProgress | RunResult | ServiceStatus,
+    ) -> None:
         self._publish("", reply_to, encode(message), str(run_id))
 
     def _publish(self, exchange: str, key: str, body: bytes, correlation_id: str) -> None:
@@ -440,6 +540,43 @@ class LoopService:
             correlation_id=correlation_id, content_type=CONTENT_TYPE, delivery_mode=2
         )
         self._publisher.basic_publish(exchange, key, body, properties)  # not mandatory
+
+
+def _progress_reply(
+    reply: Callable[[str, object, RunProgress], None], reply_to: str, progress: RunProgress
+) -> Callable[[], None]:
+    return lambda: reply(reply_to, progress.run_id, progress)
+
+
+def _new_lines(
+    path: Path, offset: int, partial: bytes, ended: bool
+) -> tuple[list[str], int, bytes]:
+    """The whole lines written to ``path`` since ``offset`` (at most :data:`PROGRESS_BYTES` of
+    it a tick; the last, unfinished line too once the run ``ended``), the new offset and the
+    unfinished rest."""
+    try:
+        with path.open("rb") as out:
+            out.seek(offset)
+            chunk = out.read(PROGRESS_BYTES)
+    except OSError:
+        return [], offset, partial
+    offset += len(chunk)
+    *whole, partial = (partial + chunk).split(b"\n")
+    if ended and partial and len(chunk) < PROGRESS_BYTES:
+        whole, partial = [*whole, partial], b""
+    lines = [line.decode("utf-8", "replace")[:MAX_TEXT_CHARS] for line in whole]
+    return [line.replace("\x00", "") for line in lines if line.strip()], offset, partial
+
+
+def _death_reason(headers: Mapping[str, Any]) -> str:
+    """Why the broker dead-lettered a message (``x-first-death-reason``, else ``x-death``)."""
+    reason = headers.get("x-first-death-reason")
+    deaths = headers.get("x-death")
+    if reason is None and isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        reason = deaths[0].get("reason")
+    if isinstance(reason, bytes):
+        reason = reason.decode("utf-8", "replace")
+    return str(reason or "unknown reason")
 
 
 def _uuid_or_none(value: object) -> UUID | None:
@@ -460,6 +597,8 @@ def build_service(
     drain_grace: float = 60.0,
     grace: float = 2.0,
     instance: str | None = None,
+    heartbeat: Heartbeat | None = None,
+    progress_every: float = PROGRESS_EVERY_S,
 ) -> LoopService:
     """The loop service of ``spec`` (an engine with a CLI adapter): its adapter gets the
     engine's own environment from ``agent_env`` and ``spec.env``, never from a message."""
@@ -484,4 +623,6 @@ def build_service(
         topology=RunsTopology(prefix, (spec.id,)),
         prefetch=spec.prefetch,
         drain_grace=drain_grace,
+        heartbeat=heartbeat,
+        progress_every=progress_every,
     )

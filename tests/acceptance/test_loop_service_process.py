@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,11 +72,11 @@ class Services:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.log = tmp_path / "service.log"
 
-    def start(self, drain_grace: float = 2.0) -> subprocess.Popen[bytes]:
+    def start(self, drain_grace: float = 2.0, *flags: str) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "vibey", "loop-service", "--engine", ENGINE,
-                 "--drain-grace", str(drain_grace)],
+                 "--drain-grace", str(drain_grace), *flags],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.processes.append(process)
@@ -205,15 +206,110 @@ def test_a_sigkilled_service_abandons_its_run_and_the_next_attempt_runs_alone(
     assert sorted(r.status for r in results(workdir)) == [RunStatus.ABANDONED, RunStatus.EXITED]
 
 
-def test_engine_list_shows_the_loop_service_and_a_probe(services: Services) -> None:
-    services.start()
+def children(services: Services) -> list[int]:
+    """The service processes the watchdog started, in order (from its log)."""
+    text = services.log.read_text(errors="replace")
+    return [int(m) for m in re.findall(r"loop service started \(pid (\d+)\)", text)]
+
+
+def test_the_watchdog_restarts_a_wedged_service_which_then_serves_a_run(
+    services: Services,
+) -> None:
+    watchdog = services.start(2.0, "--stale-after", "3")
+    wait_for(lambda: len(children(services)) == 1)
+    (wedged,) = children(services)
+    workdir = services.root / "wt"
+    workdir.mkdir()
+    old, old_out = in_thread(services.engine().run, task(workdir, 1, sleep=60))
+    wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
+    engine_pid = services.spans()[0]["pid"]
+    os.kill(wedged, signal.SIGSTOP)  # wedged: alive, holding its deliveries, answering nothing
+    wait_for(lambda: len(children(services)) == 2, 30)
+    assert "is wedged (no heartbeat" in services.log.read_text()
+    wait_for(lambda: not alive(wedged), 15)
+    wait_for(lambda: not alive(engine_pid), 15)  # no engine process outlives the wedged service
+    assert watchdog.poll() is None
+    services._wait_consumer()
+    old.join(60)
+    assert isinstance(old_out[0], RunCut), old_out  # the redelivered attempt 1: abandoned
+    new = services.engine().run(task(workdir, 2, sleep=0))
+    assert new.status == "ok", new.detail
+    assert [s["event"] for s in services.spans()].count("start") == 2
+    watchdog.send_signal(signal.SIGTERM)
+    assert watchdog.wait(30) == 0
+    assert not any(alive(pid) for pid in children(services))
+
+
+def test_the_watchdog_restarts_a_crashed_service(services: Services) -> None:
+    watchdog = services.start(2.0, "--stale-after", "30")
+    wait_for(lambda: len(children(services)) == 1)
+    os.kill(children(services)[0], signal.SIGKILL)
+    wait_for(lambda: len(children(services)) == 2, 30)
+    assert "exited with -9; restart 1" in services.log.read_text()
+    services._wait_consumer()
+    workdir = services.root / "wt"
+    workdir.mkdir()
+    assert services.engine().run(task(workdir, 1, sleep=0)).status == "ok"
+    watchdog.kill()  # the service dies with its watchdog
+    wait_for(lambda: not alive(children(services)[1]), 15)
+
+
+def engine_list(services: Services, *flags: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "vibey", "engine", "list", "--json"],
+        [sys.executable, "-m", "vibey", "engine", "list", *flags],
         env=services.env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    (row,) = json.loads(done.stdout)["engines"]
+    return done.stdout
+
+
+def test_engine_list_shows_the_loop_service_and_a_probe(services: Services) -> None:
+    services.start()
+    (row,) = json.loads(engine_list(services, "--json"))["engines"]
     assert row["invocation"] == "service"
-    assert row["service"]["consumers"] == 1 and row["service"]["queued"] == 0
-    assert row["service"]["probe"].startswith("exited: claude 9.9.9"), row
-    assert row["service"]["probe_seconds"] < 1.0
+    service = row["service"]
+    assert service["consumers"] == 1 and service["queued"] == 0
+    assert service["probe"].startswith("exited: claude 9.9.9"), row
+    assert service["probe_seconds"] < 1.0 and service["probe_at"]
+    assert service["in_flight"] == [] and service["previous_probe"] is None
+
+
+def test_engine_list_shows_the_runs_in_flight_and_the_probe_before(services: Services) -> None:
+    services.start()
+    workdir = services.root / "wt"
+    workdir.mkdir()
+    thread, _out = in_thread(services.engine().run, task(workdir, 1, sleep=20))
+    wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
+    (started,) = (workdir / ".vibey/diagnostics").glob("*.started")
+    run_id = started.name.removesuffix(".started")
+    (first,) = json.loads(engine_list(services, "--json"))["engines"]
+    (row,) = json.loads(engine_list(services, "--json"))["engines"]
+    service = row["service"]
+    assert [r["run_id"] for r in service["in_flight"]] == [run_id]
+    assert service["in_flight"][0]["cwd"] == str(workdir.resolve())
+    assert service["in_flight"][0]["started_at"]
+    assert service["instance"]
+    assert service["previous_probe"]["outcome"].startswith("exited: claude 9.9.9")
+    assert service["previous_probe"]["at"] >= first["service"]["probe_at"]
+    table = engine_list(services)
+    assert "1 in flight" in table and f"run {run_id} in {workdir.resolve()}" in table
+    assert "last probe at " in table and "probe before it: " in table
+    os.kill(services.spans()[0]["pid"], signal.SIGKILL)  # the run ends; the fixture stops all
+    thread.join(30)
+
+
+def test_engine_list_without_an_answer_leaves_the_runs_in_flight_unknown(
+    services: Services,
+) -> None:
+    process = services.start()
+    os.kill(process.pid, signal.SIGSTOP)  # the watchdog; its child next
+    for child in children(services):
+        os.kill(child, signal.SIGSTOP)
+    try:
+        (row,) = json.loads(engine_list(services, "--json"))["engines"]
+        assert row["service"]["probe"] == "no answer within 2 s"
+        assert row["service"]["in_flight"] is None and row["service"]["probe_at"]
+        assert "in flight unknown (no answer)" in engine_list(services)
+    finally:
+        for pid in [process.pid, *children(services)]:
+            os.kill(pid, signal.SIGCONT)

@@ -29,13 +29,24 @@ from actors.agents.run_client import EngineQueueSaturated, RunClient, RunCut
 from actors.agents.run_host import read_result, result_path
 from actors.agents.service import LoopService, build_service
 from actors.capabilities import detect
-from actors.handlers import HandlerContext, Steps
+from actors.handlers import HandlerContext, Steps, to_outcome
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
 from tests.agents.fake_cli import install
 from tests.amqp_fixtures import Amqp
 from tests.factories import leased_job
-from workflows.runs import Purpose, RunResult, RunStatus, Supersedes, decode, encode
-from workflows.steps import Defer, Success
+from workflows.job import FailureClass
+from workflows.runs import (
+    ControlCommand,
+    Purpose,
+    RunControl,
+    RunProgress,
+    RunResult,
+    RunStatus,
+    Supersedes,
+    decode,
+    encode,
+)
+from workflows.steps import Defer, Failure, Success
 
 ENGINE = "claude"
 
@@ -203,6 +214,31 @@ def test_a_request_redelivered_while_it_runs_attaches_to_the_run(rig: Rig) -> No
     assert isinstance(out[0], EngineVerdict) and out[0].status == "ok"
     assert result.status is RunStatus.EXITED and result.exit_code == 0
     assert len([s for s in rig.spans() if s["event"] == "start"]) == 1
+
+
+def test_a_run_in_progress_sends_its_output_lines_as_progress(rig: Rig) -> None:
+    """The fake prints its work's events, pauses 3 s, then reports: the caller has the events
+    as progress (seq 0, 1, ...) while the run is still in progress, each a transcript line."""
+    spec = replace(rig.spec, env={**rig.spec.env, "FAKE_PAUSE": "3"})
+    rig.start(spec)
+    seen: list[tuple[float, RunProgress]] = []
+    client = replace(rig.client, on_progress=lambda p: seen.append((time.monotonic(), p)))
+    engine = engine_for(spec, worker_env={}, state_dir=rig.state / "worker", runs=client)
+    workdir = rig.workdir("wt")
+    verdict = engine.run(task(workdir))
+    ended = time.monotonic()
+    assert verdict.status == "ok", verdict.detail
+    assert seen, "no progress arrived"
+    assert [p.seq for _at, p in seen] == list(range(len(seen)))
+    assert ended - seen[0][0] > 2.0  # the first line came while the run paused, not at its end
+    (stdout,) = (workdir / ".vibey/diagnostics").glob("*.stdout")
+    transcript = [line for line in stdout.read_text().splitlines() if line.strip()]
+    assert [p.line for _at, p in seen] == transcript
+    assert all("completed" not in vars_of(p) and "capacity" not in vars_of(p) for _at, p in seen)
+
+
+def vars_of(progress: RunProgress) -> set[str]:
+    return set(json.loads(encode(progress)))
 
 
 # -- probes ---------------------------------------------------------------------------------------
@@ -428,6 +464,91 @@ def test_forged_requests_are_rejected_dead_lettered_and_run_nothing(rig: Rig) ->
     assert len(reasons) == len(forged), reasons
     assert any("env" in r for r in reasons) and any("not under" in r for r in reasons)
     assert rig.spans() == []
+
+
+def test_a_dead_lettered_request_reaches_its_caller_as_dead_lettered(rig: Rig) -> None:
+    """A request past its delivery limit (here: a consumer of another engine's queue that
+    requeues it each time, as a crashing service would) is answered ``dead_lettered`` by a
+    loop service from the dead-letter fanout, long before the caller's deadline."""
+    rig.start()
+    other = RunsTopology(rig.amqp.prefix, ("crashy",))
+    connection = rig.amqp.connect()
+    channel = connection.channel()
+    other.declare(channel, detect(connection))
+    rig.amqp.queues.update(q.name for q in other.queues(detect(connection)))
+    spec = replace(rig.spec, id="crashy")
+    client = RunClient(rig.amqp.url, other)
+    workdir = rig.workdir("wt")
+    request = client.request(spec, ["-p", "x"], workdir, deadline_seconds=600)
+    began = time.monotonic()
+    thread, out = in_thread(client.run, request)
+    requeued = 0
+    while thread.is_alive() and time.monotonic() - began < 30:
+        method, _props, _body = channel.basic_get(other.queue("crashy"))
+        if method is None:
+            connection.sleep(0.05)
+            continue
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        requeued += 1
+    thread.join(30)
+    (result,) = out
+    assert isinstance(result, RunResult), result
+    assert result.status is RunStatus.DEAD_LETTERED, result
+    assert "dead-lettered" in result.detail and result.service_instance
+    assert time.monotonic() - began < 30 and requeued >= 3
+    assert rig.spans() == []  # nothing ran
+    (kept,) = [b for b in _drain(channel, rig.topology.dead_queue)]
+    assert decode(kept).run_id == request.run_id  # kept for the operator
+
+
+def _drain(channel: Any, queue: str) -> list[bytes]:
+    bodies: list[bytes] = []
+    for _ in range(40):
+        method, _props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            if bodies:
+                break
+            time.sleep(0.05)
+            continue
+        bodies.append(body)
+    return bodies
+
+
+def _stop_the_run(rig: Rig, workdir: Path, runs_before: int) -> None:
+    """Waits for the next run to start, then stops it by a control message (``abandoned``)."""
+    started = workdir / ".vibey/diagnostics"
+    wait_for(lambda: len(list(started.glob("*.started"))) > runs_before)
+    newest = max(started.glob("*.started"), key=lambda p: p.stat().st_mtime)
+    control = RunControl(
+        uuid.UUID(newest.name.removesuffix(".started")), ENGINE, ControlCommand.STOP
+    )
+    channel = rig.amqp.connect().channel()
+    channel.basic_publish(rig.topology.control_exchange, ENGINE, encode(control))
+
+
+def test_a_job_whose_runs_keep_coming_back_abandoned_fails_at_the_bound(rig: Rig) -> None:
+    """``abandoned_runs = 2``: the first abandoned run defers the step (no attempt burned),
+    the second fails it as an engine fault that names the bound, so the job's attempts run out
+    like any failing work's instead of looping."""
+    spec = replace(rig.spec, abandoned_runs=2)
+    rig.start(spec)
+    engine = engine_for(spec, worker_env={}, state_dir=rig.state / "worker", runs=rig.client)
+    workdir = rig.workdir("wt")
+    outcomes = []
+    for n in range(3):
+        thread, out = in_thread(engine.run, task(workdir, sleep=30))
+        _stop_the_run(rig, workdir, n)
+        thread.join(30)
+        outcomes.append(out[0])
+    first, second, third = outcomes
+    assert isinstance(first, RunCut) and "abandoned" in str(first)
+    for failed in (second, third):
+        assert isinstance(failed, EngineVerdict) and failed.engine_fault, failed
+        assert "abandoned 2 times" in failed.detail or "abandoned 3 times" in failed.detail
+        assert "abandoned_runs" in failed.detail
+    assert third.evidence["abandoned"] == 3
+    failure = to_outcome("design.research", second)  # as the step handler maps it
+    assert isinstance(failure, Failure) and failure.failure_class is FailureClass.ENGINE
 
 
 def test_result_paths_are_under_the_cwd(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from workflows.runs import (
     FORBIDDEN_FIELDS,
     CodecRejection,
     ControlCommand,
+    InFlight,
     Message,
     Purpose,
     RunAccepted,
@@ -28,6 +29,7 @@ from workflows.runs import (
     RunRequest,
     RunResult,
     RunStatus,
+    ServiceStatus,
     Supersedes,
     decode,
     decode_request,
@@ -78,6 +80,15 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(RunAccepted, st.uuids(), texts, st.integers(0, 2**31), times),
     st.builds(RunProgress, st.uuids(), st.integers(0, 10**6), texts),
     st.builds(RunControl, st.uuids(), engine_ids, st.sampled_from(ControlCommand)),
+    st.builds(
+        ServiceStatus,
+        st.uuids(),
+        texts,
+        times,
+        st.lists(st.builds(InFlight, st.uuids(), cwds, st.none() | times), max_size=3).map(tuple),
+        st.none() | times,
+        texts,
+    ),
 )
 
 
@@ -124,7 +135,7 @@ def test_an_extra_field_is_refused(message: Message, key: str) -> None:
 @given(messages, st.data())
 def test_a_missing_field_is_refused(message: Message, data: st.DataObject) -> None:
     document = json.loads(encode(message))
-    optional = {"caller", "detail", "service_instance"}
+    optional = {"caller", "detail", "service_instance", "last_probe_at", "last_probe"}
     key = data.draw(st.sampled_from(sorted(set(document) - optional)))
     del document[key]
     with pytest.raises(RunCodecError) as caught:
