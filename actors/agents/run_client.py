@@ -76,6 +76,7 @@ from workflows.runs import (
     encode,
 )
 
+NOT_FOUND = 404  # AMQP reply code: the exchange published to does not exist
 log = logging.getLogger("vibey.run_client")
 POLL_S = 1.0
 SLACK = timedelta(seconds=30)  # past the deadline, before the result file is given up on
@@ -153,7 +154,17 @@ class RunClient:
             channel = connection.channel()
             reply = declare_reply_queue(channel)
             sent = _with_reply(request, reply)
-            self._send(channel, sent)
+            try:
+                self._send(channel, sent)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != NOT_FOUND:
+                    raise
+                # No runs exchange yet (no loop service ever started, or it is still starting):
+                # the request was refused, not lost; there is no result file to wait for.
+                raise EngineQueueSaturated(
+                    f"no run exchange for engine {request.engine} ({exc.reply_text}): start "
+                    f"`vibey loop-service --engine {request.engine}`"
+                ) from None
             return self._wait(channel, sent, on_status)
         except pika.exceptions.AMQPError as exc:
             log.warning(

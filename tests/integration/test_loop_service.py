@@ -557,3 +557,15 @@ def test_result_paths_are_under_the_cwd(tmp_path: Path) -> None:
         result_path(tmp_path, run_id) == tmp_path / ".vibey/diagnostics" / f"{run_id}.result.json"
     )
     assert read_result(tmp_path, run_id) is None
+
+
+def test_a_request_before_any_service_declared_the_runs_exchange_is_refused_at_once(
+    rig: Rig,
+) -> None:
+    """No loop service has started yet (no ``<prefix>.runs`` exchange): the request never left,
+    so the caller is told at once, not after the run's deadline spent waiting for a result."""
+    began = time.monotonic()
+    with pytest.raises(EngineQueueSaturated, match="start `vibey loop-service"):
+        rig.client.probe(rig.spec, rig.workdir("wt"), ["--version"], wait=30)
+    assert time.monotonic() - began < 10
+    assert rig.spans() == []
