@@ -48,7 +48,7 @@ Q = load("ledger.sql")
 # verify streams the events through a server-side cursor, this many rows a round trip.
 VERIFY_BATCH = 2000
 
-__all__ = ["Ledger", "LedgerVerification", "LedgerWriteRefused"]
+__all__ = ["Ledger", "LedgerVerification", "LedgerWriteRefused", "append_txn"]
 
 
 def append_txn(
