@@ -48,3 +48,16 @@ UPDATE workflow SET archived_at = now() WHERE id = ANY(%(ids)s)
 
 -- name: archived_count
 SELECT count(*) AS n FROM workflow WHERE archived_at IS NOT NULL
+
+-- name: prune_events
+-- Published domain events older than the retention, among the oldest `batch` rows (seq order is
+-- time order), so a pass reads at most `batch` rows whatever the table holds. An unpublished
+-- one is kept until the publisher has sent it.
+DELETE FROM domain_event
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq, occurred_at, published_at FROM domain_event ORDER BY seq LIMIT %(batch)s
+    ) oldest
+    WHERE published_at IS NOT NULL
+      AND occurred_at < now() - make_interval(secs => %(retention_s)s)
+)

@@ -153,3 +153,30 @@ def test_vibey_workflow_history_reads_an_archived_workflow(
     )
     shown = json.loads(vibey("workflow", "history", "arch", "--json", cwd=tmp_path, env=env).stdout)
     assert [e["seq"] for e in shown["events"]] == [1, 2, 3, 4], shown
+
+
+def test_published_domain_events_past_the_retention_are_pruned_and_the_rest_kept(
+    pool: ConnectionPool, store: WorkflowStore, jobs: PostgresJobRepository
+) -> None:
+    old, recent = finish(store, jobs, "old"), finish(store, jobs, "recent")
+    with pool.connection() as conn:
+        count = "SELECT count(*) FROM domain_event WHERE correlation_id = %s"
+        before = {w: conn.execute(count, (str(w),)).fetchone()[0] for w in (old, recent)}  # type: ignore[index]
+        assert before[old] > 0 and before[recent] > 0
+        conn.execute(  # the old workflow's events: 31 days old, all but one published
+            "UPDATE domain_event SET occurred_at = now() - interval '31 days', published_at = now()"
+            " WHERE correlation_id = %s",
+            (str(old),),
+        )
+        conn.execute(
+            "UPDATE domain_event SET published_at = NULL WHERE seq = (SELECT max(seq)"
+            " FROM domain_event WHERE correlation_id = %s)",
+            (str(old),),
+        )
+        conn.execute("UPDATE domain_event SET published_at = now() WHERE correlation_id = %s",
+                     (str(recent),))  # fmt: skip
+    pruned = WorkflowRetention(pool, retention=RETENTION).prune_events(batch=3)
+    assert pruned == before[old] - 1  # in batches of 3; the unpublished one waits for its send
+    with pool.connection() as conn:
+        after = {w: conn.execute(count, (str(w),)).fetchone()[0] for w in (old, recent)}  # type: ignore[index]
+    assert after == {old: 1, recent: before[recent]}
