@@ -126,7 +126,11 @@ class WorktreeLease:
 
 
 def stop_holder(holder: Holder, grace: float) -> None:
-    """SIGTERM to the holder's process group, ``grace`` seconds, then SIGKILL."""
+    """SIGTERM to the holder's process group, ``grace`` seconds, then SIGKILL, and up to
+    ``grace`` more for the group to be gone: SIGKILL lands on each process in its own time, so
+    the lock (released by the first to die) would otherwise let a new attempt start beside a
+    process of the old one that has not died yet. (A member left a zombie by a parent that
+    never reaps it counts until that bound.)"""
     if holder.pgid is None:
         return
     kill_group(holder.pgid, signal.SIGTERM)
@@ -134,6 +138,9 @@ def stop_holder(holder: Holder, grace: float) -> None:
     while time.monotonic() < deadline and group_alive(holder.pgid):
         time.sleep(POLL_S)
     kill_group(holder.pgid)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and group_alive(holder.pgid):
+        time.sleep(POLL_S)
 
 
 def read_holder(directory: Path) -> Holder | None:
