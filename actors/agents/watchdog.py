@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.agents.process import kill_group
+from actors.agents.process import group_alive, kill_group
 
 log = logging.getLogger("vibey.loop_service.watchdog")
 BEAT_EVERY_S = 1.0
@@ -203,7 +203,7 @@ class Watchdog:
         for group in groups:
             kill_group(group, signal.SIGTERM)
         deadline = time.monotonic() + self._grace
-        while groups and time.monotonic() < deadline and any(_alive(g) for g in groups):
+        while groups and time.monotonic() < deadline and any(group_alive(g) for g in groups):
             time.sleep(0.05)
         for group in groups:
             kill_group(group)
@@ -217,13 +217,3 @@ class Watchdog:
             log.warning("loop service (pid %d) did not drain in time; killed", child.pid)
             self._kill(child)
             return 1
-
-
-def _alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
