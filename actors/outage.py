@@ -6,6 +6,9 @@ The store seam already retried what was safe (``store.retry``). What reaches her
   flight. It is resolved by reading the fenced row (:func:`adopt_claim`,
   :func:`settle_resolved`): does this lease hold the row (owner, token, state, dispatch
   generation)? The actor continues from what is true.
+  The read that resolves it waits for PostgreSQL as a settle does: a claim that landed holds
+  a lease nobody else can take until it expires (two minutes by default), so giving up on the
+  read would leave the step standing that long after PostgreSQL answers again.
 * ``DatabaseUnavailable`` past the retries. A settle keeps trying while its lease could still
   be good (the work is done; only the commit is missing); past that, or for a claim or a miss,
   the pointer goes back through the smallest wait tier at the same generation
@@ -18,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 from uuid import UUID
 
 from actors.stub_broker import Publisher
@@ -29,6 +33,8 @@ from workflows.job import JobState
 from workflows.queue import Job
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # How long a finished step keeps trying to commit its settle while PostgreSQL does not answer
 # (never past its lease, after which the fence would refuse it anyway), and how often.
@@ -48,8 +54,12 @@ def adopt_claim(
     jobs: SettlingJobRepository, *, job_id: UUID, seq: int, owner: str, now: datetime
 ) -> Job | None:
     """After a claim whose commit was cut off: the job if the claim landed (the row is leased
-    to ``owner`` at generation ``seq`` and the lease is live), else None (a miss)."""
-    row = jobs.get(job_id)
+    to ``owner`` at generation ``seq`` and the lease is live), else None (a miss). The read
+    waits for PostgreSQL (:func:`patiently`); past ``SETTLE_PATIENCE`` it raises
+    ``DatabaseUnavailable``, by when a lease that landed has expired or nearly."""
+    deadline = time.monotonic() + SETTLE_PATIENCE.total_seconds()
+    row = patiently(lambda: jobs.get(job_id), deadline, f"job {job_id}: the cut-off claim")
+    now = max(now, datetime.now(UTC))
     landed = (
         row is not None
         and row.state is JobState.LEASED
@@ -78,7 +88,7 @@ def settle_resolved(
         try:
             return settle()
         except CommitUnknown:
-            row = jobs.get(job.id)
+            row = patiently(lambda: jobs.get(job.id), deadline, f"job {job.id}: the cut-off settle")
             if (
                 row is not None
                 and row.state is JobState.LEASED
@@ -99,6 +109,19 @@ def settle_resolved(
             if time.monotonic() + SETTLE_PAUSE_S > deadline:
                 raise
             log.warning("job %s: settle waits for PostgreSQL (%s)", job.id, exc)
+            time.sleep(SETTLE_PAUSE_S)
+
+
+def patiently(read: Callable[[], T], deadline: float, what: str) -> T:
+    """``read`` again every ``SETTLE_PAUSE_S`` while PostgreSQL does not answer, until the
+    ``deadline`` (``time.monotonic``), past which its ``DatabaseUnavailable`` is raised."""
+    while True:
+        try:
+            return read()
+        except DatabaseUnavailable as exc:
+            if time.monotonic() + SETTLE_PAUSE_S > deadline:
+                raise
+            log.warning("%s waits for PostgreSQL to say whether it landed (%s)", what, exc)
             time.sleep(SETTLE_PAUSE_S)
 
 

@@ -9,6 +9,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -18,6 +20,7 @@ from actors import outage
 from actors.broker import VibeyBroker
 from actors.capabilities import detect
 from actors.steps import StepResult, StepRunner
+from actors.topology import QueueNames
 from actors.worker import WorkerConfig
 from store.db import Pool, statement, transaction
 from store.dispatch import DispatchRecords
@@ -29,7 +32,8 @@ from tests.amqp_fixtures import Amqp
 from tests.chaos.pg_blips import database_of
 from workflows.dispatch import WaitTiers, decode, tier_name
 from workflows.job import JobState
-from workflows.queue import EnqueueRequest
+from workflows.queue import EnqueueRequest, Job
+from workflows.steps import Success
 
 P = "proj"
 TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5)))
@@ -195,6 +199,99 @@ def test_a_settle_cut_off_is_resolved_from_the_row(vibey_pool: Pool) -> None:
     assert calls.count("try") == 2
     settled = [store.get(j.id) for j in (first, second)]
     assert [j.state for j in settled if j is not None] == [JobState.SUCCEEDED] * 2
+
+
+class ClaimCutOff(DispatchRecords):
+    """A claim that lands, then loses its connection before the commit's answer comes back."""
+
+    def claim_pointer(self, *, job_id: UUID, project_id: str, seq: int, owner: str) -> Job | None:
+        super().claim_pointer(job_id=job_id, project_id=project_id, seq=seq, owner=owner)
+        raise CommitUnknown("the connection broke while the claim's commit was in flight")
+
+
+class DownForAWhile(PostgresJobRepository):
+    """The reads that resolve a cut-off commit find PostgreSQL down ``outage`` times first."""
+
+    def __init__(self, *, outage: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.outage = outage
+
+    def get(self, job_id: UUID) -> Job | None:
+        if self.outage > 0:
+            self.outage -= 1
+            raise DatabaseUnavailable("PostgreSQL did not answer after 3 attempts (read a job)")
+        return super().get(job_id)
+
+
+@pytest.mark.parametrize("outage_reads", [0, 3])
+def test_a_claim_cut_off_while_postgresql_is_down_is_resolved_when_it_answers(
+    vibey_pool: Pool, monkeypatch: pytest.MonkeyPatch, outage_reads: int
+) -> None:
+    """The claim landed, and the read that says so fails for a while: the step waits for the
+    read and runs, instead of sending its pointer away from a lease nobody would use until it
+    expired (two minutes, the stall seen when a database stopped mid-run)."""
+    monkeypatch.setattr(outage, "SETTLE_PAUSE_S", 0.01)
+    jobs = DownForAWhile(outage=outage_reads, pool=vibey_pool, dispatch=True, relay_id="r")
+    job = jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    ran: list[UUID] = []
+
+    def handler(claimed: Job) -> Success:
+        ran.append(claimed.id)
+        return Success()
+
+    runner = StepRunner(
+        jobs=jobs,
+        records=ClaimCutOff(pool=vibey_pool, relay_id="r"),
+        broker=None,
+        names=QueueNames("t"),
+        tiers=TIERS,
+        handlers={"design.interview": handler},
+        owner="w",
+    )
+    try:
+        result = runner.run(
+            job_id=str(job.id),
+            project_id=P,
+            seq=job.dispatch_seq,
+            kind="design.interview",
+            routing_key=f"shared.interactive.{P}",
+        )
+    finally:
+        runner.close()
+    assert jobs.outage == 0
+    assert result is StepResult.SUCCEEDED, result
+    assert ran == [job.id]
+    row = jobs.get(job.id)
+    assert row is not None and row.state is JobState.SUCCEEDED
+
+
+def test_a_settle_cut_off_while_postgresql_is_down_is_read_again_not_given_up(
+    vibey_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outage, "SETTLE_PAUSE_S", 0.01)
+    jobs = DownForAWhile(outage=3, pool=vibey_pool)
+    jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview"))
+    (claimed,) = jobs.claim(P, owner="w", limit=1)
+    calls: list[str] = []
+
+    def landed_then_cut() -> str:
+        calls.append("landed")
+        assert jobs.ack(claimed.lease).applied
+        raise CommitUnknown("cut off")
+
+    assert outage.settle_resolved(jobs, claimed, "succeeded", landed_then_cut) == "succeeded"
+    assert calls == ["landed"] and jobs.outage == 0
+
+
+def test_past_its_patience_the_read_of_a_cut_off_claim_gives_up(
+    vibey_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outage, "SETTLE_PATIENCE", timedelta(seconds=0.05))
+    monkeypatch.setattr(outage, "SETTLE_PAUSE_S", 0.01)
+    jobs = DownForAWhile(outage=10_000, pool=vibey_pool)
+    with pytest.raises(DatabaseUnavailable):
+        outage.adopt_claim(jobs, job_id=uuid.uuid4(), seq=1, owner="w", now=datetime.now(UTC))
+    assert 0 < 10_000 - jobs.outage < 100
 
 
 def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, amqp: Amqp) -> None:
