@@ -164,12 +164,16 @@ class Units:
 
     def _publish_landed(self, pointers: Sequence[OutboxRow]) -> None:
         """After a commit cut off mid-flight: the pointers whose outbox rows exist (so the
-        commit landed) go to the relay now, not at a reconciler's reclaim."""
+        commit landed) go to the relay now, not at a reconciler's reclaim. When PostgreSQL
+        cannot say, all of them go: a pointer is a hint, and the fenced claim drops one whose
+        commit did not land (no such job, or another generation), while waiting for the
+        reclaim would stand a landed step still for up to a minute after PostgreSQL answers."""
         if not pointers or self._publish is None:
             return
         try:
             landed = set(unsent_of(self._pool, [p.id for p in pointers]))
         except DatabaseUnavailable:
-            return  # a reconciler's drain reclaims them
+            self._publish(pointers)
+            return
         if landed:
             self._publish([p for p in pointers if p.id in landed])

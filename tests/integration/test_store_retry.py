@@ -22,12 +22,14 @@ from actors.capabilities import detect
 from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames
 from actors.worker import WorkerConfig
+from store import unit_of_work
 from store.db import Pool, statement, transaction
 from store.dispatch import DispatchRecords
 from store.errors import CommitUnknown, ConnectionLost, DatabaseUnavailable
 from store.jobs import PostgresJobRepository
 from store.pool import open_pool
 from store.retry import STORE_ATTEMPTS, retrying
+from store.unit_of_work import OutboxRow
 from tests.amqp_fixtures import Amqp
 from tests.chaos.pg_blips import database_of
 from workflows.dispatch import WaitTiers, decode, tier_name
@@ -292,6 +294,35 @@ def test_past_its_patience_the_read_of_a_cut_off_claim_gives_up(
     with pytest.raises(DatabaseUnavailable):
         outage.adopt_claim(jobs, job_id=uuid.uuid4(), seq=1, owner="w", now=datetime.now(UTC))
     assert 0 < 10_000 - jobs.outage < 100
+
+
+def test_a_commit_cut_off_while_postgresql_is_down_hands_its_pointers_on(
+    vibey_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the commit landed cannot be read: its pointers go to the relay anyway (a claim
+    drops one that did not land), not to a reclaim half a minute or more later."""
+
+    def down(_pool: Pool, _ids: list[int]) -> list[int]:
+        raise DatabaseUnavailable("PostgreSQL did not answer after 5 attempts")
+
+    monkeypatch.setattr(unit_of_work, "unsent_of", down)
+    published: list[OutboxRow] = []
+    units = unit_of_work.Units(pool=vibey_pool, publish=published.extend)
+    job_id = uuid.uuid4()
+    pointer = {
+        "id": 1,
+        "key": "k",
+        "job_id": str(job_id),
+        "project_id": P,
+        "dispatch_seq": 1,
+        "kind": "design.interview",
+        "not_before": datetime.now(UTC).isoformat(),
+        "solo": False,
+    }
+    with pytest.raises(CommitUnknown), units.begin() as unit:
+        unit.wrote_json([pointer])
+        raise CommitUnknown("the connection broke while the commit was in flight")
+    assert [p.job_id for p in published] == [job_id]
 
 
 def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, amqp: Amqp) -> None:
