@@ -95,6 +95,11 @@ def test_an_event_from_another_thread_wakes_a_stream_with_its_type() -> None:
         await asyncio.to_thread(source.connect)  # each call back comes from a thread of its own
         await asyncio.to_thread(source.emit, gate_opened())
         got = await asyncio.wait_for(waiting, 1)
+        for _ in range(200):  # the read the connect asked for runs on a thread of its own
+            if reads >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # and no other follows it
         task.cancel()
         return got, reads
 
