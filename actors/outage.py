@@ -50,16 +50,14 @@ _LANDED_STATES = {
 }
 
 
-def adopt_claim(
-    jobs: SettlingJobRepository, *, job_id: UUID, seq: int, owner: str, now: datetime
-) -> Job | None:
+def adopt_claim(jobs: SettlingJobRepository, *, job_id: UUID, seq: int, owner: str) -> Job | None:
     """After a claim whose commit was cut off: the job if the claim landed (the row is leased
     to ``owner`` at generation ``seq`` and the lease is live), else None (a miss). The read
     waits for PostgreSQL (:func:`patiently`); past ``SETTLE_PATIENCE`` it raises
     ``DatabaseUnavailable``, by when a lease that landed has expired or nearly."""
     deadline = time.monotonic() + SETTLE_PATIENCE.total_seconds()
     row = patiently(lambda: jobs.get(job_id), deadline, f"job {job_id}: the cut-off claim")
-    now = max(now, datetime.now(UTC))
+    now = datetime.now(UTC)  # after the read, however long it waited
     landed = (
         row is not None
         and row.state is JobState.LEASED
@@ -86,7 +84,7 @@ def settle_resolved(
     deadline = time.monotonic() + patience
     while True:
         try:
-            return settle()
+            return patiently(settle, deadline, f"job {job.id}: the settle")
         except CommitUnknown:
             row = patiently(lambda: jobs.get(job.id), deadline, f"job {job.id}: the cut-off settle")
             if (
@@ -105,23 +103,21 @@ def settle_resolved(
                 "it landed" if landed else "the lease was lost",
             )
             return label if landed else None
-        except DatabaseUnavailable as exc:
-            if time.monotonic() + SETTLE_PAUSE_S > deadline:
-                raise
-            log.warning("job %s: settle waits for PostgreSQL (%s)", job.id, exc)
-            time.sleep(SETTLE_PAUSE_S)
 
 
-def patiently(read: Callable[[], T], deadline: float, what: str) -> T:
-    """``read`` again every ``SETTLE_PAUSE_S`` while PostgreSQL does not answer, until the
-    ``deadline`` (``time.monotonic``), past which its ``DatabaseUnavailable`` is raised."""
+def patiently(call: Callable[[], T], deadline: float, what: str) -> T:
+    """``call`` again every ``SETTLE_PAUSE_S`` while PostgreSQL does not answer, until the
+    ``deadline`` (``time.monotonic``), past which its ``DatabaseUnavailable`` is raised. A
+    ``CommitUnknown`` is the caller's to resolve: it is raised at once, never called again."""
     while True:
         try:
-            return read()
+            return call()
+        except CommitUnknown:
+            raise
         except DatabaseUnavailable as exc:
             if time.monotonic() + SETTLE_PAUSE_S > deadline:
                 raise
-            log.warning("%s waits for PostgreSQL to say whether it landed (%s)", what, exc)
+            log.warning("%s waits for PostgreSQL (%s)", what, exc)
             time.sleep(SETTLE_PAUSE_S)
 
 

@@ -207,8 +207,7 @@ class StepRunner:
                 job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
             )
         except CommitUnknown:
-            now = datetime.now(UTC)
-            job = outage.adopt_claim(self._jobs, job_id=job_id, seq=seq, owner=self._owner, now=now)
+            job = outage.adopt_claim(self._jobs, job_id=job_id, seq=seq, owner=self._owner)
         if job is None:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         if not solo and _died_with_its_process(job):

@@ -173,7 +173,6 @@ class Units:
         try:
             landed = set(unsent_of(self._pool, [p.id for p in pointers]))
         except DatabaseUnavailable:
-            self._publish(pointers)
-            return
+            landed = {p.id for p in pointers}
         if landed:
             self._publish([p for p in pointers if p.id in landed])

@@ -166,14 +166,11 @@ def test_a_claim_cut_off_is_adopted_only_by_the_owner_it_landed_for(vibey_pool: 
     job = store.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
     claimed = records.claim_pointer(job_id=job.id, project_id=P, seq=job.dispatch_seq, owner="w1")
     assert claimed is not None
-    now = datetime.now(UTC)
-    adopted = outage.adopt_claim(store, job_id=job.id, seq=job.dispatch_seq, owner="w1", now=now)
+    adopted = outage.adopt_claim(store, job_id=job.id, seq=job.dispatch_seq, owner="w1")
     assert adopted is not None and adopted.lease_token == claimed.lease_token
-    assert (
-        outage.adopt_claim(store, job_id=job.id, seq=job.dispatch_seq, owner="w2", now=now) is None
-    )
+    assert outage.adopt_claim(store, job_id=job.id, seq=job.dispatch_seq, owner="w2") is None
     stale = job.dispatch_seq + 1
-    assert outage.adopt_claim(store, job_id=job.id, seq=stale, owner="w1", now=now) is None
+    assert outage.adopt_claim(store, job_id=job.id, seq=stale, owner="w1") is None
 
 
 def test_a_settle_cut_off_is_resolved_from_the_row(vibey_pool: Pool) -> None:
@@ -292,7 +289,7 @@ def test_past_its_patience_the_read_of_a_cut_off_claim_gives_up(
     monkeypatch.setattr(outage, "SETTLE_PAUSE_S", 0.01)
     jobs = DownForAWhile(outage=10_000, pool=vibey_pool)
     with pytest.raises(DatabaseUnavailable):
-        outage.adopt_claim(jobs, job_id=uuid.uuid4(), seq=1, owner="w", now=datetime.now(UTC))
+        outage.adopt_claim(jobs, job_id=uuid.uuid4(), seq=1, owner="w")
     assert 0 < 10_000 - jobs.outage < 100
 
 
