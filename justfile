@@ -63,6 +63,14 @@ test *args: venv
     run -n 4 -m "not chaos" {{args}}
     run -m chaos -s {{args}}
 
+# Install the four coding CLIs at their pinned versions (ops/real-cli) into .vibey/real-cli.
+real-cli-install:
+    ops/real-cli/install.sh
+
+# The real-binary tier alone: the pinned CLIs against the local model server.
+real-cli *args: venv real-cli-install
+    .venv/bin/python -m pytest -m real_cli tests/real_cli {{args}}
+
 # Format check, lint, types and the import-layering contract.
 check: venv
     .venv/bin/ruff format --check .

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install the four coding CLIs at the versions pinned beside this file, into a project-local
+# prefix (default .vibey/real-cli): npm packages under node_modules/, aider in a venv of its own.
+# Harmless to run again: each part is redone only when its pin file is newer than the install.
+# Prints the directory holding the four executables (claude, codex, gemini, aider).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+prefix=${VIBEY_REAL_CLI_PREFIX:-$root/.vibey/real-cli}
+mkdir -p "$prefix/bin"
+
+if ! command -v npm >/dev/null; then
+    echo "real-cli: npm is missing: apt-get install nodejs npm (Node.js 20+)" >&2
+    exit 2
+fi
+if [ ! -f "$prefix/.npm-installed" ] || [ "$here/package.json" -nt "$prefix/.npm-installed" ]; then
+    cp "$here/package.json" "$prefix/package.json"
+    [ -f "$here/package-lock.json" ] && cp "$here/package-lock.json" "$prefix/package-lock.json"
+    (cd "$prefix" && npm install --no-audit --no-fund --loglevel=error >&2)
+    [ -f "$here/package-lock.json" ] || cp "$prefix/package-lock.json" "$here/package-lock.json"
+    touch "$prefix/.npm-installed"
+fi
+if [ ! -f "$prefix/.aider-installed" ] || [ "$here/aider.txt" -nt "$prefix/.aider-installed" ]; then
+    [ -x "$prefix/aider-venv/bin/python" ] || python3 -m venv "$prefix/aider-venv"
+    "$prefix/aider-venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/aider.txt" >&2
+    touch "$prefix/.aider-installed"
+fi
+for cli in claude codex gemini; do
+    ln -sf "$prefix/node_modules/.bin/$cli" "$prefix/bin/$cli"
+done
+ln -sf "$prefix/aider-venv/bin/aider" "$prefix/bin/aider"
+echo "$prefix/bin"
