@@ -13,11 +13,20 @@ if ! command -v npm >/dev/null; then
     echo "real-cli: npm is missing: apt-get install nodejs npm (Node.js 20+)" >&2
     exit 2
 fi
-if [ ! -f "$prefix/.npm-installed" ] || [ "$here/package.json" -nt "$prefix/.npm-installed" ]; then
+if [ ! -f "$prefix/.npm-installed" ] || [ "$here/package.json" -nt "$prefix/.npm-installed" ] \
+    || [ "$here/package-lock.json" -nt "$prefix/.npm-installed" ]; then
     cp "$here/package.json" "$prefix/package.json"
-    [ -f "$here/package-lock.json" ] && cp "$here/package-lock.json" "$prefix/package-lock.json"
-    (cd "$prefix" && npm install --no-audit --no-fund --loglevel=error >&2)
-    [ -f "$here/package-lock.json" ] || cp "$prefix/package-lock.json" "$here/package-lock.json"
+    if [ -f "$here/package-lock.json" ] && cmp -s <(jq -S .dependencies "$here/package.json" 2>/dev/null) \
+        <(jq -S '.packages[""].dependencies' "$here/package-lock.json" 2>/dev/null); then
+        # The lock matches the pins: install exactly it.
+        cp "$here/package-lock.json" "$prefix/package-lock.json"
+        (cd "$prefix" && npm ci --no-audit --no-fund --loglevel=error >&2)
+    else
+        # A pin was bumped: resolve it, and keep the new lock beside the pins.
+        rm -f "$prefix/package-lock.json"
+        (cd "$prefix" && npm install --no-audit --no-fund --loglevel=error >&2)
+        cp "$prefix/package-lock.json" "$here/package-lock.json"
+    fi
     touch "$prefix/.npm-installed"
 fi
 if [ ! -f "$prefix/.aider-installed" ] || [ "$here/aider.txt" -nt "$prefix/.aider-installed" ]; then
