@@ -76,6 +76,10 @@ real-cli-install:
 real-cli *args: venv real-cli-install
     .venv/bin/python -m pytest -m real_cli tests/real_cli {{args}}
 
+# The edit loop: the unit tier alone (no service needed), in parallel; pytest args narrow it.
+test-fast *args: venv
+    .venv/bin/python -m pytest -n 4 -m unit -q {{args}}
+
 # Format check, lint, types and the import-layering contract.
 check: venv
     .venv/bin/ruff format --check .
