@@ -126,6 +126,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--workflows", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument(
+        "--in-place-steps",
+        type=int,
+        default=WorkerConfig.in_place_steps,
+        help="steps a worker chains in place after a settle (0: every step via the broker)",
+    )
     parser.add_argument("--dbos-python", default=os.environ.get("VIBEY_BENCH_DBOS_PYTHON"))
     return parser.parse_args(argv)
 
@@ -161,6 +167,7 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
             definitions="bench_workflow:DEFINITIONS",
             handlers="bench_workflow:HANDLERS",
             workspace=work,
+            in_place_steps=args.in_place_steps,
         )
         paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
