@@ -144,6 +144,4 @@ def test_a_chain_cut_leaves_the_pointer_to_the_drain(runtime: Runtime, pg_url: s
     # Unsent and held by no relay: the next drain pass (any reconciler) takes and sends it.
     assert outbox(pg_url, jobs[1]) == [(False, False)]
     runtime.runner._crash = None
-    drained: list[Any] = []
-    runtime.relay.submit = drained.extend  # type: ignore[method-assign]
-    assert runtime.relay.drain() >= 1 or drained
+    assert runtime.relay.drain() == 1  # the relay's claim of unsent rows nobody holds
