@@ -143,4 +143,5 @@ def _result(reading: Reading, final: Mapping[str, Any]) -> None:
         # an API error the assistant events did not name (an older CLI): its message
         reading.capacity = limits.from_text(reading.text)
     if reading.capacity is None:
-        reading.error = reading.error or f"{final.get('subtype', 'error')}: {reading.text[:300]}"
+        said = "; ".join(map(str, final.get("errors") or [])) or reading.text[:300]
+        reading.error = reading.error or f"{final.get('subtype', 'error')}: {said}"

@@ -214,7 +214,8 @@ def step_work(plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
 
 def _step_turn(prompt: str, turn: int, tool_id: str) -> tuple[list[dict[str, Any]], str]:
     """Turn ``turn`` of the step the prompt names: its files' ``Write`` calls one per turn
-    (absolute paths, as Claude Code's tools take them), a ``Bash`` call, then the result."""
+    (absolute paths, as Claude Code's tools take them), a ``Bash`` call, then the result; each
+    call said first in a line of text, as a model does."""
     match = PLAN.search(prompt)
     assert match is not None
     workdir = Path(match.group(0)).parents[2]
@@ -226,7 +227,9 @@ def _step_turn(prompt: str, turn: int, tool_id: str) -> tuple[list[dict[str, Any
     calls.append(("Bash", {"command": "git status --short", "description": "Show changes"}))
     if turn < len(calls):
         name, arguments = calls[turn]
-        return [{"type": "tool_use", "id": tool_id, "name": name, "input": arguments}], "tool_use"
+        said = f"Next: {name} {arguments.get('file_path') or arguments.get('command')}"
+        use = {"type": "tool_use", "id": tool_id, "name": name, "input": arguments}
+        return [{"type": "text", "text": said}, use], "tool_use"
     return [{"type": "text", "text": fenced(result)}], "end_turn"
 
 
