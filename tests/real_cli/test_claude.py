@@ -17,7 +17,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from actors.agents.adapters import engine_for
 from actors.agents.lease import WorktreeLease
 from actors.agents.roster import AgentSpec
 from actors.worktrees import Workspace
+from tests.acceptance.stack import Stack, declare_topology, stack
+from tests.amqp_fixtures import Amqp
 from tests.real_cli.anthropic_api import RESET, AnthropicApi
 from tests.real_cli.conftest import ROOT, cli_version
 
@@ -231,3 +234,61 @@ def test_a_failed_run_in_a_billing_api_401_directory_is_an_engine_fault(
     assert verdict.status == "failed" and verdict.engine_fault, verdict.detail
     assert "error_max_turns" in verdict.detail
     assert not entries(verdict, "CapacityRejected")
+
+
+# -- a whole protocol workflow through the real stack ----------------------------------------
+
+SCRIPT = """
+[design]
+questions = [{ id = "audience", question = "Who is it for?", answers = [] }]
+
+[build]
+work_items = [{ id = "a1", title = "one" }, { id = "a2", title = "two" }]
+"""
+
+
+@pytest.fixture
+def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
+    declare_topology(pg_url, amqp)
+    with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
+        yield running
+
+
+def test_a_protocol_workflow_completes_on_the_real_claude_code(
+    e2e: Stack, claude: Path, home: Path, tmp_path: Path, pg_url: str
+) -> None:
+    """A new project (no ``--repo``, a ``--test-command``) through design, build, review and
+    deploy with every engine-driven step on the real CLI: one attempt per step, and the
+    ledger holds each turn's evidence, each edited file once, and verifies."""
+    with AnthropicApi() as api:
+        env = ", ".join(f'{k} = "{v}"' for k, v in engine_env(api, home).items())
+        e2e.config = tmp_path / "vibey.toml"
+        e2e.config.write_text(
+            f'[engines.claude]\nadapter = "claude-code"\nbinary = "{claude}"\n'
+            f"timeout_seconds = 240\nenv = {{ {env} }}\n"
+        )
+        (tmp_path / "script.toml").write_text(SCRIPT)
+        e2e.vibey("doctor", "--conformance", "--record", timeout=300)
+        e2e.start_worker()
+        script = str(tmp_path / "script.toml")
+        test = "test -f src/a1.txt -a -f src/a2.txt"
+        start = ("workflow", "start", "demo", "--engines", "claude", "--script", script)
+        e2e.vibey(*start, "--test-command", test)
+        final = e2e.drive(["demo"], deadline_s=600)["demo"]["workflow"]
+        assert final["status"] == "completed", final
+        turns = len(api.messages())
+    assert "digests match" in e2e.vibey("ledger", "verify", "demo").stdout
+    events = e2e.every("ledger", "show", "demo")
+    kinds = Counter(e["kind"] for e in events)
+    assert kinds["TurnRequested"] == kinds["TurnCompleted"] == kinds["TranscriptRecorded"] > 0
+    assert kinds["BudgetSpent"] >= kinds["TurnCompleted"], kinds
+    tools = Counter(e["payload"]["tool"] for e in events if e["kind"] == "ToolInvoked")
+    assert tools["Write"] == 2 and tools["Bash"] == kinds["TurnCompleted"], tools
+    # a request per tool call and one for the result, in every turn and in the doctor's
+    assert turns == 3 + tools.total() + kinds["TurnCompleted"]
+    edited = Counter(e["payload"]["path"] for e in events if e["kind"] == "FileEdited")
+    assert edited == {"src/a1.txt": 1, "src/a2.txt": 1}, edited
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT kind, subject, attempts, engine_id FROM job").fetchall()
+    assert rows and all(attempts == 1 for _, _, attempts, _ in rows), rows
+    assert {engine for *_, engine in rows if engine} == {"claude"}
