@@ -276,6 +276,8 @@ class CliAdapter(abc.ABC):
                 return launched
             done, transcript, stderr = launched
         stdout = transcript.read_text(encoding="utf-8", errors="replace")
+        if done.stopped:  # cut off mid-line, maybe: what decided it is in the whole lines
+            stdout = stdout[: stdout.rfind("\n") + 1]
         reading = self.read(stdout, stderr, done.returncode)
         changed = _changed(workdir, before)
         return self.judge(task, plan, done, reading, changed, transcript, streamed)
