@@ -419,14 +419,15 @@ def json_lines(stdout: str) -> list[dict[str, Any]] | str:
 def edited(workdir: Path, paths: Sequence[str]) -> list[str]:
     """The files a CLI reported editing, each once, as git names them: relative to
     ``workdir`` (an absolute path inside it, however spelt, becomes relative; one outside it
-    stays absolute), in the order first reported."""
+    stays absolute), in the order first reported; vibey's own ``.vibey/`` (the plan, the
+    verdict file) left out, as :func:`_changed` leaves it out."""
     root = os.path.realpath(workdir)
     names: dict[str, None] = {}
     for path in paths:
         full = os.path.realpath(os.path.join(root, path))
         inside = full == root or full.startswith(root + os.sep)
         names[os.path.relpath(full, root) if inside else os.path.normpath(path)] = None
-    return list(names)
+    return [name for name in names if not name.startswith(".vibey/")]
 
 
 def fault(detail: str, evidence: Mapping[str, Any] | None = None) -> EngineVerdict:

@@ -191,6 +191,11 @@ def test_a_path_outside_the_workdir_stays_absolute(tmp_path: Path) -> None:
     ]
 
 
+def test_vibeys_own_files_are_no_edit(tmp_path: Path) -> None:
+    verdict = str(tmp_path / ".vibey" / "verdicts" / "job-1.json")
+    assert edited(tmp_path, [verdict, "src/a.txt", ".vibey/plans/job-1.md"]) == ["src/a.txt"]
+
+
 def test_a_symlinked_workdir_still_gives_one_path(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir()
