@@ -21,7 +21,7 @@ It plays a script:
   subscription's limit comes), ``rate_limit`` (429, no reset), ``credits`` (400, the credit
   balance is too low), ``auth`` (401, invalid x-api-key), ``overloaded`` (529) and
   ``server_error`` (500). ``faults`` are answered one per ``/v1/messages`` request, in order;
-  ``fault`` is answered to every one.
+  ``fault`` is answered to every one (with ``kinds``, to the steps of those kinds only).
 
 Only the Python standard library: a ``ThreadingHTTPServer`` streams SSE with plain writes.
 """
@@ -117,12 +117,15 @@ class Recorded:
 class AnthropicApi:
     """The server (see the module docstring); a context manager that starts and stops it."""
 
-    def __init__(self, *, faults: Sequence[str] = (), fault: str | None = None) -> None:
+    def __init__(
+        self, *, faults: Sequence[str] = (), fault: str | None = None, kinds: Sequence[str] = ()
+    ) -> None:
         unknown = [f for f in (*faults, fault) if f is not None and f not in FAULTS]
         if unknown:
             raise ValueError(f"unknown faults {unknown}; known: {sorted(FAULTS)}")
         self._faults = list(faults)
         self._fault = fault
+        self._kinds = frozenset(kinds)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.requests: list[Recorded] = []
@@ -153,11 +156,19 @@ class AnthropicApi:
         with self._lock:
             self.requests.append(recorded)
 
-    def next_fault(self) -> Fault | None:
+    def next_fault(self, body: Mapping[str, Any]) -> Fault | None:
+        """The fault this request gets: the next of ``faults``, else ``fault`` (only for the
+        steps of ``kinds`` when it names some)."""
         with self._lock:
             if self._faults:
                 return FAULTS[self._faults.pop(0)]
-        return FAULTS[self._fault] if self._fault else None
+        if self._fault is None:
+            return None
+        if self._kinds:
+            prompt = _prompt(list(body.get("messages") or []))
+            if prompt is None or plan_of(prompt)["kind"] not in self._kinds:
+                return None
+        return FAULTS[self._fault]
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}_{next(self._ids):04d}{uuid.uuid4().hex[:20]}"
@@ -286,7 +297,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _messages(self, body: dict[str, Any]) -> None:
         request_id = self.api.new_id("req")
-        fault = self.api.next_fault()
+        fault = self.api.next_fault(body)
         if fault is not None:
             self._send(
                 fault.status,

@@ -292,3 +292,39 @@ def test_a_protocol_workflow_completes_on_the_real_claude_code(
         rows = conn.execute("SELECT kind, subject, attempts, engine_id FROM job").fetchall()
     assert rows and all(attempts == 1 for _, _, attempts, _ in rows), rows
     assert {engine for *_, engine in rows if engine} == {"claude"}
+
+
+def test_spent_credits_mid_build_hand_off_to_another_engine(
+    e2e: Stack, claude: Path, home: Path, tmp_path: Path, pg_url: str
+) -> None:
+    """The API says the credit balance is too low for every build.implement: the real CLI's
+    ``billing_error`` is CreditsExhausted, and each item hands off (a brief the no-loss gate
+    passed) to the roster's other engine; the workflow completes."""
+    with AnthropicApi(fault="credits", kinds=["build.implement"]) as api:
+        env = ", ".join(f'{k} = "{v}"' for k, v in engine_env(api, home).items())
+        e2e.config = tmp_path / "vibey.toml"
+        e2e.config.write_text(
+            f'[engines.claude]\nadapter = "claude-code"\nbinary = "{claude}"\nweight = 3\n'
+            f"timeout_seconds = 240\nenv = {{ {env} }}\n\n"
+            '[engines.backup]\nadapter = "scripted"\nweight = 1\n'
+        )
+        (tmp_path / "script.toml").write_text(SCRIPT)
+        done = e2e.vibey("doctor", "--conformance", "--record", check=False, timeout=300)
+        assert done.returncode == 1, done.stdout  # its check is a build.implement: refused
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # as an operator would
+            conn.execute(
+                "UPDATE engine_health SET last_doctor_at = now(), authenticated_at = now() "
+                "WHERE engine_id = 'claude'"
+            )
+        e2e.start_worker()
+        script = str(tmp_path / "script.toml")
+        e2e.vibey("workflow", "start", "relay", "--engines", "claude,backup", "--script", script)
+        final = e2e.drive(["relay"], deadline_s=600)["relay"]["workflow"]
+        assert final["status"] == "completed", final
+    assert "digests match" in e2e.vibey("ledger", "verify", "relay").stdout
+    events = e2e.every("ledger", "show", "relay")
+    rejected = [e["payload"] for e in events if e["kind"] == "CapacityRejected"]
+    assert rejected and {r["engine"] for r in rejected} == {"claude"}
+    assert all(r["state"] == "CreditsExhausted" and "resets_at" not in r for r in rejected)
+    accepted = [e["payload"] for e in events if e["kind"] == "HandoffAccepted"]
+    assert accepted and all(a["from"] == "claude" and a["to"] == "backup" for a in accepted)
