@@ -11,7 +11,7 @@ own ``env``):
              commits ``src/<item>.txt`` in its worktree) and reports the result
 ``window``   hits a rate-limit window with a reset time (``FAKE_RESET``, an epoch)
 ``credits``  runs out of credits (no reset time)
-``auth``     fails authentication
+``auth``     fails authentication (claude: after its retries, ``FAKE_RETRY_DELAY`` s apart)
 ``crash``    dies mid-stream (SIGKILL)
 ``hang``     prints its first event and hangs
 ``garbage``  prints what is not its format, exits 0
@@ -40,6 +40,7 @@ import re
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -249,28 +250,47 @@ def claude(scenario: str, args: argparse.Namespace) -> None:
         return
     emit(init)
     reset = int(os.environ.get("FAKE_RESET", RESET))
-    fail = {
-        "window": ("rate_limit", f"Claude AI usage limit reached|{reset}"),
-        "credits": ("billing_error", "Credit balance is too low"),
-        "auth": ("authentication_failed", "Invalid API key · Please run /login"),
+    fail = {  # Claude Code 2.1's own words (a subscription's window; an API key's errors)
+        "window": ("rate_limit", f"You've hit your 5-hour limit · resets {_when(reset)}", 429),
+        "credits": ("billing_error", "Credit balance is too low", 400),
+        "auth": ("authentication_failed", "Invalid API key · Fix external API key", 401),
     }
     if scenario in fail:
-        error, text = fail[scenario]
+        error, text, status = fail[scenario]
         if scenario == "window":
             info = {"status": "rejected", "resetsAt": reset, "rateLimitType": "five_hour"}
             emit({"type": "rate_limit_event", "rate_limit_info": info})
+        if scenario == "auth":  # it retries a 401 ten times, FAKE_RETRY_DELAY s apart
+            _claude_retries(error, status)
         message = {"content": [{"type": "text", "text": text}]}
-        emit({"type": "assistant", "message": message, "error": error})
-        emit(_claude_result(text, is_error=True))
+        emit({"type": "assistant", "message": message, "error": error, "api_error_status": status})
+        emit({**_claude_result(text, is_error=True), "api_error_status": status})
         sys.exit(1)
     result, files = (
         work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
     )
-    for path in files:
-        tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": {"file_path": path}}
+    for path in files:  # Claude Code's edit tools take absolute paths
+        write = {"file_path": str(Path.cwd() / path), "content": "…"}
+        tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": write}
         emit({"type": "assistant", "message": {"content": [tool]}})
     pause()
     emit(_claude_result(fenced(result), is_error=False))
+
+
+def _when(epoch: int) -> str:
+    """A reset as Claude Code writes it: ``Mar 17, 2030, 5:46pm (UTC)``."""
+    at = datetime.fromtimestamp(epoch, UTC)
+    hour, half = at.hour % 12 or 12, "am" if at.hour < 12 else "pm"
+    return f"{at:%b} {at.day}, {at.year}, {hour}:{at:%M}{half} (UTC)"
+
+
+def _claude_retries(error: str, status: int, retries: int = 10) -> None:
+    delay = float(os.environ.get("FAKE_RETRY_DELAY", "0"))
+    for attempt in range(1, retries + 1):
+        retry = {"type": "system", "subtype": "api_retry", "attempt": attempt}
+        retry |= {"max_retries": retries, "retry_delay_ms": int(delay * 1000)}
+        emit({**retry, "error": error, "error_status": status, "session_id": "s-1"})
+        time.sleep(delay)
 
 
 def _claude_result(text: str, *, is_error: bool) -> dict[str, Any]:
