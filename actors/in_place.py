@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from actors.relay import Router
 from store.unit_of_work import OutboxRow
 
+DEFAULT_STEPS = 16  # a chain's steps at most ([queue.rabbitmq] in_place_steps)
 DEFAULT_BUDGET_S = 0.25  # wall time a chain may run before its next pointer is published
 
 

@@ -41,7 +41,7 @@ from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.event_publisher import EventPublisher, EventService
-from actors.in_place import InPlace
+from actors.in_place import DEFAULT_STEPS, InPlace
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
 from actors.steps import StepResult, StepRunner
@@ -89,7 +89,7 @@ class WorkerConfig:
     reconcile_interval: timedelta = timedelta(seconds=30)
     redispatch_after: timedelta = timedelta(minutes=2)
     reclaim_after: timedelta = timedelta(seconds=30)
-    in_place_steps: int = 16  # steps a worker chains in place after a settle (0: none)
+    in_place_steps: int = DEFAULT_STEPS  # steps a worker chains in place after a settle (0: none)
     handlers: str = "actors.handlers:build_handlers"  # a Handlers mapping, or a factory
     definitions: str = "workflows.protocol:DEFINITIONS"  # the workflow definitions it runs
     workspace: str = ".vibey/work"  # engines' git repositories and worktrees

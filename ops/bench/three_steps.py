@@ -53,6 +53,7 @@ from steps import (  # noqa: E402
     wait_for_consumers,
 )
 
+from actors.in_place import DEFAULT_STEPS  # noqa: E402
 from actors.worker import WorkerConfig  # noqa: E402
 from store.migrate import migrate  # noqa: E402
 from vibey.client import Client  # noqa: E402
@@ -137,7 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--in-place-steps",
         type=int,
-        default=WorkerConfig.in_place_steps,
+        default=DEFAULT_STEPS,
         help="steps a worker chains in place after a settle (0: every step via the broker)",
     )
     parser.add_argument(
