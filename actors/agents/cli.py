@@ -31,9 +31,9 @@ rest, the same for all of them:
    ==============================================  ========================================
 
 Every verdict's evidence carries the ledger entries of the run: TurnRequested, TurnCompleted,
-ToolInvoked and FileEdited (as the CLI reported them, and the files the worktree shows
-changed), BudgetSpent (tokens always, dollars where the CLI reports them), CapacityRejected,
-and TranscriptRecorded.
+ToolInvoked and FileEdited (what the CLI reported and what the worktree shows changed, each
+file once, as its path relative to the step's directory), BudgetSpent (tokens always, dollars
+where the CLI reports them), CapacityRejected, and TranscriptRecorded.
 
 **Streamed evidence.** When the task has a ``stream`` sink (the handlers give one that appends
 to the ledger at once), TurnRequested goes there when the CLI starts, and a watcher reads the
@@ -50,6 +50,7 @@ import abc
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -112,11 +113,16 @@ class _Watcher(threading.Thread):
     """Reads the transcript as it grows and streams the tools and files the CLI reports."""
 
     def __init__(
-        self, adapter: CliAdapter, transcript: Path, task: EngineTask, streamed: Streamed
+        self,
+        adapter: CliAdapter,
+        transcript: Path,
+        task: EngineTask,
+        streamed: Streamed,
+        workdir: Path,
     ) -> None:
         super().__init__(name=f"stream-{adapter.spec.id}", daemon=True)
         self._adapter, self._transcript, self._task = adapter, transcript, task
-        self._streamed = streamed
+        self._streamed, self._workdir = streamed, workdir
         self._done = threading.Event()
         self._size = -1
 
@@ -141,7 +147,7 @@ class _Watcher(threading.Thread):
         reading = self._adapter.read(whole.decode("utf-8", errors="replace"), "", 0)
         engine, done = self._adapter.spec.id, self._streamed
         tools = reading.tools[done.tools :]
-        files = [f for f in dict.fromkeys(reading.files) if f not in done.files]
+        files = [f for f in edited(self._workdir, reading.files) if f not in done.files]
         entries = [_tool(engine, t) for t in tools] + [_file(engine, f) for f in files]
         if entries and _sent(self._task, entries):
             done.tools += len(tools)
@@ -270,7 +276,7 @@ class CliAdapter(abc.ABC):
         transcript = self._transcripts / f"{name}.log"
         errors = self._transcripts / f"{name}.stderr"
         held = task.lease
-        watcher = _Watcher(self, transcript, task, streamed) if task.stream else None
+        watcher = _Watcher(self, transcript, task, streamed, workdir) if task.stream else None
         with transcript.open("wb") as out, errors.open("wb") as err:
             if watcher is not None:
                 watcher.start()
@@ -353,7 +359,9 @@ class CliAdapter(abc.ABC):
             [] if streamed.requested else [{"kind": "TurnRequested", "payload": turn}]
         )
         entries += [_tool(engine, t) for t in reading.tools[streamed.tools :]]
-        files = sorted({*reading.files, *changed} - streamed.files)
+        workdir = task.workdir or task.worktree
+        reported = edited(workdir, reading.files) if workdir else reading.files
+        files = sorted({*reported, *changed} - streamed.files)
         entries += [_file(engine, f) for f in files]
         status = "timeout" if done.timed_out else f"exit {done.returncode}"
         entries.append({"kind": "TurnCompleted", "payload": {**turn, "status": status}})
@@ -386,6 +394,19 @@ def json_lines(stdout: str) -> list[dict[str, Any]] | str:
         if isinstance(event, dict):
             events.append(event)
     return events
+
+
+def edited(workdir: Path, paths: Sequence[str]) -> list[str]:
+    """The files a CLI reported editing, each once, as git names them: relative to
+    ``workdir`` (an absolute path inside it, however spelt, becomes relative; one outside it
+    stays absolute), in the order first reported."""
+    root = os.path.realpath(workdir)
+    names: dict[str, None] = {}
+    for path in paths:
+        full = os.path.realpath(os.path.join(root, path))
+        inside = full == root or full.startswith(root + os.sep)
+        names[os.path.relpath(full, root) if inside else os.path.normpath(path)] = None
+    return list(names)
 
 
 def fault(detail: str, evidence: Mapping[str, Any] | None = None) -> EngineVerdict:
