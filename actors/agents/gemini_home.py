@@ -18,10 +18,8 @@ starts at all:
 :func:`engine_environment` writes that file under ``<state>/gemini/<engine>`` (only when it
 changes, by a rename, so parallel runs never read half a file) and gives the engine's
 environment with ``GEMINI_CLI_HOME`` pointing there. An engine whose own ``env`` sets
-``GEMINI_CLI_HOME`` keeps its home untouched: that user manages the settings (and a Google
-login, which lives there). Anything else a user wants set goes in a system settings file
-named by ``GEMINI_CLI_SYSTEM_SETTINGS_PATH`` in the engine's ``env``: the CLI lays it over the
-user settings.
+``GEMINI_CLI_HOME`` keeps that home untouched: its user manages the settings there (the auth
+type, ``general.maxAttempts``, a model, a Google login, which lives there too).
 """
 
 from __future__ import annotations
