@@ -39,16 +39,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from actors.agents import limits
-from actors.agents.base import EngineTask
-from actors.agents.cli import CliAdapter, Context, Launch, Reading, json_lines
+from actors.agents.base import EngineTask, EngineVerdict
+from actors.agents.cli import CliAdapter, Context, Launch, Reading, Streamed, json_lines
 from actors.agents.gemini_home import engine_environment
 from actors.agents.plans import Plan
+from actors.agents.process import Exit
 from actors.agents.roster import AgentSpec
 from workflows.capacity import AuthenticationFailed, CreditsExhausted, Exhausted
 
@@ -141,6 +142,24 @@ class GeminiAdapter(CliAdapter):
     def invocation(self, task: EngineTask, plan: Plan, prompt: str) -> list[str]:
         head = ["-p", prompt, "--output-format", "stream-json", "--yolo", "--skip-trust"]
         return [*head, *self.spec.effort_args(task.effort), *self.spec.args]
+
+    def judge(
+        self,
+        task: EngineTask,
+        plan: Plan,
+        done: Exit,
+        reading: Reading,
+        changed: list[str],
+        transcript: Path,
+        streamed: Streamed | None = None,
+    ) -> EngineVerdict:
+        """As every CLI is judged, except that an exit past 128 which the CLI chose (an API
+        error's HTTP status, as ``read`` found it) is not called a signal."""
+        verdict = super().judge(task, plan, done, reading, changed, transcript, streamed)
+        chose = f"exit {done.returncode} (an API error"
+        if verdict.engine_fault and reading.error and reading.error.startswith(chose):
+            return replace(verdict, detail=f"engine {self.spec.id}: {reading.error}")
+        return verdict
 
     def read(self, stdout: str, stderr: str, returncode: int) -> Reading:
         reading = Reading()

@@ -236,6 +236,22 @@ def test_each_fault_is_classified_as_its_real_message_means(
         assert "resets_at" not in capacity
 
 
+def test_a_server_error_is_an_engine_fault_named_by_its_http_status(
+    gemini: Path, home: Path, tmp_path: Path, one_attempt: Path
+) -> None:
+    """0.61 exits 244 on a 500 (its status modulo 256): not a signal."""
+    with GeminiApi(fault="server_error") as api:
+        verdict, _ = run_step(
+            gemini, tmp_path, engine_env(api.url, home, GEMINI_CLI_HOME=str(one_attempt))
+        )
+    assert verdict.status == "failed" and verdict.engine_fault, verdict.detail
+    assert verdict.detail == (
+        "engine gemini: exit 244 (an API error, HTTP 500): ApiError (500): "
+        "Internal error encountered."
+    )
+    assert not entries(verdict, "CapacityRejected")
+
+
 def test_a_project_called_billing_api_401_changes_no_class(
     gemini: Path, home: Path, tmp_path: Path, one_attempt: Path
 ) -> None:
