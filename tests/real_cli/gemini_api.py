@@ -26,7 +26,8 @@ It plays a script:
   ``daily_quota`` (429, a per-day quota: the CLI's ``TerminalQuotaError``), ``credits`` (429,
   the prepayment credits are depleted), ``auth`` (400 ``API_KEY_INVALID``) and
   ``server_error`` (500). ``faults`` are answered one per model request (any of the three
-  calls), in order; ``fault`` is answered to every one.
+  calls), in order; ``fault`` is answered to every one (with ``kinds``, to the chat turns of
+  the steps of those kinds only).
 
 Only the Python standard library: a ``ThreadingHTTPServer`` writes SSE with plain writes.
 """
@@ -178,6 +179,7 @@ class GeminiApi:
 
     faults: Sequence[str] = ()
     fault: str | None = None
+    kinds: Sequence[str] = ()
     requests: list[Recorded] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -214,11 +216,20 @@ class GeminiApi:
         with self._lock:
             self.requests.append(recorded)
 
-    def next_fault(self) -> Fault | None:
+    def next_fault(self, body: Mapping[str, Any]) -> Fault | None:
+        """The fault this request gets: the next of ``faults``, else ``fault`` (only for the
+        steps of ``kinds`` when it names some)."""
         with self._lock:
             if self._pending:
                 return FAULTS[self._pending.pop(0)]
-        return FAULTS[self.fault] if self.fault else None
+        if self.fault is None:
+            return None
+        if self.kinds:
+            contents = [c for c in body.get("contents") or [] if isinstance(c, Mapping)]
+            plan = _plan(contents)
+            if plan is None or plan_of(str(plan))["kind"] not in self.kinds:
+                return None
+        return FAULTS[self.fault]
 
     def answer(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The model's parts for this chat request."""
@@ -346,7 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
         if match is None:
             self._error(404, f"{self.path} is not served here", "NOT_FOUND")
             return
-        fault = self.api.next_fault()
+        fault = self.api.next_fault(body)
         if fault is not None:
             self._send(fault.status, fault.body(), JSON_TYPE)
             return

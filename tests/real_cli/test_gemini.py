@@ -324,3 +324,40 @@ def test_a_protocol_workflow_completes_on_the_real_gemini_cli(
         rows = conn.execute("SELECT kind, subject, attempts, engine_id FROM job").fetchall()
     assert rows and all(attempts == 1 for _, _, attempts, _ in rows), rows
     assert {engine for *_, engine in rows if engine} == {"gemini"}
+
+
+def test_depleted_credits_mid_build_hand_off_to_another_engine(
+    e2e: Stack, gemini: Path, home: Path, tmp_path: Path, pg_url: str
+) -> None:
+    """The API says the prepayment credits are depleted for every build.implement: the real
+    CLI's RetryableQuotaError (retried, no retry time) is CreditsExhausted, and each item
+    hands off (a brief the no-loss gate passed) to the roster's other engine."""
+    with GeminiApi(fault="credits", kinds=["build.implement"]) as api:
+        e2e.config = tmp_path / "vibey.toml"
+        e2e.config.write_text(
+            f'[engines.gemini]\nadapter = "gemini"\nbinary = "{gemini}"\nweight = 3\n'
+            f'args = ["--model", "gemini-2.5-pro"]\ntimeout_seconds = 300\n'
+            f"env = {{ {toml_env(engine_env(api.url, home))} }}\n\n"
+            '[engines.backup]\nadapter = "scripted"\nweight = 1\n'
+        )
+        (tmp_path / "script.toml").write_text(SCRIPT)
+        done = e2e.vibey("doctor", "--conformance", "--record", check=False, timeout=300)
+        assert done.returncode == 1, done.stdout  # its check is a build.implement: refused
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # as an operator would
+            conn.execute(
+                "UPDATE engine_health SET last_doctor_at = now(), authenticated_at = now() "
+                "WHERE engine_id = 'gemini'"
+            )
+        e2e.start_worker()
+        script = str(tmp_path / "script.toml")
+        e2e.vibey("workflow", "start", "relay", "--engines", "gemini,backup", "--script", script)
+        final = e2e.drive(["relay"], deadline_s=900)["relay"]["workflow"]
+        assert final["status"] == "completed", final
+    assert "digests match" in e2e.vibey("ledger", "verify", "relay").stdout
+    events = e2e.every("ledger", "show", "relay")
+    rejected = [e["payload"] for e in events if e["kind"] == "CapacityRejected"]
+    assert rejected and {r["engine"] for r in rejected} == {"gemini"}
+    assert all(r["state"] == "CreditsExhausted" and "resets_at" not in r for r in rejected)
+    assert all("prepayment credits are depleted" in r["detail"] for r in rejected)
+    accepted = [e["payload"] for e in events if e["kind"] == "HandoffAccepted"]
+    assert accepted and all(a["from"] == "gemini" and a["to"] == "backup" for a in accepted)
