@@ -2,8 +2,7 @@
 starts, never in the step's worktree.
 
 Gemini CLI 0.61 reads its user settings from ``$GEMINI_CLI_HOME/.gemini/settings.json``
-(``GEMINI_CLI_HOME`` defaults to the user's home). Two of them decide whether a headless run
-starts at all:
+(``GEMINI_CLI_HOME`` defaults to the user's home). Two of them matter to a headless run:
 
 * ``security.auth.selectedType``: without it the CLI takes the auth type from the
   environment, and ``GOOGLE_GEMINI_BASE_URL`` alone makes that the ``gateway`` type, which
