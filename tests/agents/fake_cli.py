@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-QUOTA = "TerminalQuotaError: 429 RESOURCE_EXHAUSTED:"
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
 
 
@@ -86,6 +85,7 @@ def parser(cli: str) -> argparse.ArgumentParser:
         p.add_argument("-p", "--prompt", dest="prompt", required=True)
         p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
         p.add_argument("--yolo", action="store_true")
+        p.add_argument("--skip-trust", action="store_true")
         p.add_argument("-m", "--model")
     else:
         p.add_argument("--message", dest="prompt", required=True)
@@ -345,28 +345,104 @@ def codex(scenario: str, args: argparse.Namespace) -> None:
 
 
 def gemini(scenario: str, args: argparse.Namespace) -> None:
+    if not (args.skip_trust or os.environ.get("GEMINI_CLI_TRUST_WORKSPACE") == "true"):
+        print(f"\x1b[31m{GEMINI_UNTRUSTED}\x1b[0m", file=sys.stderr)  # as 0.61 refuses it
+        sys.exit(55)
     init = {"type": "init", "session_id": "g-1", "model": "gemini-2.5-pro"}
     if _common(scenario, init):
         return
     emit(init)
-    fail = {
-        "window": f"{QUOTA} rate limit. RetryInfo retryDelay: 3600s",
-        "credits": f"{QUOTA} You have exhausted your daily quota",
-        "auth": "Error: 401 UNAUTHENTICATED. Please log in again.",
-    }
-    if scenario in fail:
-        print(fail[scenario], file=sys.stderr)
-        sys.exit(1)
+    emit({"type": "message", "role": "user", "content": args.prompt})
+    if scenario in GEMINI_FAULTS:
+        kind, message, props, status = GEMINI_FAULTS[scenario]
+        print(_gemini_record(kind, message, props), file=sys.stderr)
+        error = {"type": "unknown", "message": f"[API Error: {message}]"}
+        emit({"type": "result", "status": "error", "error": error, "stats": _gemini_stats(0)})
+        sys.exit(status % 256)  # 0.61 exits with the API error's HTTP status
     result, files = (
         work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
     )
     for path in files:
-        emit({"type": "tool_use", "tool_name": "write_file", "parameters": {"file_path": path}})
-        emit({"type": "tool_result", "status": "success"})
+        parameters = {"file_path": str(Path.cwd() / path), "content": "..."}
+        emit(
+            {
+                "type": "tool_use",
+                "tool_name": "write_file",
+                "tool_id": "w1",
+                "parameters": parameters,
+            }
+        )
+        emit({"type": "tool_result", "tool_id": "w1", "status": "success"})
     pause()
-    emit({"type": "message", "role": "assistant", "content": fenced(result)})
-    stats = {"input_tokens": 800, "output_tokens": 150, "total_tokens": 950, "tool_calls": 1}
-    emit({"type": "result", "status": "success", "stats": stats})
+    emit({"type": "message", "role": "assistant", "content": fenced(result), "delta": True})
+    emit({"type": "result", "status": "success", "stats": _gemini_stats(950)})
+
+
+GEMINI_UNTRUSTED = (
+    "Gemini CLI is not running in a trusted directory. To proceed, either use `--skip-trust`, "
+    "set the `GEMINI_CLI_TRUST_WORKSPACE=true` environment variable, or trust this directory "
+    "in interactive mode."
+)
+_KEY = "API key not valid. Please pass a valid API key."
+GEMINI_FAULTS: dict[str, tuple[str, str, str, int]] = {
+    # a 429 whose RetryInfo says 3600 s: past 300 s the CLI makes it terminal, with the delay
+    "window": (
+        "TerminalQuotaError",
+        "You exceeded your current quota, please check your plan and billing details.\n"
+        "Suggested retry after 3600s.",
+        "  retryDelayMs: 3600000,\n  status: 429",
+        429,
+    ),
+    "credits": (
+        "TerminalQuotaError",
+        "You have exhausted your daily quota on this model.",
+        "  status: 429",
+        429,
+    ),
+    "auth": (
+        "_ApiError",
+        json.dumps(
+            {
+                "error": {
+                    "code": 400,
+                    "message": _KEY,
+                    "status": "INVALID_ARGUMENT",
+                    "details": [
+                        {
+                            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "API_KEY_INVALID",
+                            "domain": "googleapis.com",
+                        }
+                    ],
+                }
+            }
+        ),
+        "  status: 400",
+        400,
+    ),
+}
+
+
+def _gemini_record(kind: str, message: str, props: str) -> str:
+    """The error record 0.61 writes on stderr when the chat turn fails: the class and its
+    message, the stack, the error's own fields."""
+    return (
+        "Error when talking to Gemini API Full report available at: "
+        f"/tmp/gemini-client-error-Turn.run-sendMessageStream.json {kind}: {message}\n"
+        "    at retryWithBackoff (file:///gemini/bundle/chunk.js:1:1) {\n"
+        f"{props}\n}}"
+    )
+
+
+def _gemini_stats(tokens: int) -> dict[str, Any]:
+    return {
+        "total_tokens": tokens,
+        "input_tokens": tokens * 8 // 10,
+        "output_tokens": tokens - tokens * 8 // 10,
+        "cached": 0,
+        "duration_ms": 1200,
+        "tool_calls": 1 if tokens else 0,
+    }
 
 
 # -- aider -----------------------------------------------------------------------------------
