@@ -43,6 +43,7 @@ cannot reach ("Reconnecting... waiting for network"): the timeout is always enfo
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Mapping
@@ -56,6 +57,7 @@ from actors.agents.base import EngineTask, EngineVerdict
 from actors.agents.cli import CliAdapter, Reading, Streamed, fault, json_lines
 from actors.agents.plans import Plan
 from actors.agents.process import Exit
+from actors.agents.roster import AgentSpec
 from workflows.capacity import AuthenticationFailed, CreditsExhausted, Exhausted
 from workflows.strict_schema import StrictAnswerError, decode, project, with_failure_report
 
@@ -76,12 +78,22 @@ _STDERR_ERROR = re.compile(r"^\s*(?:error|fatal)\b|^\s*\S*error:", re.IGNORECASE
 
 class CodexAdapter(CliAdapter):
     adapter = "codex"
+    root: Path | None = None  # the run's directory: Codex names the files it edits absolutely
+
+    def __init__(self, spec: AgentSpec, *, worker_env: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(spec, worker_env=worker_env, **kwargs)
+        if "TZ" not in self._env and worker_env.get("TZ"):
+            self._env = {**self._env, "TZ": worker_env["TZ"]}  # Codex prints its resets in it
 
     def run(self, task: EngineTask) -> EngineVerdict:
+        """The shared run, on a copy bound to the run's directory (so the files Codex reports
+        are named as git names them, once each, by the watcher's reads and the verdict's)."""
         problem = self.home_problem()
         if problem is not None:
             return fault(f"engine {self.spec.id}: {problem}")
-        return super().run(task)
+        bound = copy.copy(self)
+        bound.root = task.workdir or task.worktree
+        return CliAdapter.run(bound, task)
 
     def home_problem(self) -> str | None:
         """Why the engine's ``CODEX_HOME`` cannot work: Codex 0.171 does not set up its
@@ -132,7 +144,7 @@ class CodexAdapter(CliAdapter):
         failures: list[str] = []
         ended = ""
         for event in events:
-            ended = _event(reading, event, failures) or ended
+            ended = _event(reading, event, failures, self.root) or ended
         if failures and ended != "completed":
             text = "\n".join(dict.fromkeys(failures))
             reading.capacity = self.capacity(text)
@@ -208,7 +220,9 @@ def _first_line(text: str, pattern: re.Pattern[str]) -> str:
     return text[start : end if end >= 0 else len(text)].strip()[:300]
 
 
-def _event(reading: Reading, event: Mapping[str, Any], failures: list[str]) -> str | None:
+def _event(
+    reading: Reading, event: Mapping[str, Any], failures: list[str], root: Path | None
+) -> str | None:
     """Reads one event into ``reading``; ``completed`` / ``failed`` when it ends a turn."""
     kind = event.get("type")
     if kind == "thread.started":
@@ -220,7 +234,7 @@ def _event(reading: Reading, event: Mapping[str, Any], failures: list[str]) -> s
         reading.output_tokens += int(usage.get("output_tokens") or 0)
         return "completed"
     elif kind == "item.completed":
-        _item(reading, event.get("item") or {})
+        _item(reading, event.get("item") or {}, root)
     elif kind == "turn.failed":
         error = event.get("error") or {}
         failures.append(str(error.get("message", error) if isinstance(error, dict) else error))
@@ -230,7 +244,7 @@ def _event(reading: Reading, event: Mapping[str, Any], failures: list[str]) -> s
     return None
 
 
-def _item(reading: Reading, item: Mapping[str, Any]) -> None:
+def _item(reading: Reading, item: Mapping[str, Any], root: Path | None) -> None:
     kind = item.get("type")
     if kind == "agent_message":
         reading.text = str(item.get("text", ""))
@@ -241,4 +255,17 @@ def _item(reading: Reading, item: Mapping[str, Any]) -> None:
     elif kind == "file_change" and item.get("status") != "failed":
         for change in item.get("changes") or []:
             if isinstance(change, dict) and isinstance(change.get("path"), str):
-                reading.files.append(change["path"])
+                reading.files.append(_relative(change["path"], root))
+
+
+def _relative(path: str, root: Path | None) -> str:
+    """``path`` relative to the run's directory when it lies inside it (as git names it)."""
+    if root is None or not Path(path).is_absolute():
+        return path
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        try:
+            return str(Path(path).resolve().relative_to(root.resolve()))
+        except (ValueError, OSError):
+            return path
