@@ -7,6 +7,11 @@ tells a user: an engine ``env`` with ``CODEX_HOME`` (a ``config.toml`` naming a
 * conformance passes through ``vibey doctor --conformance --record`` and is recorded; the
   schema Codex sends is strict (the server refuses one that is not, as the API does: before the
   projection, every Codex run failed here);
+* a whole protocol workflow (the demo script, two work items) runs on the real Codex through
+  the real stack (worker, ``vibey workflow start --engines codex``, gates answered): it
+  completes with one attempt per step, and its ledger holds each turn's evidence (TurnRequested
+  and TurnCompleted, ToolInvoked, FileEdited once per file, BudgetSpent, TranscriptRecorded)
+  and verifies;
 * each fault class is classified as its real message means: a usage limit is a window with
   Codex's reset time (a local clock time, in the engine's ``TZ``), a retried-out 429 a window,
   an exhausted quota spent credits, a bad key an authentication failure; and a project
@@ -19,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,6 +38,8 @@ from actors.agents.codex import CodexAdapter
 from actors.agents.lease import WorktreeLease
 from actors.agents.roster import AgentSpec, parse_roster
 from actors.worktrees import Workspace
+from tests.acceptance.stack import Stack, declare_topology, stack
+from tests.amqp_fixtures import Amqp
 from tests.real_cli.conftest import ROOT, cli_version
 from tests.real_cli.openai_responses_api import API_KEY, ResponsesApi, serve
 from workflows.capacity import CapacityKind, decode_state
@@ -243,3 +251,58 @@ def test_an_unreachable_server_is_an_engine_fault_at_the_timeout(
     verdict = run_step(spec, tmp_path / "billing-401")
     assert verdict.status == "failed" and verdict.engine_fault, verdict
     assert "hung past its 10 s timeout" in verdict.detail
+
+
+SCRIPT = """
+[design]
+questions = [{ id = "audience", question = "Who is it for?", answers = [] }]
+
+[build]
+work_items = [{ id = "a1", title = "one" }, { id = "a2", title = "two" }]
+"""
+
+
+@pytest.fixture
+def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
+    declare_topology(pg_url, amqp)
+    with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
+        yield running
+
+
+def test_a_protocol_workflow_completes_on_the_real_codex(
+    real_cli_bin: Path,
+    api: tuple[ResponsesApi, str],
+    e2e: Stack,
+    pg_url: str,
+    tmp_path: Path,
+) -> None:
+    server, url = api
+    config = tmp_path / "vibey.toml"
+    config.write_text(engine_toml(real_cli_bin / "codex", codex_home(tmp_path / "codex", url)))
+    (tmp_path / "script.toml").write_text(SCRIPT)
+    e2e.config = config
+    done = e2e.vibey("doctor", "--conformance", "--record", "--json", check=False, timeout=180)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    e2e.start_worker()
+    script = str(tmp_path / "script.toml")
+    e2e.vibey("workflow", "start", "demo", "--engines", "codex", "--script", script)
+    final = e2e.drive(["demo"], deadline_s=600)["demo"]["workflow"]
+    assert final["status"] == "completed", final
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        jobs = conn.execute(
+            "SELECT kind, subject, attempts FROM job WHERE engine_id = 'codex'"
+        ).fetchall()
+    assert jobs and all(attempts == 1 for _kind, _subject, attempts in jobs), jobs
+    implemented = [subject for kind, subject, _ in jobs if kind == "build.implement"]
+    assert len(implemented) == 2, jobs
+    assert "digests match" in e2e.vibey("ledger", "verify", "demo").stdout
+    events: list[dict[str, Any]] = e2e.every("ledger", "show", "demo")
+    kinds = Counter(e["kind"] for e in events)
+    for kind in ("TurnRequested", "TurnCompleted", "BudgetSpent", "TranscriptRecorded"):
+        assert kinds[kind] >= len(jobs), kinds
+    assert kinds["ToolInvoked"] >= len(implemented), kinds  # each implement's shell command
+    edited = Counter(
+        e["payload"]["path"] for e in events if e["kind"] == "FileEdited"
+    )  # once per file: Codex's absolute path and git's relative one are one file
+    assert edited == Counter({"src/a1.txt": 1, "src/a2.txt": 1}), edited
+    assert len(server.turns()) >= 3 * len(implemented)
