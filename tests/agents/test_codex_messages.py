@@ -141,6 +141,19 @@ def test_a_usage_limit_on_another_day_carries_its_date(tmp_path: Path) -> None:
     assert reading.capacity.resets_at == datetime(2030, 12, 4, 7, 15, tzinfo=UTC)
 
 
+def test_a_rate_limit_in_the_stream_is_a_window_until_the_apis_reset(tmp_path: Path) -> None:
+    message = (
+        "rate limit exceeded: Rate limit reached for gpt-5.5 in organization org-vibeytest on "
+        "tokens per min (TPM): Limit 30000, Used 29500, Requested 1500. Please try again in "
+        "20s. Visit https://platform.openai.com/account/rate-limits to learn more."
+    )
+    before = datetime.now(UTC)
+    reading = adapter(tmp_path).read(failed(message), "", 1)
+    assert isinstance(reading.capacity, WindowExhausted)
+    assert before + timedelta(seconds=20) <= reading.capacity.resets_at
+    assert reading.capacity.resets_at <= datetime.now(UTC) + timedelta(seconds=20)
+
+
 @pytest.mark.parametrize(
     "message",
     [

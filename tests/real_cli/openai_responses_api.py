@@ -16,6 +16,9 @@ It records every request (:attr:`ResponsesApi.requests`), refuses what the real 
                  ChatGPT backend's body; Codex says "You've hit your usage limit. Try again at
                  8:15 AM.")
 ``rate_limit``   429 ``rate_limit_exceeded`` ("… Please try again in 20s."), ``retry-after``
+``rate_limit_stream`` a 200 stream that ends in ``response.failed`` with
+                 ``rate_limit_exceeded`` (the API's mid-stream rate limit; Codex reads its
+                 "Please try again in 20s." and retries ``stream_max_retries`` times)
 ``quota``        429 ``insufficient_quota`` ("You exceeded your current quota, please check
                  your plan and billing details. …")
 
@@ -48,6 +51,11 @@ from workflows.strict_schema import encode, strict_problem, with_failure_report
 
 API_KEY = "sk-vibey-test-0123456789"
 PLAN = re.compile(r"(/\S+/\.vibey/plans/[^\s)`'\"]+\.json)")
+RATE_LIMITED = (
+    "Rate limit reached for gpt-5.5 in organization org-vibeytest on tokens per min (TPM): "
+    "Limit 30000, Used 29500, Requested 1500. Please try again in 20s. Visit "
+    "https://platform.openai.com/account/rate-limits to learn more."
+)
 USAGE = {
     "input_tokens": 1200,
     "input_tokens_details": {"cached_tokens": 200},
@@ -104,6 +112,9 @@ class _Handler(BaseHTTPRequestHandler):
         refused = _refusal(api, self.headers.get("authorization", ""), body)
         if refused is not None:
             self._json(*refused)
+            return
+        if api.mode == "rate_limit_stream":
+            self._stream(_failed(RATE_LIMITED, "rate_limit_exceeded"))
             return
         self._stream(_step(body))
 
@@ -191,13 +202,8 @@ def _fault(api: ResponsesApi) -> tuple[int, dict[str, Any], dict[str, str]] | No
         }
         return 429, body, {}
     if api.mode == "rate_limit":
-        message = (
-            "Rate limit reached for gpt-5.5 in organization org-vibeytest on tokens per min "
-            "(TPM): Limit 30000, Used 29500, Requested 1500. Please try again in 20s. Visit "
-            "https://platform.openai.com/account/rate-limits to learn more."
-        )
         headers = {"retry-after": "20", "x-ratelimit-reset-tokens": "20s"}
-        return 429, _error(message, "tokens", "rate_limit_exceeded"), headers
+        return 429, _error(RATE_LIMITED, "tokens", "rate_limit_exceeded"), headers
     if api.mode == "quota":
         message = (
             "You exceeded your current quota, please check your plan and billing details. For "
@@ -266,6 +272,17 @@ def _answer(plan: dict[str, Any] | None, body: dict[str, Any]) -> str:
     answer = encode(result, with_failure_report(declared))
     Draft202012Validator(fmt["schema"]).validate(answer)  # a strict model answers only this
     return json.dumps(answer)
+
+
+def _failed(message: str, code: str) -> list[dict[str, Any]]:
+    """A stream the API ends with ``response.failed``."""
+    response = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    error = {"code": code, "message": message}
+    failed = {**response, "status": "failed", "error": error}
+    return [
+        {"type": "response.created", "response": response},
+        {"type": "response.failed", "response": failed},
+    ]
 
 
 def _message(text: str) -> dict[str, Any]:

@@ -200,6 +200,20 @@ def test_a_usage_limit_is_a_window_until_the_time_codex_prints(
     assert "usage limit" in state.detail
 
 
+def test_a_rate_limit_in_the_stream_is_a_window_until_the_apis_reset(
+    real_cli_bin: Path, api: tuple[ResponsesApi, str], tmp_path: Path
+) -> None:
+    server, url = api
+    server.mode = "rate_limit_stream"
+    spec = spec_of(engine_toml(real_cli_bin / "codex", codex_home(tmp_path / "codex", url)))
+    before = datetime.now(UTC)
+    state = capacity(run_step(spec, tmp_path / "billing-api"))
+    after = datetime.now(UTC)
+    assert state.kind is CapacityKind.WINDOW_EXHAUSTED
+    assert before + timedelta(seconds=20) <= state.resets_at <= after + timedelta(seconds=20)
+    assert state.detail.startswith("rate limit exceeded: Rate limit reached")
+
+
 def test_a_429_retried_out_is_a_window_of_unknown_reset(
     real_cli_bin: Path, api: tuple[ResponsesApi, str], tmp_path: Path
 ) -> None:
