@@ -43,7 +43,6 @@ cannot reach ("Reconnecting... waiting for network"): the timeout is always enfo
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Mapping
@@ -78,7 +77,6 @@ _STDERR_ERROR = re.compile(r"^\s*(?:error|fatal)\b|^\s*\S*error:", re.IGNORECASE
 
 class CodexAdapter(CliAdapter):
     adapter = "codex"
-    root: Path | None = None  # the run's directory: Codex names the files it edits absolutely
 
     def __init__(self, spec: AgentSpec, *, worker_env: Mapping[str, str], **kwargs: Any) -> None:
         super().__init__(spec, worker_env=worker_env, **kwargs)
@@ -86,14 +84,10 @@ class CodexAdapter(CliAdapter):
             self._env = {**self._env, "TZ": worker_env["TZ"]}  # Codex prints its resets in it
 
     def run(self, task: EngineTask) -> EngineVerdict:
-        """The shared run, on a copy bound to the run's directory (so the files Codex reports
-        are named as git names them, once each, by the watcher's reads and the verdict's)."""
         problem = self.home_problem()
         if problem is not None:
             return fault(f"engine {self.spec.id}: {problem}")
-        bound = copy.copy(self)
-        bound.root = task.workdir or task.worktree
-        return CliAdapter.run(bound, task)
+        return super().run(task)
 
     def home_problem(self) -> str | None:
         """Why the engine's ``CODEX_HOME`` cannot work: Codex 0.171 does not set up its
@@ -144,7 +138,7 @@ class CodexAdapter(CliAdapter):
         failures: list[str] = []
         ended = ""
         for event in events:
-            ended = _event(reading, event, failures, self.root) or ended
+            ended = _event(reading, event, failures) or ended
         if failures and ended != "completed":
             text = "\n".join(dict.fromkeys(failures))
             reading.capacity = self.capacity(text)
@@ -220,9 +214,7 @@ def _first_line(text: str, pattern: re.Pattern[str]) -> str:
     return text[start : end if end >= 0 else len(text)].strip()[:300]
 
 
-def _event(
-    reading: Reading, event: Mapping[str, Any], failures: list[str], root: Path | None
-) -> str | None:
+def _event(reading: Reading, event: Mapping[str, Any], failures: list[str]) -> str | None:
     """Reads one event into ``reading``; ``completed`` / ``failed`` when it ends a turn."""
     kind = event.get("type")
     if kind == "thread.started":
@@ -234,7 +226,7 @@ def _event(
         reading.output_tokens += int(usage.get("output_tokens") or 0)
         return "completed"
     elif kind == "item.completed":
-        _item(reading, event.get("item") or {}, root)
+        _item(reading, event.get("item") or {})
     elif kind == "turn.failed":
         error = event.get("error") or {}
         failures.append(str(error.get("message", error) if isinstance(error, dict) else error))
@@ -244,7 +236,7 @@ def _event(
     return None
 
 
-def _item(reading: Reading, item: Mapping[str, Any], root: Path | None) -> None:
+def _item(reading: Reading, item: Mapping[str, Any]) -> None:
     kind = item.get("type")
     if kind == "agent_message":
         reading.text = str(item.get("text", ""))
@@ -255,17 +247,4 @@ def _item(reading: Reading, item: Mapping[str, Any], root: Path | None) -> None:
     elif kind == "file_change" and item.get("status") != "failed":
         for change in item.get("changes") or []:
             if isinstance(change, dict) and isinstance(change.get("path"), str):
-                reading.files.append(_relative(change["path"], root))
-
-
-def _relative(path: str, root: Path | None) -> str:
-    """``path`` relative to the run's directory when it lies inside it (as git names it)."""
-    if root is None or not Path(path).is_absolute():
-        return path
-    try:
-        return str(Path(path).relative_to(root))
-    except ValueError:
-        try:
-            return str(Path(path).resolve().relative_to(root.resolve()))
-        except (ValueError, OSError):
-            return path
+                reading.files.append(change["path"])  # absolute: cli.edited relativises
