@@ -10,7 +10,7 @@ is :class:`AuthenticationFailed`.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 from workflows.capacity import AuthenticationFailed, CreditsExhausted, Exhausted, WindowExhausted
@@ -60,6 +60,54 @@ def reset_time(value: Any, at: datetime | None = None) -> datetime | None:
         return at + timedelta(seconds=float(retry.group(1)))
     iso = _ISO.search(value)
     return _iso(iso.group(0)) if iso else None
+
+
+_CLOCK = re.compile(
+    r"try again at (?:(?P<month>[A-Za-z]{3}) (?P<day>\d{1,2})(?:st|nd|rd|th)?,? (?P<year>\d{4}),? "
+    r"(?:at )?)?(?P<hour>\d{1,2}):(?P<minute>\d{2}) ?(?P<half>[AaPp]\.?[Mm]\.?)",
+    re.IGNORECASE,
+)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+CLOCK_GRACE = timedelta(minutes=1)  # a clock time is printed to the minute, seconds dropped
+
+
+def clock_reset(
+    text: str, at: datetime | None = None, zone: tzinfo | None = None
+) -> datetime | None:
+    """The reset a CLI prints as a local clock time, in UTC: "try again at 8:15 AM." (the next
+    occurrence of that time of day in ``zone``; one up to :data:`CLOCK_GRACE` past is today's)
+    or "try again at Dec 4th, 2026 8:15 AM." (that day). ``zone``: the zone the CLI printed
+    in; ``None`` is this process's local zone (the system's, or ``TZ``). ``None`` when
+    ``text`` holds no such time."""
+    match = _CLOCK.search(text)
+    if match is None:
+        return None
+    hour, minute = int(match["hour"]), int(match["minute"])
+    if not (1 <= hour <= 12 and minute < 60):
+        return None
+    hour = hour % 12 + (12 if match["half"][0] in "Pp" else 0)
+    at = at or now()
+    if match["month"]:
+        month = match["month"].lower()
+        if month not in _MONTHS:
+            return None
+        try:
+            day = datetime(int(match["year"]), _MONTHS.index(month) + 1, int(match["day"]))
+        except ValueError:
+            return None
+        return _local(day.replace(hour=hour, minute=minute), zone)
+    today = at.astimezone(zone) if zone is not None else at.astimezone()
+    naive = today.replace(tzinfo=None, hour=hour, minute=minute, second=0, microsecond=0)
+    candidate = _local(naive, zone)
+    if candidate < at - CLOCK_GRACE:
+        candidate = _local(naive + timedelta(days=1), zone)
+    return candidate
+
+
+def _local(naive: datetime, zone: tzinfo | None) -> datetime:
+    """A wall-clock time in ``zone`` (None: the local zone), as UTC."""
+    local = naive.replace(tzinfo=zone) if zone is not None else naive.astimezone()
+    return local.astimezone(UTC)
 
 
 def _iso(text: str) -> datetime | None:

@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from workflows.strict_schema import encode, strict_problem, with_failure_report
+
 ROOT = Path(__file__).resolve().parents[2]
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
 
@@ -310,35 +312,74 @@ def _claude_result(text: str, *, is_error: bool) -> dict[str, Any]:
 
 
 def codex(scenario: str, args: argparse.Namespace) -> None:
+    """codex 0.171 as the real one behaves behind the Responses API (tests/real_cli): a
+    non-strict ``--output-schema`` is refused as the API refuses it, the answer is of the
+    strict schema's shape, and its failures are the real messages (a usage limit's reset a
+    local clock time, in the process's ``TZ``)."""
     started = {"type": "thread.started", "thread_id": "th-1"}
     if _common(scenario, started):
         return
     emit(started)
     emit({"type": "turn.started"})
+    refused = _codex_schema_refusal(args.output_schema)
+    reset = datetime.fromtimestamp(int(os.environ.get("FAKE_RESET", RESET)), UTC).astimezone()
     fail = {
-        "window": "You've hit your usage limit. Upgrade or try again at 2030-03-17T17:46:40Z.",
+        "window": "You’ve hit your usage limit. Upgrade to Pro (https://chatgpt.com/explore/pro), "
+        "visit https://chatgpt.com/settings/usage to purchase more credits or try again at "
+        f"{_codex_clock(reset)}.",
         "credits": "Quota exceeded. Check your plan and billing details.",
-        "auth": "unexpected status 401 Unauthorized: Missing bearer authentication",
+        "auth": "unexpected status 401 Unauthorized: Incorrect API key provided: sk-***9. You "
+        "can find your API key at https://platform.openai.com/account/api-keys., url: "
+        "https://api.openai.com/v1/responses, request id: req_1",
     }
-    if scenario in fail:
-        emit({"type": "error", "message": fail[scenario]})
-        emit({"type": "turn.failed", "error": {"message": fail[scenario]}})
+    message = refused or fail.get(scenario)
+    if message:
+        emit({"type": "error", "message": message})
+        emit({"type": "turn.failed", "error": {"message": message}})
         sys.exit(1)
-    result, files = (
-        work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
-    )
+    plan = plan_of(args.prompt) if scenario == "success" else None
+    result, files = work(plan) if plan else ({"status": "done"}, [])
     if files:
-        changes = [{"path": f, "kind": "add"} for f in files]
-        emit({"type": "item.completed", "item": {"type": "file_change", "changes": changes}})
+        changes = [{"path": str(Path.cwd() / f), "kind": "add"} for f in files]
+        item = {"type": "file_change", "changes": changes, "status": "completed"}
+        emit({"type": "item.completed", "item": item})
     command = {"type": "command_execution", "command": "ls", "exit_code": 0, "status": "completed"}
     emit({"type": "item.completed", "item": command})
     pause()
-    message = json.dumps(result)
-    emit({"type": "item.completed", "item": {"type": "agent_message", "text": message}})
+    declared = (plan or {}).get("result_schema") or {"type": "object"}
+    answer = json.dumps(encode(result, with_failure_report(declared)))
+    emit({"type": "item.completed", "item": {"type": "agent_message", "text": answer}})
     usage = {"input_tokens": 900, "cached_input_tokens": 0, "output_tokens": 210}
     emit({"type": "turn.completed", "usage": usage})
     if args.last:
-        Path(args.last).write_text(message)
+        Path(args.last).write_text(answer)
+
+
+def _codex_schema_refusal(path: str | None) -> str | None:
+    """The API's 400 for a schema outside the strict subset, as Codex reports it."""
+    if not path:
+        return None
+    found = strict_problem(json.loads(Path(path).read_text()))
+    if found is None:
+        return None
+    error = {
+        "message": f"Invalid schema for response_format 'codex_output_schema': {found}",
+        "type": "invalid_request_error",
+        "param": "text.format.schema",
+        "code": "invalid_json_schema",
+    }
+    return json.dumps({"error": error})
+
+
+def _codex_clock(at: datetime) -> str:
+    """A reset as Codex prints it (codex-rs ``format_retry_timestamp``): "8:15 AM" today,
+    "Dec 4th, 2026 8:15 AM" another day, in local time."""
+    clock = f"{at.hour % 12 or 12}:{at.minute:02d} {'AM' if at.hour < 12 else 'PM'}"
+    if at.date() == datetime.now(at.tzinfo).date():
+        return clock
+    day = at.day
+    suffix = "th" if 11 <= day <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return f"{at.strftime('%b')} {day}{suffix}, {at.year} {clock}"
 
 
 # -- gemini ----------------------------------------------------------------------------------

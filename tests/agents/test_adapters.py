@@ -127,6 +127,8 @@ def test_a_window_limit_is_window_exhausted_with_the_reset(
         assert 0 < (state.resets_at - datetime.now(UTC)).total_seconds() <= 61
     elif adapter == "gemini":  # "retryDelay: 3600s"
         assert 3500 < (state.resets_at - datetime.now(UTC)).total_seconds() <= 3601
+    elif adapter == "codex":  # "try again at Mar 17th, 2030 5:46 PM.": the minute, local time
+        assert state.resets_at == datetime.fromtimestamp(RESET - RESET % 60, UTC)
     else:
         assert state.resets_at == datetime.fromtimestamp(RESET, UTC)
     assert "CapacityRejected" in kinds(verdict)
