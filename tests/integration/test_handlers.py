@@ -92,11 +92,11 @@ def handlers(pool: ConnectionPool, tmp_path: Path) -> Handlers:
     return build_handlers(HandlerContext(pool=pool, workspace=tmp_path))
 
 
-def test_all_25_names_are_registered_and_aliases_share_their_kind_handler(
+def test_all_26_names_are_registered_and_aliases_share_their_kind_handler(
     handlers: Handlers,
 ) -> None:
     assert set(handlers) == STEP_KINDS.names() - {"workflow.timer"}
-    assert len(handlers) == 25
+    assert len(handlers) == 26
     for alias, kind in STEP_KINDS.aliases.items():
         assert handlers[alias] == handlers[kind]
 
