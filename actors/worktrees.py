@@ -13,12 +13,20 @@ an exclusive ``flock`` on the project's lock file, so parallel implement jobs on
 threads or processes) never race on git's own lock files. :meth:`Workspace.integrate` does not
 serialise itself: its caller holds the per project and cycle lock (see ``actors.handlers``).
 
+The merge queue (:mod:`workflows.merge_queue`): :meth:`Workspace.merge_queue` merges a cycle's
+items one at a time, in the order given, and reports each one that conflicts (its files, and
+the items already merged that changed them) instead of stopping there; :meth:`start_resolve`
+merges the integration branch into a conflicting item's worktree, leaving the conflict for an
+engine (or a person) to resolve, and :func:`finish_resolve` commits the resolution once no
+conflict marker is left (:func:`abort_resolve` drops it).
+
 Exceptions::
 
     WorkspaceError              a name that cannot be a path or a branch, or a git call failed
     ├── GitError                a git command exited non-zero (its arguments and stderr kept)
     ├── UnknownBranchError      integrate was asked for an item branch that does not exist
-    └── MergeConflictError      an item branch does not merge cleanly (the merge was aborted)
+    ├── MergeConflictError      an item branch does not merge cleanly (the merge was aborted)
+    └── UnresolvedError         a resolution left conflict markers, or did not merge
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from workflows.merge_queue import Conflict, Pass, merge_pass
 
 MAIN_BRANCH = "main"
 INTEGRATION_BRANCH = "vibey/integration"
@@ -67,6 +77,15 @@ class MergeConflictError(WorkspaceError):
             f"{stderr.strip()[-500:]}"
         )
         self.branch = branch
+
+
+class UnresolvedError(WorkspaceError):
+    def __init__(self, item: str, detail: str) -> None:
+        super().__init__(f"the conflict of item {item!r} is not resolved: {detail}")
+        self.item = item
+
+
+_MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -189,6 +208,47 @@ class Workspace:
             _merge(path, item, branch, cycle)
         return head(path)
 
+    def merge_queue(self, project: str, cycle: int, items: Sequence[str]) -> Pass:
+        """One pass of the merge queue: each item's branch of ``cycle`` merged into the
+        integration branch in the order of ``items`` (those merged already are no-ops); one
+        that conflicts is left out (the merge aborted) and reported, and the pass goes on.
+
+        Not serialised here: the caller holds the project and cycle's integration lock."""
+        path = self.integrated(project)
+        _clean(path)
+
+        def merge(item: str) -> Conflict | None:
+            return _try_merge(path, cycle, item, items)
+
+        return merge_pass(list(items), merge)
+
+    def start_resolve(self, project: str, cycle: int, item: str) -> tuple[Path, tuple[str, ...]]:
+        """The item's worktree with the integration branch merged into its branch: the files
+        left in conflict (none: it merged cleanly and is committed). A merge an earlier
+        attempt left unfinished is dropped first."""
+        path = self.worktree(project, cycle, item)
+        self.integrated(project)  # the integration branch exists
+        _clean(path)
+        message = f"vibey: merge {INTEGRATION_BRANCH} into {item_branch(cycle, item)}"
+        try:
+            git(
+                path,
+                "merge",
+                "--quiet",
+                "--no-ff",
+                "--no-verify",
+                "-m",
+                message,
+                INTEGRATION_BRANCH,
+            )
+        except GitError:
+            files = _unmerged(path)
+            if not files:
+                _clean(path)
+                raise
+            return path, files
+        return path, ()
+
     def diff_stat(self, project: str) -> str:
         """What the integrated tree changed since main, as ``git diff --stat`` sums it up
         (its last line, as in "3 files changed, 40 insertions(+)"; "" for no change)."""
@@ -298,21 +358,96 @@ def _ensure_worktree(repo: Path, path: Path, branch: str) -> None:
 def _clean(path: Path) -> None:
     """Drops what an interrupted merge left behind; the integration branch only ever holds
     finished merges, so its HEAD is the state to return to."""
-    if (
-        subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", "MERGE_HEAD"],
-            cwd=path,
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    ):
+    if _in_merge(path):
         git(path, "merge", "--abort")
     git(path, "reset", "--quiet", "--hard", "HEAD")
     git(path, "clean", "--quiet", "-fd")
 
 
-def _merge(path: Path, item: str, branch: str, cycle: int) -> None:
+def _unmerged(path: Path) -> tuple[str, ...]:
+    """The paths git left in conflict (unmerged in the index), sorted."""
+    listed = git(path, "diff", "--name-only", "--diff-filter=U")
+    return tuple(sorted(line for line in listed.splitlines() if line))
+
+
+def _is_ancestor(path: Path, ancestor: str, of: str = "HEAD") -> bool:
+    done = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", ancestor, of],
+        cwd=path,
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def _try_merge(path: Path, cycle: int, item: str, items: Sequence[str]) -> Conflict | None:
+    """Merges ``item``'s branch into the integration tree at ``path``; the conflict instead
+    when it does not merge: its files, and which of ``items`` (merged already) changed them."""
+    branch = item_branch(cycle, item)
+    try:
+        _merge(path, item, branch, cycle, keep=True)
+    except MergeConflictError:
+        files = _unmerged(path)
+        _clean(path)
+        against = tuple(
+            other
+            for other in items
+            if other != item
+            and _has_branch(path, item_branch(cycle, other))
+            and _is_ancestor(path, item_branch(cycle, other))
+            and set(files) & set(_changed(path, branch, item_branch(cycle, other)))
+        )
+        return Conflict(item, files, against)
+    return None
+
+
+def _changed(path: Path, base: str, branch: str) -> list[str]:
+    """The files ``branch`` changed since it and ``base`` parted."""
+    return git(path, "diff", "--name-only", f"{base}...{branch}").splitlines()
+
+
+def finish_resolve(worktree: Path, item: str, files: Sequence[str], message: str) -> str:
+    """Commits a resolved merge of the integration branch in the item's ``worktree`` (or
+    accepts the one the engine committed); the commit. Raises :class:`UnresolvedError` when a
+    conflicting file still has a conflict marker or the integration branch is not merged."""
+    marked = [f for f in files if _has_markers(worktree / f)]
+    if marked:
+        raise UnresolvedError(item, f"conflict markers are left in {', '.join(marked)}")
+    if _in_merge(worktree):
+        git(worktree, "add", "--all")
+        git(worktree, "commit", "--quiet", "--no-verify", "-m", message)
+    else:
+        commit_all(worktree, message)
+    if not _is_ancestor(worktree, INTEGRATION_BRANCH):
+        raise UnresolvedError(item, f"{INTEGRATION_BRANCH} is not merged into its branch")
+    return head(worktree)
+
+
+def abort_resolve(worktree: Path) -> None:
+    """Drops an unfinished resolution: the item's branch stays as it was."""
+    _clean(worktree)
+
+
+def _has_markers(path: Path) -> bool:
+    try:
+        return _MARKER.search(path.read_text(encoding="utf-8", errors="replace")) is not None
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+
+
+def _in_merge(path: Path) -> bool:
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", "MERGE_HEAD"],
+        cwd=path,
+        capture_output=True,
+        check=False,
+    )
+    return found.returncode == 0
+
+
+def _merge(path: Path, item: str, branch: str, cycle: int, *, keep: bool = False) -> None:
+    """Merges ``branch`` into the tree at ``path``; on a conflict the merge is aborted (unless
+    ``keep``: the caller reads the conflict first) and :class:`MergeConflictError` raised."""
     if not _has_branch(path, branch):
         raise UnknownBranchError(branch, item)
     merged = subprocess.run(
@@ -327,5 +462,6 @@ def _merge(path: Path, item: str, branch: str, cycle: int) -> None:
     try:
         git(path, "merge", "--quiet", "--no-ff", "--no-verify", "-m", message, branch)
     except GitError as exc:
-        _clean(path)
+        if not keep:
+            _clean(path)
         raise MergeConflictError(branch, exc.stderr) from exc
