@@ -353,7 +353,7 @@ class Steps:
         if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
             return None
         with self.integration_lock(task.project_id, task.cycle), suppress(UnknownBranchError):
-            return self.workspace.merge_queue(task.project_id, task.cycle, items)
+            return self.workspace.merge_queue(task.project_id, task.cycle, items, hold=True)
         return None
 
     def _start_resolve(self, task: EngineTask) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ Layout under the workspace root::
     <root>/<project>/worktrees/c<cycle>-<item>  a work item's worktree, branch vibey/c<cycle>/<item>
     <root>/<project>/worktrees/integration      the integration worktree, branch vibey/integration
     <root>/<project>/.vibey.lock                serialises changes to the repository's metadata
+    <root>/<project>/held/c<cycle>-<item>.json  an item the merge queue's current pass holds out
 
 Every call is idempotent: a retried build.implement reuses its worktree, and integrating
 branches that are already merged is a no-op. Creating the repository and adding worktrees take
@@ -32,6 +33,7 @@ Exceptions::
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 import shutil
 import subprocess
@@ -208,17 +210,39 @@ class Workspace:
             _merge(path, item, branch, cycle)
         return head(path)
 
-    def merge_queue(self, project: str, cycle: int, items: Sequence[str]) -> Pass:
+    def merge_queue(
+        self, project: str, cycle: int, items: Sequence[str], *, hold: bool = False
+    ) -> Pass:
         """One pass of the merge queue: each item's branch of ``cycle`` merged into the
         integration branch in the order of ``items`` (those merged already are no-ops); one
         that conflicts is left out (the merge aborted) and reported, and the pass goes on.
 
+        ``hold`` (build.verify, which opens a pass): the items' holds are lifted first, and
+        each item that conflicts is held (a file under ``<project>/held/``). Without it
+        (build.integrate, which closes the pass) a held item is not tried but reported as
+        it was held: what the pass's tests did not see never reaches the integrated tree,
+        even when its branch changed meanwhile (a resolve, a person).
+
         Not serialised here: the caller holds the project and cycle's integration lock."""
         path = self.integrated(project)
         _clean(path)
+        held = self.project_dir(project) / "held"
+        if hold:
+            for item in items:
+                (held / _held_name(cycle, item)).unlink(missing_ok=True)
 
         def merge(item: str) -> Conflict | None:
-            return _try_merge(path, cycle, item, items)
+            mark = held / _held_name(cycle, item)
+            if not hold and mark.is_file():
+                return _read_held(mark, item)
+            conflict = _try_merge(path, cycle, item, items)
+            if conflict is not None and hold:
+                held.mkdir(parents=True, exist_ok=True)
+                mark.write_text(
+                    json.dumps({"files": conflict.files, "against": conflict.against}),
+                    encoding="utf-8",
+                )
+            return conflict
 
         return merge_pass(list(items), merge)
 
@@ -362,6 +386,18 @@ def _clean(path: Path) -> None:
         git(path, "merge", "--abort")
     git(path, "reset", "--quiet", "--hard", "HEAD")
     git(path, "clean", "--quiet", "-fd")
+
+
+def _held_name(cycle: int, item: str) -> str:
+    return f"c{cycle}-{checked_name(item, 'work item id')}.json"
+
+
+def _read_held(mark: Path, item: str) -> Conflict:
+    try:
+        data = json.loads(mark.read_text(encoding="utf-8"))
+        return Conflict(item, tuple(data["files"]), tuple(data["against"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return Conflict(item)
 
 
 def _unmerged(path: Path) -> tuple[str, ...]:
