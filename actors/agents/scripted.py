@@ -331,12 +331,10 @@ def _write_item(worktree: Path, item: str, title: str, cycle: int) -> str:
 
 def build_resolve(script: Script, task: EngineTask) -> EngineVerdict:
     """Keeps both sides of every conflict in ``input.files``: the deterministic resolution."""
-    if task.worktree is None:
-        raise ScriptError("build.resolve runs in the item's worktree; the task names none")
     files = task.input.get("files") or []
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ScriptError(f"build.resolve needs input.files, a list of paths; got {files!r}")
-    for name in files:
+    for name in files if task.worktree is not None else ():
         path = task.worktree / name
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="replace")
