@@ -505,6 +505,7 @@ SEED_DEFAULT_LEASES: dict[str, timedelta] = {
     name: {
         "build.implement": TWO_HOURS,
         "build.verify": TWO_HOURS,
+        "build.resolve": TWO_HOURS,
         "build.decompose": FIFTEEN_MINUTES,
         "build.integrate": FIFTEEN_MINUTES,
     }.get(SEED_ALIASES.get(name, name), TWO_MINUTES)
