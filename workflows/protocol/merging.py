@@ -23,9 +23,10 @@ from dataclasses import replace
 from typing import Any
 
 from workflows import merge_queue as mq
+from workflows.engine import Decision
 from workflows.merge_queue import Action, Conflict, MergeQueue, ParkItem, Resolve, RunPass
 from workflows.protocol.enter import enter_review
-from workflows.protocol.plan import Out, Plan, fail, open_gate, schedule, then, unchanged
+from workflows.protocol.plan import Out, Plan, fail, open_gate, schedule, unchanged
 from workflows.protocol.state import Gate, Pending, ProtocolState
 
 RESOLVE = "build.resolve"
@@ -101,7 +102,8 @@ def run(state: ProtocolState, queue: MergeQueue, actions: Sequence[Action], note
     """The queue's actions as commands, in order, on the state holding ``queue``."""
     out = unchanged(replace(state, merge=queue))
     for action in actions:
-        out = then(out, lambda s, a=action: _act(s, a, note))  # type: ignore[misc]
+        step = _act(out.state, action, note)
+        out = Decision(step.state, out.commands + step.commands)
     return out
 
 
