@@ -73,7 +73,6 @@ from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
     GitError,
-    MergeConflictError,
     UnknownBranchError,
     UnresolvedError,
     Workspace,
@@ -257,8 +256,6 @@ class Steps:
             verdict = self._finished(task, ran)
         except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
-        except MergeConflictError as exc:  # build.verify merging the cycle's items
-            verdict = EngineVerdict("failed", detail=str(exc))
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
         outcome = to_outcome(kind, verdict)
@@ -462,8 +459,6 @@ class Steps:
                 pushed = None if merged.conflicts else self._push(job.project_id)
         except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
-        except MergeConflictError as exc:
-            return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])
         except GitError as exc:
             if exc.git_args[:1] != ("push",):
                 return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])

@@ -11,8 +11,8 @@ Layout under the workspace root::
 Every call is idempotent: a retried build.implement reuses its worktree, and integrating
 branches that are already merged is a no-op. Creating the repository and adding worktrees take
 an exclusive ``flock`` on the project's lock file, so parallel implement jobs on one host (in
-threads or processes) never race on git's own lock files. :meth:`Workspace.integrate` does not
-serialise itself: its caller holds the per project and cycle lock (see ``actors.handlers``).
+threads or processes) never race on git's own lock files. :meth:`Workspace.merge_queue` does
+not serialise itself: its caller holds the per project and cycle lock (see ``actors.handlers``).
 
 The merge queue (:mod:`workflows.merge_queue`): :meth:`Workspace.merge_queue` merges a cycle's
 items one at a time, in the order given, and reports each one that conflicts (its files, and
@@ -26,7 +26,8 @@ Exceptions::
     WorkspaceError              a name that cannot be a path or a branch, or a git call failed
     ├── GitError                a git command exited non-zero (its arguments and stderr kept)
     ├── UnknownBranchError      integrate was asked for an item branch that does not exist
-    ├── MergeConflictError      an item branch does not merge cleanly (the merge was aborted)
+    ├── MergeConflictError      an item branch does not merge cleanly (internal: the merge
+    │                           queue reports it as a conflict)
     └── UnresolvedError         a resolution left conflict markers, or did not merge
 """
 
@@ -197,18 +198,6 @@ class Workspace:
         with self._locked(project):
             _ensure_worktree(repo, path, INTEGRATION_BRANCH)
         return path
-
-    def integrate(self, project: str, cycle: int, items: Sequence[str]) -> str:
-        """Merges each item's branch of ``cycle`` into the integration branch (no-ops for
-        those already merged); the integration branch's commit after.
-
-        Not serialised here: the caller holds the project and cycle's integration lock."""
-        branches = [item_branch(cycle, item) for item in items]
-        path = self.integrated(project)
-        _clean(path)
-        for item, branch in zip(items, branches, strict=True):
-            _merge(path, item, branch, cycle)
-        return head(path)
 
     def merge_queue(
         self, project: str, cycle: int, items: Sequence[str], *, hold: bool = False
@@ -421,7 +410,7 @@ def _try_merge(path: Path, cycle: int, item: str, items: Sequence[str]) -> Confl
     when it does not merge: its files, and which of ``items`` (merged already) changed them."""
     branch = item_branch(cycle, item)
     try:
-        _merge(path, item, branch, cycle, keep=True)
+        _merge(path, item, branch, cycle)
     except MergeConflictError:
         files = _unmerged(path)
         _clean(path)
@@ -481,9 +470,9 @@ def _in_merge(path: Path) -> bool:
     return found.returncode == 0
 
 
-def _merge(path: Path, item: str, branch: str, cycle: int, *, keep: bool = False) -> None:
-    """Merges ``branch`` into the tree at ``path``; on a conflict the merge is aborted (unless
-    ``keep``: the caller reads the conflict first) and :class:`MergeConflictError` raised."""
+def _merge(path: Path, item: str, branch: str, cycle: int) -> None:
+    """Merges ``branch`` into the tree at ``path``; on a conflict :class:`MergeConflictError`
+    is raised with the merge left in place (the caller reads the conflict, then aborts it)."""
     if not _has_branch(path, branch):
         raise UnknownBranchError(branch, item)
     merged = subprocess.run(
@@ -498,6 +487,4 @@ def _merge(path: Path, item: str, branch: str, cycle: int, *, keep: bool = False
     try:
         git(path, "merge", "--quiet", "--no-ff", "--no-verify", "-m", message, branch)
     except GitError as exc:
-        if not keep:
-            _clean(path)
         raise MergeConflictError(branch, exc.stderr) from exc
