@@ -28,10 +28,21 @@ whatever the engine left uncommitted there is committed, and the result names th
 branch and commit. Its engine is picked by rotation among the roster, and an engine out of
 credits hands the item to the next one through the no-loss gate (:mod:`actors.handoff`).
 build.integrate asks no engine: it merges the cycle's item branches into the integration
-branch, serialised per project and cycle by a PostgreSQL transaction-level advisory lock (a
-merge conflict is ``Failure(work)``); with ``[project] push`` set it then pushes that branch
-to the remote's ``push_branch`` (a fast-forward; a refusal is ``Failure(vibey)``), and the
-result's ``pushed`` says where (recorded as ``ArtifactProduced``).
+branch, serialised per project and cycle by a PostgreSQL transaction-level advisory lock; with
+``[project] push`` set it then pushes that branch to the remote's ``push_branch`` (a
+fast-forward; a refusal is ``Failure(vibey)``), and the result's ``pushed`` says where
+(recorded as ``ArtifactProduced``).
+
+The merge queue (:mod:`workflows.merge_queue`): build.verify and build.integrate merge the
+items one at a time in the order of their input (the plan's), and an item that conflicts is
+left out and reported in the result's ``conflicts`` (its files, and the items already merged
+that changed them), never a failure: a build.verify whose pass met a conflict runs no tests
+and no engine (``{"passed": false, "conflicts": […]}``), a build.integrate that met one does
+not push. build.resolve runs in the conflicting item's worktree with the integration branch
+merged into it (:meth:`actors.worktrees.Workspace.start_resolve`): the engine resolves the
+files in conflict, vibey commits the merge once no conflict marker is left (else the attempt
+fails, ``Failure(work)``, and the merge is dropped); an item that merges cleanly by then needs
+no engine.
 """
 
 from __future__ import annotations
@@ -62,12 +73,15 @@ from actors.handoff import ROSTER, Handoffs
 from actors.worktrees import (
     INTEGRATION_BRANCH,
     GitError,
-    MergeConflictError,
     UnknownBranchError,
+    UnresolvedError,
     Workspace,
     WorkspaceError,
+    abort_resolve,
     commit_all,
     current_branch,
+    finish_resolve,
+    head,
 )
 from store.db import Pool
 from store.step_records import PostgresStepRecords, StepRecords
@@ -77,12 +91,14 @@ from workflows.gates import CAPACITY_EXHAUSTED, GRANT_SCHEMA, LADDER_EXHAUSTED, 
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
+from workflows.merge_queue import Pass
 from workflows.phases import Phase
 from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
 IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
+RESOLVE = "build.resolve"  # in the item's worktree, like build.implement
 DEMO = "review.demo"  # its result gains the integrated tree's diff stat (the feedback gate's)
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
@@ -127,7 +143,7 @@ class HandlerContext:
 
 
 def build_handlers(context: HandlerContext) -> Handlers:
-    """A handler for each of the protocol's 25 names (an alias shares its kind's handler)."""
+    """A handler for each of the protocol's 26 names (an alias shares its kind's handler)."""
     steps = Steps(context)
     kinds = [name for name in STEP_KINDS if name != TIMER_KIND]
     handlers: dict[str, Handler] = dict.fromkeys(kinds, steps.run)
@@ -214,7 +230,7 @@ class Steps:
         try:
             step_input = step_input_of(job)
             engine = self._engine(step_input)
-            worktree = self._worktree(job, step_input) if kind == IMPLEMENT else None
+            worktree = self._worktree(job, step_input) if kind in (IMPLEMENT, RESOLVE) else None
             granted = self._granted(job, step_kind) if bounded else 0
             over = self._over_spend_cap(job) if bounded else None
             if over is not None:
@@ -233,21 +249,13 @@ class Steps:
                 job_id=str(job.id),
                 stream=self.handoffs.stream_to(job),
             )
-            with self._leased(job, task) as task:
-                tested = self._tests(task) if kind == VERIFY else None
-                if tested is not None and not tested.passed:
-                    ran: EngineVerdict | Outcome = _tests_failed(tested)
-                else:
-                    ran = self._attempt(job, task, engine)
-            if tested is not None and isinstance(ran, EngineVerdict):
-                ran = replace(ran, evidence={**ran.evidence, "tests": tested.evidence()})
+            with self._leased(job, task) as leased:
+                task, ran = self._work(job, leased, engine)
             if not isinstance(ran, EngineVerdict):  # parked at a handoff gate, or deferred
                 return ran
             verdict = self._finished(task, ran)
         except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
-        except MergeConflictError as exc:  # build.verify merging the cycle's items
-            verdict = EngineVerdict("failed", detail=str(exc))
         except (StepInputError, EngineError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
         outcome = to_outcome(kind, verdict)
@@ -282,7 +290,9 @@ class Steps:
 
     def _finished(self, task: EngineTask, verdict: EngineVerdict) -> EngineVerdict:
         """What vibey adds to a success: build.implement's commit on the item's branch,
-        review.demo's diff stat of the integrated tree."""
+        build.resolve's merge commit, review.demo's diff stat of the integrated tree."""
+        if task.kind == RESOLVE and task.worktree is not None:
+            return _finish_resolution(task.worktree, task, verdict)
         if verdict.status != "ok":
             return verdict
         if task.kind == IMPLEMENT and task.worktree is not None:
@@ -301,15 +311,71 @@ class Steps:
             verdict = self.handoffs.rejected(job, verdict)
         return verdict
 
-    def _tests(self, task: EngineTask) -> TestsRun | None:
-        """build.verify verifies the integrated code: the cycle's items are merged into the
-        integrated tree (integrate, later, finds them merged), and the project's own test
-        command runs there first."""
-        assert task.workdir is not None
+    def _work(
+        self, job: Job, task: EngineTask, engine: Engines
+    ) -> tuple[EngineTask, EngineVerdict | Outcome]:
+        """The step's work, holding its workdir's lease: what comes before the engine
+        (:meth:`_prepare`), build.verify's tests, then the engine."""
+        prepared = self._prepare(task)
+        if isinstance(prepared, Success):
+            return task, prepared
+        tested = self._tests(prepared) if prepared.kind == VERIFY else None
+        if tested is not None and not tested.passed:
+            return prepared, _tests_failed(tested)
+        ran = self._attempt(job, prepared, engine)
+        if tested is not None and isinstance(ran, EngineVerdict):
+            ran = replace(ran, evidence={**ran.evidence, "tests": tested.evidence()})
+        return prepared, ran
+
+    def _prepare(self, task: EngineTask) -> EngineTask | Success:
+        """Before the engine: build.verify's pass of the merge queue (one that met conflicts
+        ends the step: the tests wait for a pass that merges every item) and build.resolve's
+        merge of the integration branch (one that is clean ends it: nothing to resolve)."""
+        if task.kind == VERIFY:
+            merged = self._merge_pass(task)
+            if merged is not None and merged.conflicts:
+                return _conflicted(merged)
+        if task.kind == RESOLVE:
+            files = self._start_resolve(task)
+            if not files:
+                return self._resolved_cleanly(task)
+            return replace(task, input={**task.input, "files": list(files)})
+        return task
+
+    def _merge_pass(self, task: EngineTask) -> Pass | None:
+        """build.verify verifies the integrated code: a pass of the merge queue merges the
+        cycle's items into the integrated tree first (integrate, later, finds them merged).
+        An unknown item branch is integrate's to report."""
         items = task.input.get("items")
-        if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
-            with self.integration_lock(task.project_id, task.cycle), suppress(UnknownBranchError):
-                self.workspace.integrate(task.project_id, task.cycle, items)  # integrate says
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+            return None
+        with self.integration_lock(task.project_id, task.cycle), suppress(UnknownBranchError):
+            return self.workspace.merge_queue(task.project_id, task.cycle, items, hold=True)
+        return None
+
+    def _start_resolve(self, task: EngineTask) -> tuple[str, ...]:
+        """build.resolve: the integration branch merged into the item's worktree, under the
+        integration lock (the integrated tree does not move meanwhile); the files in conflict."""
+        item = _item_id(task.input)
+        with self.integration_lock(task.project_id, task.cycle):
+            _, files = self.workspace.start_resolve(task.project_id, task.cycle, item)
+        return files
+
+    def _resolved_cleanly(self, task: EngineTask) -> Success:
+        assert task.worktree is not None
+        result = {
+            "resolved": True,
+            "item": _item_id(task.input),
+            "files": [],
+            "attempt": task.attempt,
+            "branch": current_branch(task.worktree),
+            "commit": head(task.worktree),
+        }
+        return Success({**result, "evidence": {"clean": True}})
+
+    def _tests(self, task: EngineTask) -> TestsRun | None:
+        """The project's own test command, run in the integrated tree (build.verify)."""
+        assert task.workdir is not None
         command = find_test_command(self.workspace.project_dir(task.project_id), task.workdir)
         if command is None:
             return None
@@ -388,12 +454,11 @@ class Steps:
             items = _items(step_input_of(job))
             tree = self.workspace.integrated(job.project_id)
             with self.integration_lock(job.project_id, job.cycle), self._held(job, tree):
-                commit = self.workspace.integrate(job.project_id, job.cycle, items)
-                pushed = self._push(job.project_id)
+                merged = self.workspace.merge_queue(job.project_id, job.cycle, items)
+                commit = head(tree)
+                pushed = None if merged.conflicts else self._push(job.project_id)
         except (WorktreeBusy, RunDeferred) as exc:  # neither burns an attempt
             return Defer(BUSY_DELAY, str(exc)[:DETAIL_LIMIT])
-        except MergeConflictError as exc:
-            return Failure(FailureClass.WORK, str(exc)[:DETAIL_LIMIT])
         except GitError as exc:
             if exc.git_args[:1] != ("push",):
                 return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
@@ -401,7 +466,16 @@ class Steps:
             return Failure(FailureClass.VIBEY, detail[:DETAIL_LIMIT])
         except (StepInputError, WorkspaceError) as exc:
             return Failure(FailureClass.VIBEY, str(exc)[:DETAIL_LIMIT])
-        result: dict[str, Any] = {"branch": INTEGRATION_BRANCH, "merged": items, "commit": commit}
+        result: dict[str, Any] = {
+            "branch": INTEGRATION_BRANCH,
+            "merged": list(merged.merged),
+            "commit": commit,
+        }
+        if merged.conflicts:  # the merge queue resolves them; nothing is pushed meanwhile
+            result["conflicts"] = [
+                {"item": c.item, "files": list(c.files), "against": list(c.against)}
+                for c in merged.conflicts
+            ]
         if pushed is not None:
             result["pushed"] = pushed
         return Success({**result, "evidence": {"cycle": job.cycle}})
@@ -446,8 +520,51 @@ class Steps:
     def _worktree(self, job: Job, step_input: Mapping[str, Any]) -> Path:
         item = step_input.get("item")
         if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
-            raise StepInputError(f"build.implement needs input.item with an id, got {item!r}")
+            raise StepInputError(f"{job.kind} needs input.item with an id, got {item!r}")
         return self.workspace.worktree(job.project_id, job.cycle, item["id"])
+
+
+def _item_id(step_input: Mapping[str, Any]) -> str:
+    item = step_input.get("item")
+    if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
+        raise StepInputError(f"build.resolve needs input.item with an id, got {item!r}")
+    return str(item["id"])
+
+
+def _conflicted(merged: Pass) -> Success:
+    """A build.verify whose pass met conflicts: what merged and what did not, no tests run."""
+    conflicts = [
+        {"item": c.item, "files": list(c.files), "against": list(c.against)}
+        for c in merged.conflicts
+    ]
+    result = {"passed": False, "merged": list(merged.merged), "conflicts": conflicts}
+    return Success({**result, "evidence": {"merge_queue": {"conflicts": len(conflicts)}}})
+
+
+def _finish_resolution(worktree: Path, task: EngineTask, verdict: EngineVerdict) -> EngineVerdict:
+    """build.resolve: the engine's resolution committed on the item's branch; a failed verdict
+    (or a resolution with conflict markers left, :class:`UnresolvedError`) drops the merge."""
+    item = _item_id(task.input)
+    if verdict.status != "ok":
+        abort_resolve(worktree)
+        return verdict
+    files = [f for f in task.input.get("files") or [] if isinstance(f, str)]
+    message = f"vibey: resolve {item}'s merge of {INTEGRATION_BRANCH} (cycle {task.cycle})"
+    try:
+        commit = finish_resolve(worktree, item, files, message)
+    except UnresolvedError as exc:  # the conflict is still there: the work's failure
+        abort_resolve(worktree)
+        return EngineVerdict("failed", evidence=verdict.evidence, detail=str(exc))
+    result = {
+        **verdict.result,
+        "resolved": True,
+        "item": item,
+        "files": files,
+        "attempt": task.attempt,
+        "branch": current_branch(worktree),
+        "commit": commit,
+    }
+    return replace(verdict, result=result)
 
 
 def _tests_failed(tested: TestsRun) -> EngineVerdict:

@@ -6,24 +6,35 @@ Layout under the workspace root::
     <root>/<project>/worktrees/c<cycle>-<item>  a work item's worktree, branch vibey/c<cycle>/<item>
     <root>/<project>/worktrees/integration      the integration worktree, branch vibey/integration
     <root>/<project>/.vibey.lock                serialises changes to the repository's metadata
+    <root>/<project>/held/c<cycle>-<item>.json  an item the merge queue's current pass holds out
 
 Every call is idempotent: a retried build.implement reuses its worktree, and integrating
 branches that are already merged is a no-op. Creating the repository and adding worktrees take
 an exclusive ``flock`` on the project's lock file, so parallel implement jobs on one host (in
-threads or processes) never race on git's own lock files. :meth:`Workspace.integrate` does not
-serialise itself: its caller holds the per project and cycle lock (see ``actors.handlers``).
+threads or processes) never race on git's own lock files. :meth:`Workspace.merge_queue` does
+not serialise itself: its caller holds the per project and cycle lock (see ``actors.handlers``).
+
+The merge queue (:mod:`workflows.merge_queue`): :meth:`Workspace.merge_queue` merges a cycle's
+items one at a time, in the order given, and reports each one that conflicts (its files, and
+the items already merged that changed them) instead of stopping there; :meth:`start_resolve`
+merges the integration branch into a conflicting item's worktree, leaving the conflict for an
+engine (or a person) to resolve, and :func:`finish_resolve` commits the resolution once no
+conflict marker is left (:func:`abort_resolve` drops it).
 
 Exceptions::
 
     WorkspaceError              a name that cannot be a path or a branch, or a git call failed
     ├── GitError                a git command exited non-zero (its arguments and stderr kept)
     ├── UnknownBranchError      integrate was asked for an item branch that does not exist
-    └── MergeConflictError      an item branch does not merge cleanly (the merge was aborted)
+    ├── MergeConflictError      an item branch does not merge cleanly (internal: the merge
+    │                           queue reports it as a conflict)
+    └── UnresolvedError         a resolution left conflict markers, or did not merge
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 import shutil
 import subprocess
@@ -31,6 +42,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from workflows.merge_queue import Conflict, Pass, merge_pass
 
 MAIN_BRANCH = "main"
 INTEGRATION_BRANCH = "vibey/integration"
@@ -67,6 +80,15 @@ class MergeConflictError(WorkspaceError):
             f"{stderr.strip()[-500:]}"
         )
         self.branch = branch
+
+
+class UnresolvedError(WorkspaceError):
+    def __init__(self, item: str, detail: str) -> None:
+        super().__init__(f"the conflict of item {item!r} is not resolved: {detail}")
+        self.item = item
+
+
+_MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -177,17 +199,68 @@ class Workspace:
             _ensure_worktree(repo, path, INTEGRATION_BRANCH)
         return path
 
-    def integrate(self, project: str, cycle: int, items: Sequence[str]) -> str:
-        """Merges each item's branch of ``cycle`` into the integration branch (no-ops for
-        those already merged); the integration branch's commit after.
+    def merge_queue(
+        self, project: str, cycle: int, items: Sequence[str], *, hold: bool = False
+    ) -> Pass:
+        """One pass of the merge queue: each item's branch of ``cycle`` merged into the
+        integration branch in the order of ``items`` (those merged already are no-ops); one
+        that conflicts is left out (the merge aborted) and reported, and the pass goes on.
+
+        ``hold`` (build.verify, which opens a pass): the items' holds are lifted first, and
+        each item that conflicts is held (a file under ``<project>/held/``). Without it
+        (build.integrate, which closes the pass) a held item is not tried but reported as
+        it was held: what the pass's tests did not see never reaches the integrated tree,
+        even when its branch changed meanwhile (a resolve, a person).
 
         Not serialised here: the caller holds the project and cycle's integration lock."""
-        branches = [item_branch(cycle, item) for item in items]
         path = self.integrated(project)
         _clean(path)
-        for item, branch in zip(items, branches, strict=True):
-            _merge(path, item, branch, cycle)
-        return head(path)
+        held = self.project_dir(project) / "held"
+        if hold:
+            for item in items:
+                (held / _held_name(cycle, item)).unlink(missing_ok=True)
+
+        def merge(item: str) -> Conflict | None:
+            mark = held / _held_name(cycle, item)
+            if not hold and mark.is_file():
+                return _read_held(mark, item)
+            conflict = _try_merge(path, cycle, item, items)
+            if conflict is not None and hold:
+                held.mkdir(parents=True, exist_ok=True)
+                mark.write_text(
+                    json.dumps({"files": conflict.files, "against": conflict.against}),
+                    encoding="utf-8",
+                )
+            return conflict
+
+        return merge_pass(list(items), merge)
+
+    def start_resolve(self, project: str, cycle: int, item: str) -> tuple[Path, tuple[str, ...]]:
+        """The item's worktree with the integration branch merged into its branch: the files
+        left in conflict (none: it merged cleanly and is committed). A merge an earlier
+        attempt left unfinished is dropped first."""
+        path = self.worktree(project, cycle, item)
+        self.integrated(project)  # the integration branch exists
+        _clean(path)
+        message = f"vibey: merge {INTEGRATION_BRANCH} into {item_branch(cycle, item)}"
+        try:
+            git(
+                path,
+                "merge",
+                "--quiet",
+                "--no-ff",
+                "--no-verify",
+                "-m",
+                message,
+                INTEGRATION_BRANCH,
+            )
+        except GitError:
+            files = _unmerged(path)
+            if not files:
+                _clean(path)
+                raise
+            return path, files
+        return path, ()
 
     def diff_stat(self, project: str) -> str:
         """What the integrated tree changed since main, as ``git diff --stat`` sums it up
@@ -298,21 +371,108 @@ def _ensure_worktree(repo: Path, path: Path, branch: str) -> None:
 def _clean(path: Path) -> None:
     """Drops what an interrupted merge left behind; the integration branch only ever holds
     finished merges, so its HEAD is the state to return to."""
-    if (
-        subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", "MERGE_HEAD"],
-            cwd=path,
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    ):
+    if _in_merge(path):
         git(path, "merge", "--abort")
     git(path, "reset", "--quiet", "--hard", "HEAD")
     git(path, "clean", "--quiet", "-fd")
 
 
+def _held_name(cycle: int, item: str) -> str:
+    return f"c{cycle}-{checked_name(item, 'work item id')}.json"
+
+
+def _read_held(mark: Path, item: str) -> Conflict:
+    try:
+        data = json.loads(mark.read_text(encoding="utf-8"))
+        return Conflict(item, tuple(data["files"]), tuple(data["against"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return Conflict(item)
+
+
+def _unmerged(path: Path) -> tuple[str, ...]:
+    """The paths git left in conflict (unmerged in the index), sorted."""
+    listed = git(path, "diff", "--name-only", "--diff-filter=U")
+    return tuple(sorted(line for line in listed.splitlines() if line))
+
+
+def _is_ancestor(path: Path, ancestor: str, of: str = "HEAD") -> bool:
+    done = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", ancestor, of],
+        cwd=path,
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def _try_merge(path: Path, cycle: int, item: str, items: Sequence[str]) -> Conflict | None:
+    """Merges ``item``'s branch into the integration tree at ``path``; the conflict instead
+    when it does not merge: its files, and which of ``items`` (merged already) changed them."""
+    branch = item_branch(cycle, item)
+    try:
+        _merge(path, item, branch, cycle)
+    except MergeConflictError:
+        files = _unmerged(path)
+        _clean(path)
+        against = tuple(
+            other
+            for other in items
+            if other != item
+            and _has_branch(path, item_branch(cycle, other))
+            and _is_ancestor(path, item_branch(cycle, other))
+            and set(files) & set(_changed(path, branch, item_branch(cycle, other)))
+        )
+        return Conflict(item, files, against)
+    return None
+
+
+def _changed(path: Path, base: str, branch: str) -> list[str]:
+    """The files ``branch`` changed since it and ``base`` parted."""
+    return git(path, "diff", "--name-only", f"{base}...{branch}").splitlines()
+
+
+def finish_resolve(worktree: Path, item: str, files: Sequence[str], message: str) -> str:
+    """Commits a resolved merge of the integration branch in the item's ``worktree`` (or
+    accepts the one the engine committed); the commit. Raises :class:`UnresolvedError` when a
+    conflicting file still has a conflict marker or the integration branch is not merged."""
+    marked = [f for f in files if _has_markers(worktree / f)]
+    if marked:
+        raise UnresolvedError(item, f"conflict markers are left in {', '.join(marked)}")
+    if _in_merge(worktree):
+        git(worktree, "add", "--all")
+        git(worktree, "commit", "--quiet", "--no-verify", "-m", message)
+    else:
+        commit_all(worktree, message)
+    if not _is_ancestor(worktree, INTEGRATION_BRANCH):
+        raise UnresolvedError(item, f"{INTEGRATION_BRANCH} is not merged into its branch")
+    return head(worktree)
+
+
+def abort_resolve(worktree: Path) -> None:
+    """Drops an unfinished resolution: the item's branch stays as it was."""
+    _clean(worktree)
+
+
+def _has_markers(path: Path) -> bool:
+    try:
+        return _MARKER.search(path.read_text(encoding="utf-8", errors="replace")) is not None
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+
+
+def _in_merge(path: Path) -> bool:
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", "MERGE_HEAD"],
+        cwd=path,
+        capture_output=True,
+        check=False,
+    )
+    return found.returncode == 0
+
+
 def _merge(path: Path, item: str, branch: str, cycle: int) -> None:
+    """Merges ``branch`` into the tree at ``path``; on a conflict :class:`MergeConflictError`
+    is raised with the merge left in place (the caller reads the conflict, then aborts it)."""
     if not _has_branch(path, branch):
         raise UnknownBranchError(branch, item)
     merged = subprocess.run(
@@ -327,5 +487,4 @@ def _merge(path: Path, item: str, branch: str, cycle: int) -> None:
     try:
         git(path, "merge", "--quiet", "--no-ff", "--no-verify", "-m", message, branch)
     except GitError as exc:
-        _clean(path)
         raise MergeConflictError(branch, exc.stderr) from exc

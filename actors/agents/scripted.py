@@ -2,8 +2,10 @@
 subject, input), so a workflow run on it replays the same way every time.
 
 The script travels in the step input (``input["engine"]["script"]``, docs/protocol.md). The
-one side effect is build.implement's: given a worktree, it writes ``src/<item>.txt`` (the
-item's title and the cycle) and commits it, so BUILD has real branches to integrate.
+side effects are build.implement's: given a worktree, it writes ``src/<item>.txt`` (the
+item's title and the cycle) and commits it, so BUILD has real branches to integrate; and
+build.resolve's: in the item's worktree it resolves each file in conflict by keeping both
+sides (the item's lines, then the integrated tree's), leaving vibey to commit the merge.
 
 One scripted engine plays every engine of the script's ``[engines] roster``: the step input's
 ``engine_id`` (set by the handoff runner, :mod:`actors.handoff`) says which one it is this
@@ -327,6 +329,45 @@ def _write_item(worktree: Path, item: str, title: str, cycle: int) -> str:
     return commit_all(worktree, f"vibey: implement {item} (cycle {cycle})")
 
 
+def build_resolve(script: Script, task: EngineTask) -> EngineVerdict:
+    """Keeps both sides of every conflict in ``input.files``: the deterministic resolution."""
+    files = task.input.get("files") or []
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ScriptError(f"build.resolve needs input.files, a list of paths; got {files!r}")
+    for name in files if task.worktree is not None else ():
+        path = task.worktree / name
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            path.write_text(keep_both(text), encoding="utf-8")
+    return ok(resolved=True, files=list(files))
+
+
+def keep_both(text: str) -> str:
+    """``text`` with each git conflict block replaced by its two sides, ours then theirs (the
+    common ancestor's lines of a diff3 block dropped, a line both sides have kept once)."""
+    out: list[str] = []
+    ours: list[str] = []
+    theirs: list[str] = []
+    section = ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith("<<<<<<< "):
+            section, ours, theirs = "ours", [], []
+        elif section and line.startswith("||||||| "):
+            section = "base"
+        elif section and line.rstrip("\n") == "=======":
+            section = "theirs"
+        elif section and line.startswith(">>>>>>> "):
+            out.extend(ours + [t for t in theirs if t not in ours])
+            section = ""
+        elif section == "ours":
+            ours.append(line)
+        elif section == "theirs":
+            theirs.append(line)
+        elif not section:
+            out.append(line)
+    return "".join(out)
+
+
 def build_verify(script: Script, task: EngineTask) -> EngineVerdict:
     failures = script.verify_failures_in(task.cycle)
     if task.attempt <= failures:
@@ -398,6 +439,7 @@ ANSWERS: Mapping[str, Answer] = {
     "build.implement": build_implement,
     "build.verify": build_verify,
     "build.integrate": build_integrate,
+    "build.resolve": build_resolve,
     "review.demo": review_demo,
     "review.collect": review_collect,
     "review.triage": review_triage,

@@ -24,6 +24,10 @@ A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and
 the tests count overlaps with them.
 
 ``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports;
+``FAKE_SHARED`` (``path|item,item…``) makes build.implement of each listed item rewrite the
+first line of ``path`` with its title (two listed items conflict on that line), and
+``FAKE_RESOLVE=fail`` makes build.resolve give up (it reports a failure, the conflict left);
+otherwise build.resolve keeps both sides, as the scripted engine does;
 ``FAKE_PAUSE`` (seconds) is how long it waits between its work's events and its report.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
 (counted in ``FAKE_STATE``, a directory), credits after; or ``credits-on:KIND``: credits spent
@@ -178,7 +182,10 @@ def work(plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     from actors.agents import EngineTask, ScriptedEngine
 
     kind = plan["kind"]
+    if kind == "build.resolve":
+        return resolve_work(plan)
     before = set(_files())
+    shared_edit(plan)
     edit = os.environ.get("FAKE_EDIT")  # "path|old|new": the fix a real agent would make
     if kind == "build.implement" and edit:
         path, old, new = edit.split("|")
@@ -199,6 +206,43 @@ def work(plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if verdict.status == "failed":
         return {"status": "failed", "detail": verdict.detail}, []
     return dict(verdict.result), sorted(set(_files()) - before) or _touched(kind, plan)
+
+
+def shared_edit(plan: dict[str, Any]) -> None:
+    """``FAKE_SHARED`` (``path|item,item``): a listed item's build.implement rewrites the first
+    line of ``path`` with its title, so two listed items edit the same line of one file."""
+    shared = os.environ.get("FAKE_SHARED")
+    item = plan["input"].get("item") or {}
+    if plan["kind"] != "build.implement" or not shared or not isinstance(item, dict):
+        return
+    path, _, listed = shared.partition("|")
+    if item.get("id") not in listed.split(","):
+        return
+    target = Path.cwd() / path
+    lines = target.read_text().splitlines(keepends=True) if target.is_file() else []
+    target.write_text("".join([f"{item.get('title', item['id'])}\n", *lines[1:]]))
+
+
+def resolve_work(plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """build.resolve in the item's worktree (the cwd): ``FAKE_RESOLVE=fail`` gives up, leaving
+    the conflict; otherwise both sides are kept (the scripted engine's resolution)."""
+    from actors.agents import EngineTask, ScriptedEngine
+
+    files = [f for f in plan["input"].get("files") or [] if isinstance(f, str)]
+    if os.environ.get("FAKE_RESOLVE") == "fail":
+        return {"status": "failed", "detail": f"cannot reconcile {', '.join(files)}"}, []
+    task = EngineTask(
+        plan["kind"],
+        plan["project"],
+        plan["cycle"],
+        plan["subject"],
+        plan["attempt"],
+        plan["input"],
+        Path.cwd(),
+        effort=plan.get("effort"),
+    )
+    verdict = ScriptedEngine().run(task)
+    return dict(verdict.result), files
 
 
 def _files() -> list[str]:

@@ -238,6 +238,12 @@ def _items(*ids: str) -> dict[str, Any]:
     return {"work_items": [{"id": i, "title": i.upper()} for i in ids]}
 
 
+def _conflicts(*ids: str) -> dict[str, Any]:
+    """A pass of the merge queue that met conflicts: ``ids`` do not merge over ``api``."""
+    conflicts = [{"item": i, "files": ["app.txt"], "against": ["api"]} for i in ids]
+    return {"passed": False, "merged": ["api"], "conflicts": conflicts}
+
+
 SCENARIOS: Mapping[str, Script] = {
     "demo_local": Script(
         results={
@@ -268,6 +274,15 @@ SCENARIOS: Mapping[str, Script] = {
             "build.decompose.2": _items("api", "ui"),
             "build.implement.2.1": {"item": "ui", "status": "ambiguous", "question": "Dark mode?"},
         },
+    ),
+    "merge_queue": Script(
+        results={
+            "build.decompose.0": _items("api", "ui", "docs"),
+            "build.verify.0": _conflicts("ui", "docs"),
+            "build.integrate.0": {"branch": "vibey/integration", **_conflicts("ui", "docs")},
+        },
+        answers={"build.merge_conflict.0.docs.1": "drop"},
+        failures=frozenset({"build.resolve.0.docs.1"}),
     ),
     "step_failure_retry": Script(
         results={"build.decompose.0": _items("api", "ui")},

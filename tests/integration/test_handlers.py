@@ -92,11 +92,11 @@ def handlers(pool: ConnectionPool, tmp_path: Path) -> Handlers:
     return build_handlers(HandlerContext(pool=pool, workspace=tmp_path))
 
 
-def test_all_25_names_are_registered_and_aliases_share_their_kind_handler(
+def test_all_26_names_are_registered_and_aliases_share_their_kind_handler(
     handlers: Handlers,
 ) -> None:
     assert set(handlers) == STEP_KINDS.names() - {"workflow.timer"}
-    assert len(handlers) == 25
+    assert len(handlers) == 26
     for alias, kind in STEP_KINDS.aliases.items():
         assert handlers[alias] == handlers[kind]
 
@@ -232,7 +232,9 @@ def _same_file(task: EngineTask) -> EngineVerdict:
     return EngineVerdict("ok", result={"status": "done"})
 
 
-def test_engine_changes_are_committed_and_a_conflict_is_a_work_failure(tmp_path: Path) -> None:
+def test_engine_changes_are_committed_and_a_conflict_goes_to_the_merge_queue(
+    tmp_path: Path,
+) -> None:
     fake = FakeEngine(respond=_same_file)
     context = HandlerContext(pool=None, workspace=tmp_path, engines={"scripted": fake})
     local = build_handlers(context)
@@ -241,9 +243,10 @@ def test_engine_changes_are_committed_and_a_conflict_is_a_work_failure(tmp_path:
         assert isinstance(outcome, Success)
         assert outcome.result["commit"] == git(repo(tmp_path), "rev-parse", f"vibey/c0/{item}")
     outcome = integrate(local, ["api", "ui"])
-    assert isinstance(outcome, Failure)
-    assert outcome.failure_class is FailureClass.WORK
-    assert "vibey/c0/ui does not merge cleanly" in outcome.detail
+    assert isinstance(outcome, Success)  # not the work's failure: the queue resolves it
+    assert outcome.result["merged"] == ["api"]
+    [conflict] = outcome.result["conflicts"]
+    assert conflict["item"] == "ui" and conflict["against"] == ["api"] and conflict["files"]
     assert len(merges(tmp_path)) == 1
     assert git(tmp_path / P / "worktrees" / "integration", "status", "--porcelain") == ""
     assert fake.kinds() == ["build.implement", "build.implement"]

@@ -44,11 +44,18 @@ def phase_of(kind: str) -> Phase:
 
 US = timedelta(microseconds=1)
 
-# Seed 004, "Jobs": the kinds registered against handlers, grouped by phase.
+# Seed 004, "Jobs": the kinds registered against handlers, grouped by phase (and the merge
+# queue's build.resolve, issue 20).
 SEED_KINDS_BY_PHASE: dict[Phase, tuple[str, ...]] = {
     Phase.DESIGN: ("design.interview", "design.research", "design.synthesize", "design.spec"),
     Phase.VISUAL_DESIGN: ("visual.inventory", "visual.plan"),
-    Phase.BUILD: ("build.decompose", "build.implement", "build.verify", "build.integrate"),
+    Phase.BUILD: (
+        "build.decompose",
+        "build.implement",
+        "build.verify",
+        "build.integrate",
+        "build.resolve",
+    ),
     Phase.REVIEW: (
         "review.demo",
         "review.collect",
@@ -166,13 +173,13 @@ def test_failure_classes_are_exactly_the_seed_four() -> None:
 # --- Kinds -------------------------------------------------------------------------------
 
 
-def test_registered_kinds_are_the_seed_25_names() -> None:
-    assert len(SEED_CANONICAL) == 22
+def test_registered_kinds_are_the_seed_25_names_and_build_resolve() -> None:
+    assert len(SEED_CANONICAL) == 23
     assert len(SEED_ALIASES) == 3
     assert set(KIND_PHASES) == set(SEED_CANONICAL)
     assert dict(KIND_ALIASES) == SEED_ALIASES
     assert set(SEED_ALL_NAMES) == REGISTERED_KINDS
-    assert len(REGISTERED_KINDS) == 25
+    assert len(REGISTERED_KINDS) == 26
 
 
 @pytest.mark.parametrize(("alias", "target"), sorted(SEED_ALIASES.items()))
@@ -498,6 +505,7 @@ SEED_DEFAULT_LEASES: dict[str, timedelta] = {
     name: {
         "build.implement": TWO_HOURS,
         "build.verify": TWO_HOURS,
+        "build.resolve": TWO_HOURS,
         "build.decompose": FIFTEEN_MINUTES,
         "build.integrate": FIFTEEN_MINUTES,
     }.get(SEED_ALIASES.get(name, name), TWO_MINUTES)

@@ -80,9 +80,9 @@ class Mini:
 # --- the protocol's declarations ----------------------------------------------------------
 
 
-def test_the_protocol_declares_the_seed_25_names_and_the_timer() -> None:
-    assert len(STEP_KINDS) == 23  # 22 kinds and the engine's timer
-    assert len(STEP_KINDS.names()) == 26
+def test_the_protocol_declares_the_seed_25_names_build_resolve_and_the_timer() -> None:
+    assert len(STEP_KINDS) == 24  # the seed's 22 kinds, build.resolve and the engine's timer
+    assert len(STEP_KINDS.names()) == 27
     assert dict(STEP_KINDS.aliases) == {
         "build.plan": "build.decompose",
         "deploy.accept": "deploy.spec",
@@ -99,6 +99,7 @@ def test_build_lane_is_the_long_unattended_kinds() -> None:
         "build.implement",
         "build.verify",
         "build.integrate",
+        "build.resolve",
         "deploy.execute",
         "deploy.graph",
     }
@@ -122,7 +123,8 @@ def test_the_protocols_attempts_failures_and_ladders() -> None:
     three = {k for k, v in STEP_KINDS.items() if v.max_attempts == 3}
     assert three == {"build.verify", "deploy.execute"}
     work = {k for k, v in STEP_KINDS.items() if v.failure_class is FailureClass.WORK}
-    assert work == {"build.verify", "deploy.execute"}
+    assert work == {"build.verify", "deploy.execute", "build.resolve"}
+    assert STEP_KINDS["build.resolve"].max_attempts == 2  # then the merge queue's gate
     bounded = {k: v.bounded for k, v in STEP_KINDS.items() if v.bounded is not None}
     assert bounded == {"build.implement": "max_attempts", "build.verify": "max_rounds"}
     engine = {k for k, v in STEP_KINDS.items() if v.engine}

@@ -6,7 +6,9 @@ makes no command. Only a result without the keys the protocol reads raises (a
 :class:`~workflows.protocol.results.ResultError`, a ``ValueError``), as does a workflow input
 without an engine object; the store turns a raise into a blocked workflow.
 
-A step that fails for good opens ``step.failed.<step>``: ``retry`` schedules it again as
+A build.resolve that fails for good parks its item at the merge queue's gate
+(:mod:`workflows.protocol.merging`). Any other step that fails for good opens
+``step.failed.<step>``: ``retry`` schedules it again as
 ``<origin>.retry<k>`` (and, again, every step in flight that waits on it, since a failed
 dependency never releases them); its success counts as the original's. ``abandon`` fails the
 workflow.
@@ -36,7 +38,7 @@ from workflows.gates import GateKinds
 from workflows.kinds import StepKinds
 from workflows.ledger import NewEvent
 from workflows.phases import Phase
-from workflows.protocol import deploy, product
+from workflows.protocol import deploy, merging, product
 from workflows.protocol.enter import enter_design
 from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
 from workflows.protocol.ledger import OpenFindings, events_for
@@ -163,6 +165,8 @@ def _failed(state: ProtocolState, event: StepFailed) -> Out:
     if pending is None:
         return unchanged(state)
     detail = event.detail[:_NOTE_CHARS]
+    if pending.kind == merging.RESOLVE:
+        return merging.resolve_failed(rest, pending, detail)
     gate = Gate(
         name=f"step.failed.{event.step}",
         role="step.failed",

@@ -1,22 +1,24 @@
 """The vibey protocol's step kinds and gate kinds, each declared once (seed 004).
 
-22 kinds plus 3 aliases (``build.plan`` for ``build.decompose``, ``deploy.accept`` for
+23 kinds plus 3 aliases (``build.plan`` for ``build.decompose``, ``deploy.accept`` for
 ``deploy.spec``, ``deploy.graph`` for ``deploy.execute``). Every kind but ``build.integrate``
 (a git merge vibey runs itself) is driven by an engine, at its phase's effort ladder: BUILD and
 DEPLOY_EXECUTE climb LOW → STANDARD → HIGH after failures, the rest run at HIGH.
 
-* lanes: the long unattended kinds (BUILD's four and ``deploy.execute``) run in the build lane,
+* lanes: the long unattended kinds (BUILD's five and ``deploy.execute``) run in the build lane,
   everything a person waits on in the interactive lane;
-* leases: 2 h for ``build.implement`` and ``build.verify``, 15 min for ``build.decompose`` and
-  ``build.integrate``, 2 min for the rest;
-* attempts: 3 for ``build.verify`` and ``deploy.execute`` (their failures are usually real), 5
-  for the rest; their failures are the work's (``work``), every other kind's the engine's;
+* leases: 2 h for ``build.implement``, ``build.verify`` and ``build.resolve``, 15 min for
+  ``build.decompose`` and ``build.integrate``, 2 min for the rest;
+* attempts: 3 for ``build.verify`` and ``deploy.execute`` (their failures are usually real), 2
+  for ``build.resolve`` (the merge queue bounds its steps, then parks the item), 5 for the rest;
+  the failures of those three are the work's (``work``), every other kind's the engine's;
 * bounded ladders: ``build.implement`` (grants ``max_attempts``) and ``build.verify`` (grants
   ``max_rounds``) park behind a ``ladder_exhausted`` gate once BUILD's ladder is spent;
 * results: the keys the protocol reads from each (``workflows/protocol/results.py``).
 
 Gate kinds: ``question`` (a free-text answer, or one of the offered answers), ``approval``,
-``opt_in`` and ``step_failed``, beside the engine's own (:data:`workflows.gates.ENGINE_GATES`).
+``opt_in``, ``step_failed`` and ``merge_conflict`` (``workflows/merge_queue.py``), beside the
+engine's own (:data:`workflows.gates.ENGINE_GATES`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from workflows.effort import ladder
 from workflows.gates import ENGINE_GATES, GateKind
 from workflows.job import FailureClass
 from workflows.kinds import TIMER, StepKind, StepKinds
+from workflows.merge_queue import ANSWERS as MERGE_ANSWERS
 from workflows.phases import Phase
 
 _TEXT: Mapping[str, Any] = {"type": "string"}
@@ -110,6 +113,15 @@ STEP_KINDS = StepKinds(
             lane=Lane.BUILD,
         ),
         _kind(
+            "build.resolve",
+            Phase.BUILD,
+            _result(resolved={"type": "boolean"}),
+            lease=_LONG,
+            attempts=2,
+            failure=FailureClass.WORK,
+            lane=Lane.BUILD,
+        ),
+        _kind(
             "build.integrate",
             Phase.BUILD,
             _result(branch=_TEXT),
@@ -169,6 +181,13 @@ GATE_KINDS = ENGINE_GATES.merged(
             answers=("retry", "abandon"),
             title="a step failed for good",
             hint="retry runs it again; abandon fails the workflow",
+        ),
+        GateKind(
+            "merge_conflict",
+            answers=MERGE_ANSWERS,
+            title="a work item's merge conflict the engine did not resolve",
+            hint="resolved: you merged it by hand in its worktree and it re-enters the merge "
+            "queue; drop: the item leaves the cycle; abandon fails the workflow",
         ),
     ]
 )

@@ -12,7 +12,14 @@ a review's triage, the findings still open in the ledger. Ids join the closable 
   no longer reports an open finding resolves it (``FindingResolved``), as does the end of the
   workflow for every finding still open;
 * specs, implemented items, integrations and deployments are ``ArtifactProduced``; a verify
-  or a failed step is a ``VerdictRendered``; a phase change is a ``PhaseTransitioned``.
+  or a failed step is a ``VerdictRendered``; a phase change is a ``PhaseTransitioned``;
+* the merge queue's conflicts (``workflows.protocol.merging``) are findings: a conflict is a
+  ``FindingRaised`` (``id`` = ``conflict:<cycle>.<item>.<n>``, with the item and the files)
+  when a ``build.resolve`` is scheduled for it or its gate opens without one, and its
+  resolution a ``FindingResolved`` that ``closes`` it with ``resolution`` ``engine`` (the
+  resolve step's success, with its ``round`` and ``attempt``), ``hand`` (the gate's
+  ``resolved``), ``dropped`` or ``abandoned``; a pass that met conflicts is a
+  ``VerdictRendered`` with ``verdict`` ``conflict``.
 
 Engine-level events (turns, tools, files, transcripts, budget, capacity, and the handoffs
 between engines inside a job) are the engines' to report: a step's ``evidence["ledger"]``
@@ -32,6 +39,7 @@ from workflows.engine import (
     Fail,
     GateAnswered,
     OpenGate,
+    ScheduleStep,
     Started,
     StepFailed,
     StepSucceeded,
@@ -49,7 +57,14 @@ OPT_INS: Mapping[tuple[str, str], EventKind] = {
     ("deployment.opt_in", "yes"): K.DeploymentOptedIn,
     ("deployment.opt_in", "no"): K.DeploymentDeclined,
 }
-DECISION_GATES = ("design.accept", "deploy.accept", "deploy.signoff", "step.failed")
+DECISION_GATES = (
+    "design.accept",
+    "deploy.accept",
+    "deploy.signoff",
+    "step.failed",
+    "build.merge_conflict",
+)
+RESOLUTIONS: Mapping[str, str] = {"resolved": "hand", "drop": "dropped", "abandon": "abandoned"}
 
 
 def step_kind(step: str) -> str:
@@ -103,7 +118,31 @@ def _answered(gate: str, answer: str, by: str) -> list[NewEvent]:
         out.append(NewEvent(opt_in, {"gate": gate, "by": by}))
     if family in DECISION_GATES:
         out.append(NewEvent(K.DecisionRecorded, {"id": gate, "decision": answer, "by": by}))
+    if family == "build.merge_conflict" and answer in RESOLUTIONS:
+        closes = _conflict_of(gate, family)
+        resolution = {"closes": closes, "resolution": RESOLUTIONS[answer], "by": by}
+        out.append(NewEvent(K.FindingResolved, resolution))
     return out
+
+
+def _conflict_of(name: str, family: str) -> str:
+    """``build.resolve.0.b.1`` / ``build.merge_conflict.0.b.1`` → ``conflict:0.b.1``."""
+    return "conflict:" + name.removeprefix(f"{family}.")
+
+
+def _conflict_raised(given: Mapping[str, Any]) -> NewEvent:
+    item = given.get("item")
+    item_id = item.get("id") if isinstance(item, Mapping) else item
+    files = [f for f in given.get("files") or [] if isinstance(f, str)]
+    payload = {
+        "id": given.get("conflict"),
+        "text": f"work item {item_id} does not merge into the integrated tree: "
+        + (", ".join(files) or "no files named"),
+        "ambiguous": False,
+        "item": item_id,
+        "files": files,
+    }
+    return NewEvent(K.FindingRaised, payload)
 
 
 def _succeeded(step: str, result: Mapping[str, Any], open_findings: OpenFindings) -> list[NewEvent]:
@@ -112,6 +151,8 @@ def _succeeded(step: str, result: Mapping[str, Any], open_findings: OpenFindings
         return _triaged(result.get("findings") or [], frozenset(open_findings()))
     if kind in ("design.spec", "deploy.spec"):
         return [NewEvent(K.ArtifactProduced, {"id": step, "artifact": "spec"})]
+    if kind == "build.resolve":
+        return _resolved(step, result)
     if kind in ("build.implement", "build.integrate") and result.get("commit"):
         payload = {"id": step, "branch": result.get("branch"), "commit": result.get("commit")}
         pushed = result.get("pushed")
@@ -121,9 +162,28 @@ def _succeeded(step: str, result: Mapping[str, Any], open_findings: OpenFindings
         return [NewEvent(K.ArtifactProduced, payload), NewEvent(K.ArtifactProduced, push)]
     if kind == "deploy.execute":
         return [NewEvent(K.ArtifactProduced, {"id": step, "url": result.get("url")})]
+    if kind == "build.verify" and result.get("conflicts"):
+        payload = {"step": step, "verdict": "conflict", "conflicts": result["conflicts"]}
+        return [NewEvent(K.VerdictRendered, payload)]
     if kind == "build.verify":
         return [NewEvent(K.VerdictRendered, {"step": step, "verdict": "pass"})]
     return []
+
+
+def _resolved(step: str, result: Mapping[str, Any]) -> list[NewEvent]:
+    """The engine resolved the conflict: the finding closed, and the item's merge commit."""
+    number = step.rsplit(".", 1)[-1]
+    resolution = {
+        "closes": _conflict_of(step, "build.resolve"),
+        "resolution": "engine",
+        "round": int(number) if number.isdigit() else None,
+        "attempt": result.get("attempt"),
+    }
+    out = [NewEvent(K.FindingResolved, resolution)]
+    if result.get("commit"):
+        payload = {"id": step, "branch": result.get("branch"), "commit": result.get("commit")}
+        out.append(NewEvent(K.ArtifactProduced, payload))
+    return out
 
 
 def _triaged(findings: Sequence[Any], open_findings: frozenset[str]) -> list[NewEvent]:
@@ -144,9 +204,14 @@ def _triaged(findings: Sequence[Any], open_findings: frozenset[str]) -> list[New
 
 def _from_command(command: Command, open_findings: OpenFindings) -> list[NewEvent]:
     match command:
-        case OpenGate(gate=gate, kind=kind, question=question, answers=answers):
+        case ScheduleStep(kind="build.resolve", input=given):
+            return [_conflict_raised(given)]
+        case OpenGate(gate=gate, kind=kind, question=question, answers=answers, context=context):
             payload = {"id": gate, "kind": kind, "question": question, "answers": list(answers)}
-            return [NewEvent(K.QuestionAsked, payload)]
+            asked = NewEvent(K.QuestionAsked, payload)
+            if kind == "merge_conflict" and context.get("new_conflict") is True:
+                return [_conflict_raised(context), asked]
+            return [asked]
         case TransitionPhase(phase=phase, cycle=cycle):
             return [NewEvent(K.PhaseTransitioned, {"phase": phase, "cycle": cycle})]
         case Complete(mode=mode):

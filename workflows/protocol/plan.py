@@ -93,10 +93,11 @@ def open_gate(
 
 
 def transition(state: ProtocolState, phase: Phase, cycle: int) -> Out:
-    """Move to ``phase`` in ``cycle``; no command when that is where the workflow already is."""
+    """Move to ``phase`` in ``cycle``; no command when that is where the workflow already is.
+    A move ends the BUILD cycle's plan and merge queue (a new cycle starts its own)."""
     if state.phase == phase.value and state.cycle == cycle:
         return Decision(state)
-    moved = replace(state, phase=phase.value, cycle=cycle)
+    moved = replace(state, phase=phase.value, cycle=cycle, plan=(), merge=None)
     return Decision(moved, (TransitionPhase(phase.value, cycle),))
 
 

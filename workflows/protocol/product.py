@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TypeAlias
 
-from workflows.protocol import results
+from workflows.protocol import merging, results
 from workflows.protocol.enter import (
     after_review,
     collect,
@@ -110,7 +110,8 @@ def _visual_decided(state: ProtocolState, gate: Gate, answer: str) -> Out:
 
 def _decomposed(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
     items = results.work_items(pending.step, result)
-    state = replace(state, items=tuple(item["id"] for item in items))
+    plan = tuple((item["id"], item["title"]) for item in items)
+    state = replace(state, items=tuple(item["id"] for item in items), plan=plan)
     if not items:
         return verify_chain(state)
     plans = (
@@ -135,13 +136,23 @@ def _implemented(state: ProtocolState, pending: Pending, result: JsonObject) -> 
 
 
 def _verified(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    """A pass of the merge queue: with ``conflicts`` its items go to build.resolve (or their
+    gate) and the tests wait for the next pass; without, the tests passed."""
+    conflicts = results.conflicts(pending.step, result)
+    if conflicts:
+        return merging.on_conflicts(state, conflicts)
     results.passed(pending.step, result)
     return unchanged(state)
 
 
 def _integrated(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
+    """REVIEW follows, unless the cycle's merge queue still has items to merge."""
     branch = results.text(pending.step, result, "branch")
-    return enter_review(replace(state, branch=branch), state.cycle)
+    conflicts = results.conflicts(pending.step, result)
+    state = replace(state, branch=branch)
+    if state.merge is None and not conflicts:
+        return enter_review(state, state.cycle)
+    return merging.pass_done(state, conflicts)
 
 
 # --- REVIEW ------------------------------------------------------------------------------
@@ -207,6 +218,7 @@ ON_SUCCESS: Mapping[str, OnSuccess] = {
     "build.implement": _implemented,
     "build.verify": _verified,
     "build.integrate": _integrated,
+    "build.resolve": merging.resolved,
     "review.demo": _demonstrated,
     "review.collect": _collected,
     "review.triage": _triaged,
@@ -218,4 +230,5 @@ ON_ANSWER: Mapping[str, OnAnswer] = {
     "visual.opt_in": _visual_chosen,
     "visual.accept": _visual_decided,
     "review.feedback": _feedback_given,
+    merging.GATE_ROLE: merging.answered,
 }

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from workflows.merge_queue import Conflict
+
 JsonObject: TypeAlias = Mapping[str, Any]
 
 DEPLOY_FAILURES: frozenset[str] = frozenset({"infra", "config", "product", "code", "review"})
@@ -115,6 +117,25 @@ def passed(step: str, result: JsonObject) -> None:
     """build.verify succeeds only with ``{"passed": true}`` (a failing verify is a Failure)."""
     if _key(step, result, "passed") is not True:
         raise ResultError(step, "'passed' must be true (a failing verify returns Failure(work))")
+
+
+def conflicts(step: str, result: JsonObject) -> tuple[Conflict, ...]:
+    """build.verify and build.integrate: the items of the pass that did not merge,
+    ``{"conflicts": [{"item", "files": [str], "against": [str]}]}`` (no key: none)."""
+    value = result.get("conflicts", [])
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ResultError(step, "'conflicts' must be a list of objects")
+    read = []
+    for entry in value:
+        item = _text(step, _key(step, entry, "item"), "a conflict's 'item'", empty=False)
+        lists = []
+        for key in ("files", "against"):
+            names = entry.get(key, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ResultError(step, f"a conflict's {key!r} must be a list of strings")
+            lists.append(tuple(names))
+        read.append(Conflict(item, lists[0], lists[1]))
+    return tuple(read)
 
 
 def feedback(step: str, result: JsonObject) -> list[str]:

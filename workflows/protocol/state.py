@@ -7,8 +7,9 @@ flight and the gates open. Step results are evidence and stay on their jobs.
 :func:`encode_state` gives plain JSON; :func:`decode_state` accepts exactly that shape (no
 missing or extra keys, no value of the wrong type) and raises :class:`StateCodecError`
 otherwise, so ``decode_state(encode_state(s)) == s`` and nothing else decodes. The one
-exception is a field added after states were stored (``review_feedback``): it is written only
-when it is not its default, and a state without it decodes with its default.
+exception is the fields added after states were stored (``review_feedback``, ``plan`` and
+``merge``): each is written only when it is not its default, and a state without it decodes
+with its default.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
 from workflows.engine import CodecError
+from workflows.merge_queue import MergeQueue
 from workflows.phases import Phase
 
 JsonObject: TypeAlias = Mapping[str, Any]
 Answers: TypeAlias = tuple[tuple[str, str], ...]
+Plan: TypeAlias = tuple[tuple[str, str], ...]
+ADDED: frozenset[str] = frozenset({"review_feedback", "plan", "merge"})
 
 
 class StateCodecError(CodecError):
@@ -50,8 +54,10 @@ class Pending:
 class Gate:
     """An open gate. ``role`` says what an answer does (``design.q``, ``design.accept``,
     ``visual.opt_in``, ``visual.accept``, ``deployment.opt_in``, ``deploy.q``,
-    ``deploy.accept``, ``deploy.signoff``, ``step.failed``); ``answers`` are the allowed ones
-    (empty: any non-empty text); ``ref`` is the question id of a question gate; ``failed`` the
+    ``deploy.accept``, ``deploy.signoff``, ``step.failed``, ``build.merge_conflict``);
+    ``answers`` are the allowed ones
+    (empty: any non-empty text); ``ref`` is the question id of a question gate (the work item of
+    a ``build.merge_conflict`` gate); ``failed`` the
     step a ``step.failed`` gate is about and ``note`` why it failed."""
 
     name: str
@@ -88,6 +94,8 @@ class ProtocolState:
     pending: tuple[Pending, ...] = ()
     gates: tuple[Gate, ...] = ()
     ended: str | None = None  # "completed <mode>" or "failed: <reason>"
+    plan: Plan = ()  # this BUILD cycle's work items (id, title), for the merge queue's intents
+    merge: MergeQueue | None = None  # the cycle's merge queue, once an item conflicted
 
 
 # --- encoding ------------------------------------------------------------------------------
@@ -102,8 +110,23 @@ def encode_state(state: ProtocolState) -> dict[str, Any]:
     data["ambiguities"] = list(state.ambiguities)
     data["pending"] = [_encode_pending(p) for p in state.pending]
     data["gates"] = [_encode_gate(g) for g in state.gates]
-    if not state.review_feedback:  # an added field, left out at its default: older states and
-        del data["review_feedback"]  # the golden histories encode as they always did
+    data["plan"] = [{"id": item, "title": title} for item, title in state.plan]
+    data["merge"] = None if state.merge is None else _encode_queue(state.merge)
+    for name in ADDED:  # added fields, left out at their defaults: older states and the
+        if getattr(state, name) == _DEFAULTS[name]:  # golden histories encode as they did
+            del data[name]
+    return data
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ProtocolState) if f.name in ADDED}
+
+
+def _encode_queue(queue: MergeQueue) -> dict[str, Any]:
+    data = {f.name: getattr(queue, f.name) for f in fields(queue)}
+    for name in ("order", "dropped", "resolving", "parked", "waiting"):
+        data[name] = list(data[name])
+    data["conflicts"] = dict(queue.conflicts)
+    data["resolves"] = dict(queue.resolves)
     return data
 
 
@@ -168,6 +191,26 @@ def _answers(value: Any) -> Answers:
     return tuple(value.items())
 
 
+def _plan(value: Any) -> Plan:
+    if not isinstance(value, list) or not all(
+        isinstance(v, Mapping)
+        and set(v) == {"id", "title"}
+        and isinstance(v["id"], str)
+        and isinstance(v["title"], str)
+        for v in value
+    ):
+        raise StateCodecError("plan is a list of {id, title} objects of strings")
+    return tuple((v["id"], v["title"]) for v in value)
+
+
+def _counts(value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in value.items()
+    ):
+        raise StateCodecError("counts are a JSON object of whole numbers")
+    return tuple(sorted(value.items()))
+
+
 def _list_of(decoder: Decoder) -> Decoder:
     def check(value: Any) -> tuple[Any, ...]:
         if not isinstance(value, list):
@@ -229,6 +272,22 @@ _gate = _record(
         "note": _str,
     },
 )
+_merge_queue = _record(
+    MergeQueue,
+    {
+        "order": _strings,
+        "max_resolves": _int,
+        "dropped": _strings,
+        "resolving": _strings,
+        "parked": _strings,
+        "waiting": _strings,
+        "conflicts": _counts,
+        "resolves": _counts,
+        "passes": _int,
+        "in_pass": _bool,
+        "pass_conflicted": _bool,
+    },
+)
 _state = _record(
     ProtocolState,
     {
@@ -256,8 +315,10 @@ _state = _record(
         "pending": _list_of(_pending),
         "gates": _list_of(_gate),
         "ended": _optional(_str),
+        "plan": _plan,
+        "merge": _optional(_merge_queue),
     },
-    added=frozenset({"review_feedback"}),
+    added=ADDED,
 )
 
 
