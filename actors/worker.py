@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
+from dramatiq.common import join_all
 
 from actors import metrics, tracing
 from actors.agents.roster import AgentSpec
@@ -108,6 +109,9 @@ class WorkerConfig:
     tracing_service: str = "vibey"
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
+    # SIGTERM: running steps get this long to settle (vibey.wiring.drain_grace: the longest
+    # lease, the number the manifests' terminationGracePeriodSeconds is built on).
+    drain_grace: timedelta = timedelta(hours=2)
 
     @property
     def names(self) -> QueueNames:
@@ -324,17 +328,21 @@ class Runtime:
         self.reconciler.start(interval=self.config.reconcile_interval)
         self.events.start()
 
-    def stop(self, *, timeout: float = 600.0) -> None:
-        """Stop consuming, let running steps settle, then close everything."""
+    def stop(self, *, timeout: float | None = None) -> int:
+        """Stop taking work, let running steps settle for up to ``timeout`` seconds (default:
+        ``config.drain_grace``), then close everything. Returns the number of steps cut at
+        the grace: their leases stop beating when this process exits, and the reconciler
+        reaps them once they expire (their deliveries go back to the queue unacknowledged)."""
+        grace = self.config.drain_grace.total_seconds() if timeout is None else timeout
         self.reconciler.stop()
         self.events.stop()
-        if self._worker is not None:
-            self._worker.stop(timeout=int(timeout * 1000))
+        cut = 0 if self._worker is None else self._worker.drain(grace)
         self.runner.close()
         self.relay.stop()
         self.routes.stop()
         self.broker.close()
         self.pool.close()
+        return cut
 
 
 def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> EventService:
@@ -351,7 +359,7 @@ def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> 
 
 class LaneWorker(dramatiq.Worker):
     """A Dramatiq worker with a prefetch per queue (``_add_consumer`` is Dramatiq's private
-    hook; dramatiq is pinned to 2.2.*)."""
+    hook; dramatiq is pinned to 2.2.*) and a drain bounded by the grace it is given."""
 
     def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
         super().__init__(broker, queues=set(prefetch), worker_threads=worker_threads)
@@ -360,6 +368,46 @@ class LaneWorker(dramatiq.Worker):
     def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
         self.queue_prefetch = self._prefetch.get(queue_name, self.queue_prefetch)
         super()._add_consumer(queue_name, delay=delay)
+
+    def drain(self, grace: float) -> int:
+        """Stop taking work, wait up to ``grace`` seconds for the running steps, then close
+        the consumers; returns how many steps were still running (cut).
+
+        Dramatiq's ``Worker.stop`` joins the worker threads for its timeout (600 s by
+        default) and its threads are daemons, so whatever runs past it dies with the
+        process. Here every worker thread is told to stop first (it finishes the step it
+        runs and takes no other), and the joins share one deadline, the grace. The consumers
+        stay open meanwhile: a finishing step acknowledges its delivery on its own channel.
+        Pointers buffered but not started go back to their queue when the consumers close.
+        """
+        deadline = time.monotonic() + max(grace, 0.0)
+        for thread in self.workers:
+            thread.stop()
+        for thread in self.workers:
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        cut = sum(1 for thread in self.workers if thread.is_alive())
+        if cut:
+            log.warning(
+                "drain: %d step(s) still running after the %g s grace; their leases expire "
+                "and the reconciler reaps them",
+                cut,
+                grace,
+            )
+        # Not Dramatiq's stop: it would join a cut thread for its timeout once more. The
+        # consumers close their channels, and RabbitMQ requeues every delivery they held
+        # unacknowledged (the unstarted ones, and a cut step's, whose claim then meets its
+        # lease until the reconciler reaps it).
+        self.broker.emit_before("worker_shutdown", self)
+        for consumer in self.consumers.values():
+            consumer.stop()
+        join_all(self.consumers.values(), CONSUMER_STOP_MS)  # type: ignore[no-untyped-call]
+        for consumer in self.consumers.values():
+            consumer.close()
+        self.broker.emit_after("worker_shutdown", self)
+        return cut
+
+
+CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within a second
 
 
 def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
@@ -382,7 +430,8 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     if ready is not None:
         ready.set()
     stop.wait()
-    runtime.stop()
+    cut = runtime.stop()
+    log.info("drained%s", f"; {cut} step(s) cut at the grace" if cut else ": every step settled")
 
 
 QUICK_EXIT_S = 10.0  # an error exit this soon after the start backs the respawn off

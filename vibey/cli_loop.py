@@ -24,7 +24,7 @@ from vibey.settings import Settings, SettingsError, load_settings
 def loop_service(
     *,
     engine: Annotated[str, Parameter(name="--engine")],
-    drain_grace: Annotated[float, Parameter(name="--drain-grace")] = 60.0,
+    drain_grace: Annotated[float | None, Parameter(name="--drain-grace")] = None,
     stale_after: Annotated[float, Parameter(name="--stale-after")] = 60.0,
     progress_every: Annotated[float, Parameter(name="--progress-every")] = 1.0,
     no_watchdog: Annotated[bool, Parameter(name="--no-watchdog", negative=())] = False,
@@ -49,7 +49,9 @@ def loop_service(
     engine
         The engine's id: an [engines.ENGINE] table of vibey.toml.
     drain_grace
-        Seconds the runs in progress get to finish on SIGTERM before they are stopped.
+        Seconds the runs in progress get to finish on SIGTERM before they are stopped
+        (default: the longest of the leases and the engine's timeout_seconds, the number
+        the Kubernetes manifests give a loop-service pod).
     stale_after
         Seconds without a heartbeat after which the service counts as wedged.
     progress_every
@@ -63,6 +65,10 @@ def loop_service(
         (spec,) = settings.roster([engine])
     except SettingsError as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
+    if drain_grace is None:
+        from vibey.wiring import service_drain_grace
+
+        drain_grace = service_drain_grace(settings, spec).total_seconds()
     if stale_after <= 0:
         raise CommandError("--stale-after must be more than 0 seconds", ExitCode.USAGE)
     if progress_every < 0:

@@ -125,7 +125,7 @@ def _scales_engines(fleet: Fleet) -> bool:
 def _engine_deployment(fleet: Fleet, engine: Engine) -> Obj:
     """``vibey loop-service``: on SIGTERM its runs get the longest of the leases and the
     engine's run time to finish (``--drain-grace``), and the pod that long plus the margin."""
-    drain = max(fleet.longest_lease_seconds, engine.run_seconds)
+    drain = max(fleet.drain_grace_seconds, engine.run_seconds)
     args = ["loop-service", f"--engine={engine.id}", f"--drain-grace={drain}"]
     container = _container(fleet, "loop-service", args, engine.resources)
     replicas = engine.min_replicas if _scales_engines(fleet) else max(engine.min_replicas, 1)
@@ -171,7 +171,7 @@ def _pod_spec(fleet: Fleet, container: Obj) -> Obj:
         "serviceAccountName": fleet.name,
         "automountServiceAccountToken": False,
         # SIGTERM drains: running steps settle first, and a step may hold its lease this long.
-        "terminationGracePeriodSeconds": fleet.longest_lease_seconds + fleet.grace_margin_seconds,
+        "terminationGracePeriodSeconds": fleet.drain_grace_seconds + fleet.grace_margin_seconds,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": UID,

@@ -103,10 +103,12 @@ class Fleet:
         return self.settings.queue.backend
 
     @property
-    def longest_lease_seconds(self) -> int:
-        from vibey.wiring import longest_lease
+    def drain_grace_seconds(self) -> int:
+        """A worker's drain grace (``vibey.wiring.drain_grace``, the function ``vibey worker``
+        reads too): the pods' ``terminationGracePeriodSeconds`` is this plus the margin."""
+        from vibey.wiring import drain_grace
 
-        return int(longest_lease(self.settings).total_seconds())
+        return int(drain_grace(self.settings).total_seconds() + 0.999)
 
 
 def load_fleet(path: Path) -> Fleet:
