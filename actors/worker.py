@@ -545,21 +545,12 @@ class Supervisor:
                 child.join()
 
 
-def dead_queue_depth(config: WorkerConfig) -> Any:
-    """A function reading the dead-letter queue's depth (None on the postgres backend)."""
+def dead_queue_depth(config: WorkerConfig) -> metrics.QueueDepth | None:
+    """The dead-letter queue's depth, read over one long-lived connection (None on the
+    postgres backend)."""
     if config.backend == "postgres":
         return None
-    from actors import amqp
-
-    def depth() -> int:
-        connection = amqp.connect(config.amqp_url, timeout=3)
-        try:
-            queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
-            return int(queue.method.message_count)
-        finally:
-            connection.close()
-
-    return depth
+    return metrics.QueueDepth(config.amqp_url, config.names.dead_queue)
 
 
 def supervise(config: WorkerConfig, *, processes: int) -> int:
