@@ -274,8 +274,9 @@ class _Quiet(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on ``port`` (0: any free port; see :attr:`port`);
-    ``/healthz`` answers 503 while ``healthy`` (when given) says no."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (0: any free port; see
+    :attr:`port`); ``/healthz`` answers 503 while ``healthy`` (when given) says no, and
+    ``/readyz`` while ``ready`` (when given; else ``healthy``) says no."""
 
     def __init__(
         self,
@@ -284,17 +285,22 @@ class MetricsServer:
         collectors: Iterable[Collector] = (),
         host: str = "",
         healthy: Callable[[], bool] | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self.registry = _registry()
         for collector in collectors:
             self.registry.register(collector)
         metrics = make_wsgi_app(self.registry)
 
+        checks = {"/healthz": (healthy, b"stale\n"), "/readyz": (ready or healthy, b"not ready\n")}
+
         def app(environ: dict[str, Any], start_response: Any) -> Any:
-            if environ.get("PATH_INFO") == "/healthz":
-                if healthy is not None and not healthy():
+            path = environ.get("PATH_INFO")
+            if path in checks:
+                check, why = checks[path]
+                if check is not None and not check():
                     start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-                    return [b"stale\n"]
+                    return [why]
                 start_response("200 OK", [("Content-Type", "text/plain")])
                 return [b"ok\n"]
             return metrics(environ, start_response)

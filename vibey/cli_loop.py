@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -115,6 +116,7 @@ def _watchdog(
         heartbeat=state / "heartbeat.json",
         stale_after=stale_after,
         stop_wait=drain_grace + 30,
+        can_run=_can_run(settings, engine),
     )
     stop = _stop_on_signals()
     print(
@@ -126,13 +128,23 @@ def _watchdog(
     if settings.metrics.port is not None:  # /healthz: the pod's liveness and startup probes
         from actors.metrics import MetricsServer
 
-        health = MetricsServer(port=settings.metrics.port, healthy=watchdog.healthy).start()
+        health = MetricsServer(
+            port=settings.metrics.port, healthy=watchdog.healthy, ready=watchdog.ready
+        ).start()
     try:
         code = watchdog.run(stop)
     finally:
         if health is not None:
             health.stop()
     return ExitCode.OK if code == 0 else ExitCode.FAILURE
+
+
+def _can_run(settings: Settings, engine: str) -> Callable[[], bool]:
+    """Whether the engine's binary is found on the PATH its runs get (the readiness probe)."""
+    from actors.agents.roster import installed
+
+    (spec,) = settings.roster([engine])
+    return lambda: installed(spec, settings.agent_env)
 
 
 def _serve(
@@ -177,7 +189,10 @@ def _serve(
     if metrics and settings.metrics.port is not None:
         from actors.metrics import MetricsServer
 
-        health = MetricsServer(port=settings.metrics.port).start()
+        can_run = _can_run(settings, spec.id)
+        health = MetricsServer(
+            port=settings.metrics.port, ready=lambda: service.ready.is_set() and can_run()
+        ).start()
     try:
         service.run(stop)
     finally:
