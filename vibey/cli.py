@@ -416,9 +416,10 @@ def worker(
     before; `vibey project undedicate P` undoes it). It exits 2 when
     consumer_timeout_seconds is not above the longest lease. A process serving both lanes
     keeps one of its threads for the interactive lane. It prints one line saying what it
-    runs; SIGTERM or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
-    vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
-    backend.
+    runs; SIGTERM or Ctrl-C stops taking work and lets running steps settle for up to the
+    longest lease (a step still running then is cut, and its lease is reaped by a
+    reconciler), then exits 0. The flags override [worker] in vibey.toml and VIBEY_WORKER_*;
+    it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq backend.
 
     Parameters
     ----------
