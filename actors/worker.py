@@ -376,13 +376,17 @@ class LaneWorker(dramatiq.Worker):
         Dramatiq's ``Worker.stop`` joins the worker threads for its timeout (600 s by
         default) and its threads are daemons, so whatever runs past it dies with the
         process. Here every worker thread is told to stop first (it finishes the step it
-        runs and takes no other), and the joins share one deadline, the grace. The consumers
-        stay open meanwhile: a finishing step acknowledges its delivery on its own channel.
-        Pointers buffered but not started go back to their queue when the consumers close.
+        runs and takes no other), every consumer cancels its subscription (the broker sends
+        it nothing more, so a pointer is not held here for hours while another pod could
+        run it), and the joins share one deadline, the grace. The channels stay open
+        meanwhile: a finishing step acknowledges its delivery on its own channel. Pointers
+        buffered but not started go back to their queue when the consumers close.
         """
         deadline = time.monotonic() + max(grace, 0.0)
         for thread in self.workers:
             thread.stop()
+        for consumer_thread in self.consumers.values():
+            _stop_deliveries(consumer_thread)
         for thread in self.workers:
             thread.join(timeout=max(deadline - time.monotonic(), 0.0))
         cut = sum(1 for thread in self.workers if thread.is_alive())
@@ -408,6 +412,27 @@ class LaneWorker(dramatiq.Worker):
 
 
 CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within a second
+
+
+def _stop_deliveries(consumer_thread: Any) -> None:
+    """Ask ``consumer_thread``'s channel to cancel its subscription (Basic.Cancel), in the
+    thread that owns the connection. The channel stays open and its consumer thread keeps
+    driving it (acknowledgements, heartbeats); only new deliveries stop."""
+    consumer = getattr(consumer_thread, "consumer", None)
+    if consumer is None:
+        return
+
+    def cancel() -> None:
+        try:
+            for tag in consumer.channel.consumer_tags:
+                consumer.channel.basic_cancel(tag)
+        except Exception:  # noqa: BLE001 - the drain goes on; closing requeues the rest
+            log.warning("drain: cancelling the consumer of %s failed", consumer.queue_name)
+
+    try:
+        consumer.connection.add_callback_threadsafe(cancel)
+    except Exception:  # noqa: BLE001 - a closed connection delivers nothing more anyway
+        log.debug("drain: the consumer of %s is already closed", consumer.queue_name)
 
 
 def run_process(config: WorkerConfig, *, ready: Any = None) -> None:

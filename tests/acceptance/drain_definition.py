@@ -1,5 +1,6 @@
 """One workflow of one long step, for the drain tests: ``drain.sleep`` sleeps
-``VIBEY_TEST_STEP_SECONDS`` (after writing ``started`` into the engines' workspace, so the test
+``VIBEY_TEST_STEP_SECONDS`` (``VIBEY_TEST_SHORT_STEP_SECONDS`` for a project whose id starts
+with ``short``) after writing a line to ``started`` in the engines' workspace (so the test
 knows when to send SIGTERM), then succeeds. Its lease is ``VIBEY_TEST_LEASE_SECONDS``.
 
 ``VIBEY_WORKFLOW_DEFINITIONS=tests.acceptance.drain_definition:DEFINITIONS`` and
@@ -87,7 +88,10 @@ def _sleep(job: Job) -> Outcome:
     workspace = Path(os.environ["VIBEY_ENGINE_WORKSPACE"])
     with (workspace / "started").open("a", encoding="utf-8") as out:
         out.write(f"{job.id} {job.attempts} {time.time()}\n")
-    time.sleep(_seconds("VIBEY_TEST_STEP_SECONDS", 20))
+    short = job.project_id.startswith("short")  # a project named short* sleeps less
+    time.sleep(
+        _seconds("VIBEY_TEST_SHORT_STEP_SECONDS" if short else "VIBEY_TEST_STEP_SECONDS", 20)
+    )
     with (workspace / "finished").open("a", encoding="utf-8") as out:
         out.write(f"{job.id} {job.attempts} {time.time()}\n")
     return Success({"slept": True})

@@ -109,3 +109,56 @@ def test_a_step_cut_at_the_grace_is_a_lease_the_reconciler_reaps(
     drained.kill_worker(later, signal.SIGTERM)
     assert sql(pg_url, "SELECT count(*) FROM job WHERE state = 'leased'") == [(0,)]
     assert (drained.workspace / "started").read_text().count("\n") == 2  # cut, then rerun
+
+
+def ready_in(amqp: Amqp, queue: str) -> int:
+    connection = amqp.connect()
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def test_a_draining_worker_takes_no_new_pointer_while_its_last_step_runs(
+    drained: Stack, pg_url: str, amqp: Amqp
+) -> None:
+    """Two steps run (20 s and 4 s) and a third waits in the queue. SIGTERM: when the short
+    step ends its thread is free, but the draining worker takes nothing more, so the third
+    pointer stays ready in the queue for another pod instead of waiting here behind the
+    long step; the next worker runs it."""
+    drained.config = settings_file(drained.workspace.parent, 30)
+    drained.extra_env.update(VIBEY_TEST_LEASE_SECONDS="30", VIBEY_TEST_SHORT_STEP_SECONDS="4")
+    worker = drained.start_worker(processes=1, threads=2)
+    drained.vibey("workflow", "start", "long")
+    drained.vibey("workflow", "start", "short")
+    started = drained.workspace / "started"
+    deadline = time.monotonic() + 60
+    while (not started.exists() or started.read_text().count("\n") < 2) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert started.read_text().count("\n") == 2, drained.worker_log()
+    drained.vibey("workflow", "start", "queued")
+    queue = f"{amqp.prefix}.jobs.interactive"
+    deadline = time.monotonic() + 30
+    while ready_in(amqp, queue) < 1:
+        assert time.monotonic() < deadline, drained.worker_log()
+        time.sleep(0.2)
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(9)  # the short step ended 5 s ago; the long one runs on
+    assert worker.poll() is None  # still draining
+    assert ready_in(amqp, queue) == 1  # the third pointer was not taken
+    assert started.read_text().count("\n") == 2
+    assert worker.wait(timeout=60) == 0, drained.worker_log()
+    later = drained.start_worker(processes=1, threads=2)
+    deadline = time.monotonic() + 60
+    while count_completed(pg_url) < 3:
+        assert time.monotonic() < deadline, drained.worker_log()
+        time.sleep(0.5)
+    drained.kill_worker(later, signal.SIGTERM)
+    assert started.read_text().count("\n") == 3  # each step ran once
+
+
+def count_completed(pg_url: str) -> int:
+    (row,) = sql(pg_url, "SELECT count(*) FROM workflow WHERE status = 'completed'")
+    return int(str(row[0]))
