@@ -499,6 +499,10 @@ def _migrate_job(fleet: Fleet, release: str) -> Obj:
     }
 
 
+# The console and notify run no step and serve no metrics port: no workspace, no metrics.
+_NO_WORKTREES_ENV = {"VIBEY_METRICS_PORT", "VIBEY_ENGINE_WORKSPACE"}
+
+
 def _console_deployment(fleet: Fleet, console: Console) -> Obj:
     """``vibey console`` on all addresses of its pod, its sign-in hashes from a Secret."""
 
@@ -515,7 +519,7 @@ def _console_deployment(fleet: Fleet, console: Console) -> Obj:
         hashed("VIBEY_CONSOLE_PASSWORD_HASH", "password-hash"),
         hashed("VIBEY_CONSOLE_TOKEN_HASH", "token-hash"),
     ]
-    container["env"] = [e for e in container["env"] if e["name"] != "VIBEY_METRICS_PORT"]
+    container["env"] = [e for e in container["env"] if e["name"] not in _NO_WORKTREES_ENV]
     container["ports"] = [{"name": "http", "containerPort": console.port}]
     http = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 15}
     container["livenessProbe"] = {**http, "timeoutSeconds": 5, "failureThreshold": 4}
@@ -552,7 +556,7 @@ def _notify_deployment(fleet: Fleet) -> Obj:
     from the Secret ``notify_secret`` (key ``VIBEY_NOTIFY_WEBHOOK_<NAME>_SECRET``)."""
     container = _container(fleet, "notify", ["notify"], Resources(cpu="100m", memory="256Mi"))
     container.pop("ports")
-    container["env"] = [e for e in container["env"] if e["name"] != "VIBEY_METRICS_PORT"]
+    container["env"] = [e for e in container["env"] if e["name"] not in _NO_WORKTREES_ENV]
     for probe in ("livenessProbe", "startupProbe"):
         container.pop(probe)
     deployment = _deployment(
