@@ -488,3 +488,36 @@ def test_a_broken_prometheus_operator_object_fails_validation():
     monitor["spec"]["podMetricsEndpoints"][0]["interval"] = "soon"
     with pytest.raises(jsonschema.ValidationError):
         validate(monitor)
+
+
+def test_the_pods_grace_is_the_drain_grace_the_processes_read(rendered):
+    """One function for both: `vibey worker` waits ``drain_grace`` for its steps and the
+    pod gets that plus the margin; a loop service's ``--drain-grace`` is the same as the
+    default `vibey loop-service` computes."""
+    from vibey.wiring import drain_grace, service_drain_grace, worker_config
+
+    overlay, objects = rendered
+    fleet = load_fleet(KUBE / "overlays" / overlay / "fleet.toml")
+    grace = int(drain_grace(fleet.settings).total_seconds())
+    for name, deployment in by_kind(objects, "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        if "-worker-" in name:
+            assert pod["terminationGracePeriodSeconds"] == grace + fleet.grace_margin_seconds
+        if "-loop-" in name:
+            engine = name.removeprefix("vibey-loop-")
+            (spec,) = fleet.settings.roster([engine])
+            drain = int(service_drain_grace(fleet.settings, spec).total_seconds())
+            assert f"--drain-grace={drain}" in pod["containers"][0]["args"]
+            assert pod["terminationGracePeriodSeconds"] == drain + fleet.grace_margin_seconds
+    if fleet.backend == "rabbitmq":
+        env = {"VIBEY_PG_URL": "postgresql://x@h/d", "VIBEY_AMQP_URL": "amqp://h/"}
+        config = worker_config(_with_urls(fleet.settings, env))
+        assert config.drain_grace.total_seconds() == grace
+
+
+def _with_urls(settings, env):
+    from dataclasses import replace
+
+    database = replace(settings.database, url=env["VIBEY_PG_URL"])
+    bus = replace(settings.bus, amqp_url=env["VIBEY_AMQP_URL"])
+    return replace(settings, database=database, bus=bus)
