@@ -4,9 +4,9 @@ The previous release's code (this branch's base on ``main``, or the commit befor
 once merged; ``VIBEY_TEST_PREVIOUS_RELEASE`` names another) is unpacked with ``git archive``
 into a directory of its own and run with ``PYTHONPATH`` pointing at it: it migrates an empty
 database and runs a worker fleet. While that fleet completes workflows, this release's
-``vibey migrate`` runs against the same database; the old fleet keeps completing the
-workflows started before and after, and ``vibey doctor --probe`` (the pods' readiness) stays
-green for both releases throughout.
+``vibey migrate`` runs against the same database, then this release's worker joins the old
+one (a rollout's overlap); the workflows started before and after all complete, and ``vibey
+doctor --probe`` (the pods' readiness) stays green for both releases throughout.
 """
 
 from __future__ import annotations
@@ -146,6 +146,8 @@ def test_this_releases_migrations_apply_under_a_previous_release_fleet(
         == 1
     )  # the schema did change under the running fleet
 
+    e2e.extra_env.pop("PYTHONPATH")
+    rolled_in = e2e.start_worker(processes=1, threads=2)  # this release's pods roll in beside
     releases.start([f"after{n}" for n in range(4)])
     probes = [releases.ready()]
     deadline = time.monotonic() + 120
@@ -158,5 +160,7 @@ def test_this_releases_migrations_apply_under_a_previous_release_fleet(
     assert all(p == {"previous": 0, "this": 0} for p in probes), probes
     assert count(empty_pg_url, "SELECT count(*) FROM workflow") == 8
     assert count(empty_pg_url, "SELECT count(*) FROM job WHERE state = 'leased'") == 0
-    e2e.kill_worker(fleet, signal.SIGTERM)
-    assert fleet.returncode == 0, e2e.worker_log()
+    for worker in (fleet, rolled_in):  # the old fleet drains out, as a rollout ends
+        assert worker.poll() is None, e2e.worker_log()
+        e2e.kill_worker(worker, signal.SIGTERM)
+        assert worker.returncode == 0, e2e.worker_log()
