@@ -109,17 +109,25 @@ class PostgresRuntime:
             self._threads.append(thread)
         self.events.start()
 
-    def stop(self, *, timeout: float = 600.0) -> None:
-        """Stop claiming, let running steps settle, then close everything."""
+    def stop(self, *, timeout: float | None = None) -> int:
+        """Stop claiming, let running steps settle for up to ``timeout`` seconds (default:
+        ``config.drain_grace``, one deadline for every thread), then close everything.
+        Returns the number of steps cut at the grace (their leases expire and are reaped)."""
+        grace = self.config.drain_grace.total_seconds() if timeout is None else timeout
+        deadline = time.monotonic() + max(grace, 0.0)
         self.events.stop()
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
         for thread in self._threads:
-            thread.join(timeout=timeout)
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        cut = sum(1 for thread in self._threads if thread.is_alive())
+        if cut:
+            log.warning("drain: %d step(s) still running after the %g s grace", cut, grace)
         self.runner.close()
         self._notifier.close()
         self.pool.close()
+        return cut
 
     def run_one(self) -> StepResult | None:
         """Claim and run one job; None when nothing was claimable."""

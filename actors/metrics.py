@@ -8,10 +8,13 @@ Two kinds of metrics:
   passes' duration and findings. Under ``vibey worker`` the supervisor points
   ``PROMETHEUS_MULTIPROC_DIR`` at a folder of its own before its processes start
   (:func:`use_multiprocess_dir`), so their values are summed at each scrape.
-* **State**, read from PostgreSQL (and the dead-letter queue) at each scrape by
-  :class:`StoreCollector`, in the serving process: live jobs by state and kind, the outbox's
-  unsent rows and the age of the oldest, open gates and the oldest wait by kind, kept dead
-  letters and the dead-letter queue's depth, every engine's circuit, the reconcile heartbeat.
+* **State**, read at each scrape by :class:`StoreCollector`, in the serving process. From
+  PostgreSQL (``vibey_store_up`` says whether it answered): live jobs by state and kind, the
+  outbox's unsent rows and the age of the oldest, open gates and the oldest wait by kind, kept
+  dead letters, every engine's circuit, the reconcile heartbeat. From RabbitMQ
+  (``vibey_broker_up``, rabbitmq backend): the dead-letter queue's depth, read over one
+  long-lived connection (:class:`QueueDepth`). The two sources are read apart: a broker outage
+  leaves every PostgreSQL gauge in the scrape, and a database outage the broker's.
 
 :class:`MetricsServer` serves ``/metrics`` and ``/healthz`` (200 while the process serves;
 the pods' liveness probe) on ``[metrics] port`` (``VIBEY_METRICS_PORT``).
@@ -112,8 +115,62 @@ def observe_reconcile(findings: dict[str, int], seconds: float) -> None:
             RECONCILE_FINDINGS.labels(finding).inc(count)
 
 
+class QueueDepth:
+    """A queue's depth over one long-lived AMQP connection: opened at the first read, kept
+    between scrapes (each read also drives its heartbeats), opened again after a failure.
+
+    A read on a connection kept from an earlier scrape that fails is tried once more on a
+    fresh one (the broker may have dropped an idle connection); only a fresh connection's
+    failure is raised, so a scrape reports the broker down only when it is."""
+
+    def __init__(self, url: str, queue: str, *, timeout: float = 3.0) -> None:
+        self._url = url
+        self._queue = queue
+        self._timeout = timeout
+        self._lock = threading.Lock()  # scrapes are served on threads
+        self._connection: Any = None
+        self._channel: Any = None
+        self.opened = 0  # connections opened so far
+
+    def __call__(self) -> int:
+        with self._lock:
+            kept = self._channel is not None
+            try:
+                return self._read()
+            except Exception:
+                self._close()
+                if not kept:
+                    raise
+            return self._read()
+
+    def _read(self) -> int:
+        if self._channel is None:
+            from actors import amqp  # pika: only where a broker is asked
+
+            self._connection = amqp.connect(self._url, timeout=self._timeout)
+            self.opened += 1
+            self._channel = self._connection.channel()
+        self._connection.process_data_events(0)
+        declared = self._channel.queue_declare(self._queue, passive=True)
+        return int(declared.method.message_count)
+
+    def _close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except Exception:
+                log.debug("closing the metrics connection failed", exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
 class StoreCollector(Collector):
-    """State read at each scrape from PostgreSQL (and, given ``dead_queue_depth``, the broker)."""
+    """State read at each scrape from PostgreSQL and, given ``dead_queue_depth``, from
+    RabbitMQ: each source's gauges and its ``*_up`` apart, so one's outage never hides the
+    other's gauges or reads as the other's."""
 
     def __init__(
         self, operations: OperationsStore, *, dead_queue_depth: Callable[[], int] | None = None
@@ -122,6 +179,11 @@ class StoreCollector(Collector):
         self._dead_queue_depth = dead_queue_depth
 
     def collect(self) -> Iterator[Any]:
+        yield from self._store()
+        if self._dead_queue_depth is not None:
+            yield from self._broker(self._dead_queue_depth)
+
+    def _store(self) -> Iterator[Any]:
         up = GaugeMetricFamily("vibey_store_up", "1 when PostgreSQL answered this scrape")
         try:
             families = list(self._families())
@@ -133,6 +195,23 @@ class StoreCollector(Collector):
         up.add_metric([], 1)
         yield up
         yield from families
+
+    def _broker(self, depth: Callable[[], int]) -> Iterator[Any]:
+        up = GaugeMetricFamily("vibey_broker_up", "1 when RabbitMQ answered this scrape")
+        try:
+            dead = depth()
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail with the broker
+            log.warning("metrics: RabbitMQ did not answer (%s)", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield GaugeMetricFamily(
+            "vibey_dead_letter_queue_depth",
+            "Messages waiting in the dead-letter queue",
+            value=dead,
+        )
 
     def _families(self) -> Iterable[Any]:
         jobs = GaugeMetricFamily("vibey_jobs", "Jobs not yet terminal", labels=["state", "kind"])
@@ -150,12 +229,6 @@ class StoreCollector(Collector):
             "Dead-lettered messages kept in dead_letter (see vibey queue dead)",
             value=self._ops.dead_letter_count(),
         )
-        if self._dead_queue_depth is not None:
-            yield GaugeMetricFamily(
-                "vibey_dead_letter_queue_depth",
-                "Messages waiting in the dead-letter queue",
-                value=self._dead_queue_depth(),
-            )
         yield from self._circuits()
         beat = self._ops.latest_heartbeat()
         yield GaugeMetricFamily(
@@ -201,8 +274,9 @@ class _Quiet(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on ``port`` (0: any free port; see :attr:`port`);
-    ``/healthz`` answers 503 while ``healthy`` (when given) says no."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (0: any free port; see
+    :attr:`port`); ``/healthz`` answers 503 while ``healthy`` (when given) says no, and
+    ``/readyz`` while ``ready`` (when given; else ``healthy``) says no."""
 
     def __init__(
         self,
@@ -211,17 +285,22 @@ class MetricsServer:
         collectors: Iterable[Collector] = (),
         host: str = "",
         healthy: Callable[[], bool] | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self.registry = _registry()
         for collector in collectors:
             self.registry.register(collector)
         metrics = make_wsgi_app(self.registry)
 
+        checks = {"/healthz": (healthy, b"stale\n"), "/readyz": (ready or healthy, b"not ready\n")}
+
         def app(environ: dict[str, Any], start_response: Any) -> Any:
-            if environ.get("PATH_INFO") == "/healthz":
-                if healthy is not None and not healthy():
+            path = environ.get("PATH_INFO")
+            if path in checks:
+                check, why = checks[path]
+                if check is not None and not check():
                     start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-                    return [b"stale\n"]
+                    return [why]
                 start_response("200 OK", [("Content-Type", "text/plain")])
                 return [b"ok\n"]
             return metrics(environ, start_response)

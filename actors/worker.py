@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
+from dramatiq.common import join_all
 
 from actors import metrics, tracing
 from actors.agents.roster import AgentSpec
@@ -110,6 +111,9 @@ class WorkerConfig:
     tracing_service: str = "vibey"
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
+    # SIGTERM: running steps get this long to settle (vibey.wiring.drain_grace: the longest
+    # lease, the number the manifests' terminationGracePeriodSeconds is built on).
+    drain_grace: timedelta = timedelta(hours=2)
 
     @property
     def names(self) -> QueueNames:
@@ -330,17 +334,21 @@ class Runtime:
         self.reconciler.start(interval=self.config.reconcile_interval)
         self.events.start()
 
-    def stop(self, *, timeout: float = 600.0) -> None:
-        """Stop consuming, let running steps settle, then close everything."""
+    def stop(self, *, timeout: float | None = None) -> int:
+        """Stop taking work, let running steps settle for up to ``timeout`` seconds (default:
+        ``config.drain_grace``), then close everything. Returns the number of steps cut at
+        the grace: their leases stop beating when this process exits, and the reconciler
+        reaps them once they expire (their deliveries go back to the queue unacknowledged)."""
+        grace = self.config.drain_grace.total_seconds() if timeout is None else timeout
         self.reconciler.stop()
         self.events.stop()
-        if self._worker is not None:
-            self._worker.stop(timeout=int(timeout * 1000))
+        cut = 0 if self._worker is None else self._worker.drain(grace)
         self.runner.close()
         self.relay.stop()
         self.routes.stop()
         self.broker.close()
         self.pool.close()
+        return cut
 
 
 def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> EventService:
@@ -357,7 +365,7 @@ def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> 
 
 class LaneWorker(dramatiq.Worker):
     """A Dramatiq worker with a prefetch per queue (``_add_consumer`` is Dramatiq's private
-    hook; dramatiq is pinned to 2.2.*)."""
+    hook; dramatiq is pinned to 2.2.*) and a drain bounded by the grace it is given."""
 
     def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
         super().__init__(broker, queues=set(prefetch), worker_threads=worker_threads)
@@ -366,6 +374,71 @@ class LaneWorker(dramatiq.Worker):
     def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
         self.queue_prefetch = self._prefetch.get(queue_name, self.queue_prefetch)
         super()._add_consumer(queue_name, delay=delay)
+
+    def drain(self, grace: float) -> int:
+        """Stop taking work, wait up to ``grace`` seconds for the running steps, then close
+        the consumers; returns how many steps were still running (cut).
+
+        Dramatiq's ``Worker.stop`` joins the worker threads for its timeout (600 s by
+        default) and its threads are daemons, so whatever runs past it dies with the
+        process. Here every worker thread is told to stop first (it finishes the step it
+        runs and takes no other), every consumer cancels its subscription (the broker sends
+        it nothing more, so a pointer is not held here for hours while another pod could
+        run it), and the joins share one deadline, the grace. The channels stay open
+        meanwhile: a finishing step acknowledges its delivery on its own channel. Pointers
+        buffered but not started go back to their queue when the consumers close.
+        """
+        deadline = time.monotonic() + max(grace, 0.0)
+        for thread in self.workers:
+            thread.stop()
+        for consumer_thread in self.consumers.values():
+            _stop_deliveries(consumer_thread)
+        for thread in self.workers:
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        cut = sum(1 for thread in self.workers if thread.is_alive())
+        if cut:
+            log.warning(
+                "drain: %d step(s) still running after the %g s grace; their leases expire "
+                "and the reconciler reaps them",
+                cut,
+                grace,
+            )
+        # Not Dramatiq's stop: it would join a cut thread for its timeout once more. The
+        # consumers close their channels, and RabbitMQ requeues every delivery they held
+        # unacknowledged (the unstarted ones, and a cut step's, whose claim then meets its
+        # lease until the reconciler reaps it).
+        self.broker.emit_before("worker_shutdown", self)
+        for consumer in self.consumers.values():
+            consumer.stop()
+        join_all(self.consumers.values(), CONSUMER_STOP_MS)  # type: ignore[no-untyped-call]
+        for consumer in self.consumers.values():
+            consumer.close()
+        self.broker.emit_after("worker_shutdown", self)
+        return cut
+
+
+CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within a second
+
+
+def _stop_deliveries(consumer_thread: Any) -> None:
+    """Ask ``consumer_thread``'s channel to cancel its subscription (Basic.Cancel), in the
+    thread that owns the connection. The channel stays open and its consumer thread keeps
+    driving it (acknowledgements, heartbeats); only new deliveries stop."""
+    consumer = getattr(consumer_thread, "consumer", None)
+    if consumer is None:
+        return
+
+    def cancel() -> None:
+        try:
+            for tag in consumer.channel.consumer_tags:
+                consumer.channel.basic_cancel(tag)
+        except Exception:  # noqa: BLE001 - the drain goes on; closing requeues the rest
+            log.warning("drain: cancelling the consumer of %s failed", consumer.queue_name)
+
+    try:
+        consumer.connection.add_callback_threadsafe(cancel)
+    except Exception:  # noqa: BLE001 - a closed connection delivers nothing more anyway
+        log.debug("drain: the consumer of %s is already closed", consumer.queue_name)
 
 
 def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
@@ -388,7 +461,8 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     if ready is not None:
         ready.set()
     stop.wait()
-    runtime.stop()
+    cut = runtime.stop()
+    log.info("drained%s", f"; {cut} step(s) cut at the grace" if cut else ": every step settled")
 
 
 QUICK_EXIT_S = 10.0  # an error exit this soon after the start backs the respawn off
@@ -502,21 +576,12 @@ class Supervisor:
                 child.join()
 
 
-def dead_queue_depth(config: WorkerConfig) -> Any:
-    """A function reading the dead-letter queue's depth (None on the postgres backend)."""
+def dead_queue_depth(config: WorkerConfig) -> metrics.QueueDepth | None:
+    """The dead-letter queue's depth, read over one long-lived connection (None on the
+    postgres backend)."""
     if config.backend == "postgres":
         return None
-    from actors import amqp
-
-    def depth() -> int:
-        connection = amqp.connect(config.amqp_url, timeout=3)
-        try:
-            queue = connection.channel().queue_declare(config.names.dead_queue, passive=True)
-            return int(queue.method.message_count)
-        finally:
-            connection.close()
-
-    return depth
+    return metrics.QueueDepth(config.amqp_url, config.names.dead_queue)
 
 
 def supervise(config: WorkerConfig, *, processes: int) -> int:

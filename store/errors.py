@@ -79,7 +79,8 @@ class UnknownAppliedMigration(MigrationError):
     def __init__(self, version: int) -> None:
         super().__init__(
             f"the database has migration {version:04d} applied, which this vibey does not "
-            "ship; upgrade vibey or point VIBEY_PG_URL at the right database"
+            "ship and which does not serve this vibey's code (docs/deploy.md, upgrades); "
+            "upgrade vibey or point VIBEY_PG_URL at the right database"
         )
         self.version = version
 

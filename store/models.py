@@ -309,6 +309,8 @@ class SchemaMigrationRow(SQLModel, table=True):
     name: str = Field(sa_column=Column(Text, nullable=False))
     checksum: str = Field(sa_column=Column(Text, nullable=False))
     applied_at: datetime = Field(sa_column=_timestamptz(nullable=False, now=True))
+    # The oldest code level the migration serves (store.migrate; NULL: itself only).
+    serves_from: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
 
 
 def _table(model: type[SQLModel]) -> Table:

@@ -289,7 +289,7 @@ def _diagnose(
     settings: Settings, *, stack: bool = True
 ) -> tuple[DoctorReport, BrokerCapabilities | None]:
     from store import migrate as migrations
-    from store.errors import DatabaseUnavailable
+    from store.errors import DatabaseUnavailable, MigrationError
     from store.pool import redact
     from vibey.settings import SettingsError
 
@@ -297,9 +297,11 @@ def _diagnose(
     error: str | None = None
     pending: list[str] = []
     try:
+        # A newer schema is fine while every migration this code lacks serves it (an
+        # expanding release mid-rollout): store.migrate's compatibility rule.
         found = migrations.pending(settings.require_database_url())
         pending = [f"{m.version:04d}_{m.name}" for m in found]
-    except (SettingsError, DatabaseUnavailable) as exc:
+    except (SettingsError, DatabaseUnavailable, MigrationError) as exc:
         error = _one_line(str(exc))
     amqp = _check_rabbitmq(settings)
     rabbitmq_fine = settings.queue.backend != "rabbitmq" or amqp.ok is True
@@ -414,9 +416,10 @@ def worker(
     before; `vibey project undedicate P` undoes it). It exits 2 when
     consumer_timeout_seconds is not above the longest lease. A process serving both lanes
     keeps one of its threads for the interactive lane. It prints one line saying what it
-    runs; SIGTERM or Ctrl-C lets running steps settle, then exits 0. The flags override [worker] in
-    vibey.toml and VIBEY_WORKER_*; it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq
-    backend.
+    runs; SIGTERM or Ctrl-C stops taking work and lets running steps settle for up to the
+    longest lease (a step still running then is cut, and its lease is reaped by a
+    reconciler), then exits 0. The flags override [worker] in vibey.toml and VIBEY_WORKER_*;
+    it needs VIBEY_PG_URL, and VIBEY_AMQP_URL on the rabbitmq backend.
 
     Parameters
     ----------

@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +25,7 @@ from vibey.settings import Settings, SettingsError, load_settings
 def loop_service(
     *,
     engine: Annotated[str, Parameter(name="--engine")],
-    drain_grace: Annotated[float, Parameter(name="--drain-grace")] = 60.0,
+    drain_grace: Annotated[float | None, Parameter(name="--drain-grace")] = None,
     stale_after: Annotated[float, Parameter(name="--stale-after")] = 60.0,
     progress_every: Annotated[float, Parameter(name="--progress-every")] = 1.0,
     no_watchdog: Annotated[bool, Parameter(name="--no-watchdog", negative=())] = False,
@@ -49,7 +50,9 @@ def loop_service(
     engine
         The engine's id: an [engines.ENGINE] table of vibey.toml.
     drain_grace
-        Seconds the runs in progress get to finish on SIGTERM before they are stopped.
+        Seconds the runs in progress get to finish on SIGTERM before they are stopped
+        (default: the longest of the leases and the engine's timeout_seconds, the number
+        the Kubernetes manifests give a loop-service pod).
     stale_after
         Seconds without a heartbeat after which the service counts as wedged.
     progress_every
@@ -63,6 +66,10 @@ def loop_service(
         (spec,) = settings.roster([engine])
     except SettingsError as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
+    if drain_grace is None:
+        from vibey.wiring import service_drain_grace
+
+        drain_grace = service_drain_grace(settings, spec).total_seconds()
     if stale_after <= 0:
         raise CommandError("--stale-after must be more than 0 seconds", ExitCode.USAGE)
     if progress_every < 0:
@@ -109,6 +116,7 @@ def _watchdog(
         heartbeat=state / "heartbeat.json",
         stale_after=stale_after,
         stop_wait=drain_grace + 30,
+        can_run=_can_run(settings, engine),
     )
     stop = _stop_on_signals()
     print(
@@ -120,13 +128,23 @@ def _watchdog(
     if settings.metrics.port is not None:  # /healthz: the pod's liveness and startup probes
         from actors.metrics import MetricsServer
 
-        health = MetricsServer(port=settings.metrics.port, healthy=watchdog.healthy).start()
+        health = MetricsServer(
+            port=settings.metrics.port, healthy=watchdog.healthy, ready=watchdog.ready
+        ).start()
     try:
         code = watchdog.run(stop)
     finally:
         if health is not None:
             health.stop()
     return ExitCode.OK if code == 0 else ExitCode.FAILURE
+
+
+def _can_run(settings: Settings, engine: str) -> Callable[[], bool]:
+    """Whether the engine's binary is found on the PATH its runs get (the readiness probe)."""
+    from actors.agents.roster import installed
+
+    (spec,) = settings.roster([engine])
+    return lambda: installed(spec, settings.agent_env)
 
 
 def _serve(
@@ -171,7 +189,10 @@ def _serve(
     if metrics and settings.metrics.port is not None:
         from actors.metrics import MetricsServer
 
-        health = MetricsServer(port=settings.metrics.port).start()
+        can_run = _can_run(settings, spec.id)
+        health = MetricsServer(
+            port=settings.metrics.port, ready=lambda: service.ready.is_set() and can_run()
+        ).start()
     try:
         service.run(stop)
     finally:

@@ -1,14 +1,24 @@
 """A fleet's Kubernetes objects, rendered from ``fleet.toml`` and the overlay's ``vibey.toml``.
 
-:func:`render` returns the objects the overlay's ``generated/fleet.yaml`` holds: per worker
-pool a Deployment, a PodDisruptionBudget and (with ``keda``) a ScaledObject; per engine the
-settings run with ``invocation = "service"`` a ``vibey loop-service`` Deployment, its
-PodDisruptionBudget and (with ``keda``, on rabbitmq) a ScaledObject on ``<prefix>.runs.<id>``
-(``value`` the engine's prefetch, unacknowledged runs counted); the TriggerAuthentication;
-the worktrees PersistentVolumeClaim. The static parts (ServiceAccount, the migrations Job,
-the reconciler) live in ``ops/kubernetes/base``. Every pod runs the image named ``vibey``
-(the overlay's ``images:`` sets it), reads its settings from the ``vibey-settings``
-ConfigMap and its URLs from the fleet's Secret, and never as root.
+:func:`render` returns the objects the overlay's ``generated/fleet.yaml`` holds: the
+migrations Job of the release (``<name>-migrate-<release>``: a new image tag is a new Job,
+so nothing has to be deleted by hand); per worker pool a Deployment, a PodDisruptionBudget
+and (with ``keda``) a ScaledObject; per engine the settings run with ``invocation =
+"service"`` a ``vibey loop-service`` Deployment, its PodDisruptionBudget and (with ``keda``,
+on rabbitmq) a ScaledObject on ``<prefix>.runs.<id>`` (``value`` the engine's prefetch,
+unacknowledged runs counted); with ``[fleet.console]`` the console's Deployment, Service and
+PodDisruptionBudget; with webhooks in the settings ``vibey notify``'s Deployment and
+PodDisruptionBudget; the TriggerAuthentication; the worktrees PersistentVolumeClaim. The
+static parts (ServiceAccount, the reconciler) live in ``ops/kubernetes/base``. Every pod runs
+the image named ``vibey`` (the overlay's ``images:`` sets it), reads its settings from the
+``vibey-settings`` ConfigMap and its URLs from the fleet's Secret, and never as root.
+
+A Deployment KEDA scales has no ``replicas`` (an apply would reset the pool to it); every
+ScaledObject has a ``fallback`` (a scaler that keeps failing, a dead management API, holds the
+pool at its fallback replicas instead of scaling it to zero). A worker pool's prefetch is
+never above its threads (``VIBEY_QUEUE_PREFETCH`` per pool). On a ReadWriteOnce worktrees
+volume every pod that mounts it is bound to the node of the others (pod affinity), so a
+surging rollout's new pod lands where the volume is attached.
 
 KEDA triggers (seed 000 §12): on ``rabbitmq`` the RabbitMQ scaler over the management API
 (``protocol: http``, ``mode: QueueLength``, ``value`` the pool's processes × threads,
@@ -24,8 +34,8 @@ from typing import Any
 from actors.runs_topology import RunsTopology
 from actors.topology import QueueNames
 from store.drive import Work, build_kinds, scaler_query
-from vibey.kube_config import Engine, Fleet, Pool, Resources
-from vibey.wiring import load_registry
+from vibey.kube_config import Console, Engine, Fleet, Pool, Resources
+from vibey.wiring import load_registry, service_drain_grace
 
 Obj = dict[str, Any]
 IMAGE = "vibey"
@@ -35,10 +45,14 @@ WORKTREES_PATH = "/work"
 UID = 10001
 KEDA_RABBITMQ_HOST_KEY = "keda-rabbitmq-host"
 KEDA_PG_CONNECTION_KEY = "keda-pg-connection"
+FALLBACK_FAILURES = 3  # failed scaler reads in a row before KEDA holds the fallback replicas
+WORKTREES_LABEL = "vibey.dev/worktrees"
+HOSTNAME = "kubernetes.io/hostname"
 
 
-def render(fleet: Fleet) -> list[Obj]:
-    objects: list[Obj] = [_worktrees(fleet)]
+def render(fleet: Fleet, *, release: str = "dev") -> list[Obj]:
+    """Every generated object; ``release`` (the image tag) names the migrations Job."""
+    objects: list[Obj] = [_worktrees(fleet), _migrate_job(fleet, release)]
     if fleet.keda:
         objects.append(_trigger_auth(fleet))
     for pool in fleet.pools:
@@ -50,7 +64,21 @@ def render(fleet: Fleet) -> list[Obj]:
         objects += [_engine_deployment(fleet, engine), _pdb(fleet, name, "loop-service")]
         if _scales_engines(fleet):
             objects.append(_engine_scaler(fleet, engine))
+    if fleet.console is not None:
+        objects += [
+            _console_deployment(fleet, fleet.console),
+            _console_service(fleet, fleet.console),
+            _pdb(fleet, "console", "console"),
+        ]
+    if fleet.settings.webhooks:
+        objects += [_notify_deployment(fleet), _pdb(fleet, "notify", "notify")]
     return objects
+
+
+def release_label(release: str) -> str:
+    """``release`` as the tail of an object name: lower case, [a-z0-9-], at most 30."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in release.lower()).strip("-")
+    return cleaned[:30].strip("-") or "dev"
 
 
 def _meta(fleet: Fleet, name: str, component: str, **extra: Any) -> Obj:
@@ -111,8 +139,12 @@ def _worker_args(fleet: Fleet, pool: Pool) -> list[str]:
 
 def _pool_deployment(fleet: Fleet, pool: Pool) -> Obj:
     name = f"worker-{pool.name}"
-    replicas = max(pool.min_replicas, 1) if not fleet.keda else pool.min_replicas
+    replicas = None if fleet.keda else max(pool.min_replicas, 1)  # KEDA owns the count
     container = _container(fleet, "worker", _worker_args(fleet, pool), pool.resources)
+    if fleet.backend == "rabbitmq":
+        container["env"].append(
+            {"name": "VIBEY_QUEUE_PREFETCH", "value": str(pool.prefetch(fleet.settings))}
+        )
     return _deployment(fleet, name, "worker", container, replicas=replicas)
 
 
@@ -125,10 +157,18 @@ def _scales_engines(fleet: Fleet) -> bool:
 def _engine_deployment(fleet: Fleet, engine: Engine) -> Obj:
     """``vibey loop-service``: on SIGTERM its runs get the longest of the leases and the
     engine's run time to finish (``--drain-grace``), and the pod that long plus the margin."""
-    drain = max(fleet.longest_lease_seconds, engine.run_seconds)
+    (spec,) = fleet.settings.roster([engine.id])
+    drain = int(service_drain_grace(fleet.settings, spec).total_seconds() + 0.999)
     args = ["loop-service", f"--engine={engine.id}", f"--drain-grace={drain}"]
     container = _container(fleet, "loop-service", args, engine.resources)
-    replicas = engine.min_replicas if _scales_engines(fleet) else max(engine.min_replicas, 1)
+    # Ready only while it can run its engine (its binary is in the image) and is live.
+    container["readinessProbe"] = {
+        "httpGet": {"path": "/readyz", "port": "metrics"},
+        "periodSeconds": 15,
+        "timeoutSeconds": 5,
+        "failureThreshold": 2,
+    }
+    replicas = None if _scales_engines(fleet) else max(engine.min_replicas, 1)
     deployment = _deployment(
         fleet, f"loop-{engine.id}", "loop-service", container, replicas=replicas
     )
@@ -138,27 +178,41 @@ def _engine_deployment(fleet: Fleet, engine: Engine) -> Obj:
     return deployment
 
 
-def _deployment(fleet: Fleet, name: str, component: str, container: Obj, *, replicas: int) -> Obj:
+def _deployment(
+    fleet: Fleet,
+    name: str,
+    component: str,
+    container: Obj,
+    *,
+    replicas: int | None,
+    worktrees: bool = True,
+    metrics: bool = True,
+) -> Obj:
+    """``replicas`` None: KEDA scales it, so the field is left out (an apply keeps the
+    count KEDA set)."""
     labels = _labels(fleet, component, name)
+    if worktrees:
+        labels[WORKTREES_LABEL] = fleet.name
+    spec: Obj = {
+        "selector": {"matchLabels": {"vibey.dev/deployment": name, **_instance(fleet)}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0}},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": _pod_spec(fleet, container, worktrees=worktrees),
+        },
+    }
+    if metrics:
+        spec["template"]["metadata"]["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(fleet.metrics_port),
+        }
+    if replicas is not None:
+        spec = {"replicas": replicas, **spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(fleet, name, component),
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"vibey.dev/deployment": name, **_instance(fleet)}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0}},
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(fleet.metrics_port),
-                    },
-                },
-                "spec": _pod_spec(fleet, container),
-            },
-        },
+        "spec": spec,
     }
 
 
@@ -166,29 +220,42 @@ def _instance(fleet: Fleet) -> dict[str, str]:
     return {"app.kubernetes.io/instance": fleet.name}
 
 
-def _pod_spec(fleet: Fleet, container: Obj) -> Obj:
-    return {
+def _pod_spec(fleet: Fleet, container: Obj, *, worktrees: bool = True) -> Obj:
+    volumes: list[Obj] = [{"name": "settings", "configMap": {"name": SETTINGS_CONFIGMAP}}]
+    if worktrees:
+        claim = {"claimName": f"{fleet.name}-worktrees"}
+        volumes.append({"name": "worktrees", "persistentVolumeClaim": claim})
+    volumes.append({"name": "tmp", "emptyDir": {}})
+    spec: Obj = {
         "serviceAccountName": fleet.name,
         "automountServiceAccountToken": False,
-        # SIGTERM drains: running steps settle first, and a step may hold its lease this long.
-        "terminationGracePeriodSeconds": fleet.longest_lease_seconds + fleet.grace_margin_seconds,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": UID,
-            "runAsGroup": UID,
-            "fsGroup": UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "initContainers": [_wait_for_schema(fleet)],
+        # SIGTERM drains: running steps settle first (vibey.wiring.drain_grace, the grace
+        # `vibey worker` itself waits), plus the margin for the rest of the shutdown.
+        "terminationGracePeriodSeconds": fleet.drain_grace_seconds + fleet.grace_margin_seconds,
+        "securityContext": _pod_security(),
+        "initContainers": [_wait_for_schema(fleet, worktrees=worktrees)],
         "containers": [container],
-        "volumes": [
-            {"name": "settings", "configMap": {"name": SETTINGS_CONFIGMAP}},
-            {
-                "name": "worktrees",
-                "persistentVolumeClaim": {"claimName": f"{fleet.name}-worktrees"},
-            },
-            {"name": "tmp", "emptyDir": {}},
-        ],
+        "volumes": volumes,
+    }
+    if worktrees and fleet.worktrees.access_mode == "ReadWriteOnce":
+        # A ReadWriteOnce volume attaches to one node: every pod mounting it goes there.
+        term = {
+            "labelSelector": {"matchLabels": {WORKTREES_LABEL: fleet.name, **_instance(fleet)}},
+            "topologyKey": HOSTNAME,
+        }
+        spec["affinity"] = {
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        }
+    return spec
+
+
+def _pod_security() -> Obj:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "fsGroup": UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -202,17 +269,22 @@ def _env(fleet: Fleet) -> list[Obj]:
         {"name": "VIBEY_METRICS_PORT", "value": str(fleet.metrics_port)},
         secret("VIBEY_PG_URL", "pg-url"),
     ]
-    if fleet.backend == "rabbitmq" or fleet.engines:  # loop services ride on RabbitMQ
-        env.append(secret("VIBEY_AMQP_URL", "amqp-url"))
+    if fleet.backend == "rabbitmq" or fleet.engines or fleet.settings.webhooks:
+        env.append(secret("VIBEY_AMQP_URL", "amqp-url"))  # loop services, notify ride on it
     return env
 
 
-def _mounts() -> list[Obj]:
-    return [
-        {"name": "settings", "mountPath": SETTINGS_PATH, "readOnly": True},
-        {"name": "worktrees", "mountPath": WORKTREES_PATH},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
+def _env_from(fleet: Fleet) -> list[Obj]:
+    """The webhooks' secrets (keys ``VIBEY_NOTIFY_WEBHOOK_<NAME>_SECRET``): every pod loads
+    the settings, and a webhook's settings need its secret."""
+    return [{"secretRef": {"name": fleet.notify_secret, "optional": True}}]
+
+
+def _mounts(*, worktrees: bool = True) -> list[Obj]:
+    mounts: list[Obj] = [{"name": "settings", "mountPath": SETTINGS_PATH, "readOnly": True}]
+    if worktrees:
+        mounts.append({"name": "worktrees", "mountPath": WORKTREES_PATH})
+    return [*mounts, {"name": "tmp", "mountPath": "/tmp"}]
 
 
 def _security() -> Obj:
@@ -223,29 +295,34 @@ def _security() -> Obj:
     }
 
 
-def _wait_for_schema(fleet: Fleet) -> Obj:
+def _wait_for_schema(fleet: Fleet, *, worktrees: bool = True) -> Obj:
     """Hold the pod until the migrations Job has run (``vibey doctor --probe`` is false while
-    a migration is pending or a service does not answer)."""
+    a migration this code ships is pending, the schema no longer serves this code, or a
+    service does not answer)."""
     return {
         "name": "wait-for-schema",
         "image": IMAGE,
         "command": ["sh", "-c", "until vibey doctor --probe; do sleep 5; done"],
         "env": _env(fleet),
-        "volumeMounts": _mounts(),
+        "envFrom": _env_from(fleet),
+        "volumeMounts": _mounts(worktrees=worktrees),
         "securityContext": _security(),
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
     }
 
 
-def _container(fleet: Fleet, name: str, args: list[str], resources: Resources) -> Obj:
+def _container(
+    fleet: Fleet, name: str, args: list[str], resources: Resources, *, worktrees: bool = True
+) -> Obj:
     probe = {"exec": {"command": ["vibey", "doctor", "--probe"]}, "timeoutSeconds": 20}
     return {
         "name": name,
         "image": IMAGE,
         "args": args,
         "env": _env(fleet),
+        "envFrom": _env_from(fleet),
         "ports": [{"name": "metrics", "containerPort": fleet.metrics_port}],
-        "volumeMounts": _mounts(),
+        "volumeMounts": _mounts(worktrees=worktrees),
         "securityContext": _security(),
         "resources": _resources(resources),
         "readinessProbe": {**probe, "periodSeconds": 30, "failureThreshold": 2},
@@ -303,6 +380,9 @@ def _scaled_object(fleet: Fleet, name: str, triggers: list[Obj], *, low: int, hi
             "maxReplicaCount": high,
             "pollingInterval": 15,
             "cooldownPeriod": 300,
+            # A scaler that keeps failing (the management API or the database away) holds
+            # the target here instead of scaling it to zero under running steps.
+            "fallback": {"failureThreshold": FALLBACK_FAILURES, "replicas": max(low, 1)},
             "triggers": triggers,
         },
     }
@@ -362,3 +442,125 @@ def _postgres_trigger(fleet: Fleet, work: Work, value: int) -> Obj:
             "activationTargetQueryValue": "0",
         },
     }
+
+
+def _migrate_job(fleet: Fleet, release: str) -> Obj:
+    """``vibey migrate`` for this release: a Job named per release, so a new image tag is a
+    new Job (a Job's template is immutable; the old one is removed by its ttl). Safe to run
+    again and concurrently (one advisory lock, one transaction per migration)."""
+    name = f"migrate-{release_label(release)}"
+    container = {
+        "name": "migrate",
+        "image": IMAGE,
+        "args": ["migrate"],
+        # Only the database URL: no settings mounted, so a changed vibey.toml (a new
+        # ConfigMap hash) never changes this Job's immutable template.
+        "env": [
+            {
+                "name": "VIBEY_PG_URL",
+                "valueFrom": {"secretKeyRef": {"name": fleet.secret, "key": "pg-url"}},
+            },
+        ],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": _security(),
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+    }
+    labels = _labels(fleet, "migrations", "migrate")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(
+            fleet,
+            name,
+            "migrations",
+            annotations={
+                "argocd.argoproj.io/hook": "PreSync",
+                "argocd.argoproj.io/hook-delete-policy": "BeforeHookCreation",
+            },
+        ),
+        "spec": {
+            "backoffLimit": 6,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": fleet.name,
+                    "automountServiceAccountToken": False,
+                    "restartPolicy": "OnFailure",
+                    "securityContext": _pod_security(),
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+# The console and notify run no step and serve no metrics port: no workspace, no metrics.
+_NO_WORKTREES_ENV = {"VIBEY_METRICS_PORT", "VIBEY_ENGINE_WORKSPACE"}
+
+
+def _console_deployment(fleet: Fleet, console: Console) -> Obj:
+    """``vibey console`` on all addresses of its pod, its sign-in hashes from a Secret."""
+
+    def hashed(env: str, key: str) -> Obj:
+        ref = {"name": console.secret, "key": key, "optional": True}
+        return {"name": env, "valueFrom": {"secretKeyRef": ref}}
+
+    args = ["console"] + (["--read-only"] if console.read_only else [])
+    container = _container(fleet, "console", args, console.resources, worktrees=False)
+    container["env"] += [
+        {"name": "VIBEY_CONSOLE_HOST", "value": "0.0.0.0"},
+        {"name": "VIBEY_CONSOLE_PORT", "value": str(console.port)},
+        {"name": "VIBEY_CONSOLE_ALLOW_REMOTE", "value": "1"},
+        hashed("VIBEY_CONSOLE_PASSWORD_HASH", "password-hash"),
+        hashed("VIBEY_CONSOLE_TOKEN_HASH", "token-hash"),
+    ]
+    container["env"] = [e for e in container["env"] if e["name"] not in _NO_WORKTREES_ENV]
+    container["ports"] = [{"name": "http", "containerPort": console.port}]
+    http = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 15}
+    container["livenessProbe"] = {**http, "timeoutSeconds": 5, "failureThreshold": 4}
+    container["startupProbe"] = {**http, "periodSeconds": 5, "failureThreshold": 60}
+    deployment = _deployment(
+        fleet,
+        "console",
+        "console",
+        container,
+        replicas=console.replicas,
+        worktrees=False,
+        metrics=False,
+    )
+    deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+    return deployment
+
+
+def _console_service(fleet: Fleet, console: Console) -> Obj:
+    """ClusterIP: the operator's ingress (TLS, the public name) routes to port ``http``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(fleet, "console", "console"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"vibey.dev/deployment": "console", **_instance(fleet)},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def _notify_deployment(fleet: Fleet) -> Obj:
+    """``vibey notify``: one consumer of the events exchange; each webhook's secret comes
+    from the Secret ``notify_secret`` (key ``VIBEY_NOTIFY_WEBHOOK_<NAME>_SECRET``)."""
+    container = _container(fleet, "notify", ["notify"], Resources(cpu="100m", memory="256Mi"))
+    container.pop("ports")
+    container["env"] = [e for e in container["env"] if e["name"] not in _NO_WORKTREES_ENV]
+    for probe in ("livenessProbe", "startupProbe"):
+        container.pop(probe)
+    deployment = _deployment(
+        fleet, "notify", "notify", container, replicas=1, worktrees=False, metrics=False
+    )
+    deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 60
+    return deployment

@@ -62,6 +62,11 @@ class Pool:
     def parallelism(self) -> int:
         return self.processes * self.threads
 
+    def prefetch(self, settings: Settings) -> int:
+        """Each process's prefetch: the settings' (default: the threads), never above the
+        threads, so a busy pod holds no pointer it cannot run (KEDA counts held pointers)."""
+        return min(settings.queue.rabbitmq.prefetch or self.threads, self.threads)
+
 
 @dataclass(frozen=True, slots=True)
 class Engine:
@@ -76,6 +81,21 @@ class Engine:
     min_replicas: int = 0
     max_replicas: int = 2
     resources: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True, slots=True)
+class Console:
+    """``vibey console`` in the cluster (``[fleet.console]``): a Deployment and a ClusterIP
+    Service the operator's ingress routes to; its password and token hashes come from the
+    Secret ``secret`` (keys ``password-hash``, ``token-hash``: ``vibey console hash``)."""
+
+    secret: str = "vibey-console"
+    replicas: int = 1
+    port: int = 8377
+    read_only: bool = False
+    resources: Resources = field(
+        default_factory=lambda: Resources(cpu="100m", memory="256Mi", memory_limit="512Mi")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +117,20 @@ class Fleet:
     pools: tuple[Pool, ...] = ()
     engines: tuple[Engine, ...] = ()
     worktrees: Worktrees = field(default_factory=Worktrees)
+    console: Console | None = None
+    notify_secret: str = "vibey-notify"  # keys <webhook>-secret, for `vibey notify`
 
     @property
     def backend(self) -> str:
         return self.settings.queue.backend
 
     @property
-    def longest_lease_seconds(self) -> int:
-        from vibey.wiring import longest_lease
+    def drain_grace_seconds(self) -> int:
+        """A worker's drain grace (``vibey.wiring.drain_grace``, the function ``vibey worker``
+        reads too): the pods' ``terminationGracePeriodSeconds`` is this plus the margin."""
+        from vibey.wiring import drain_grace
 
-        return int(longest_lease(self.settings).total_seconds())
+        return int(drain_grace(self.settings).total_seconds() + 0.999)
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -119,8 +143,9 @@ def load_fleet(path: Path) -> Fleet:
     top = _only(table, {"fleet"}, where)
     body = _only(top.get("fleet", {}), _FLEET_KEYS, f"{where} [fleet]")
     settings_file = str(body.get("settings", "vibey.toml"))
+    env = {"VIBEY_CONFIG": settings_file, **_webhook_secrets(path.parent / settings_file)}
     try:
-        settings = load_settings({"VIBEY_CONFIG": settings_file}, cwd=path.parent)
+        settings = load_settings(env, cwd=path.parent)
     except SettingsError as exc:
         raise FleetError(f"{path.parent / settings_file}: {exc}") from exc
     fleet = Fleet(
@@ -134,6 +159,10 @@ def load_fleet(path: Path) -> Fleet:
         pools=tuple(_pool(p, f"{where} [[fleet.pools]]") for p in body.get("pools", [])),
         engines=_engines(settings, body.get("engines", []), f"{where} [[fleet.engines]]"),
         worktrees=_worktrees(body.get("worktrees", {}), f"{where} [fleet.worktrees]"),
+        console=_console(body.get("console"), f"{where} [fleet.console]"),
+        notify_secret=_label(
+            str(body.get("notify_secret", "vibey-notify")), "notify_secret", where
+        ),
     )
     check_fleet(fleet, where)
     return fleet
@@ -149,7 +178,26 @@ _FLEET_KEYS = {
     "pools",
     "engines",
     "worktrees",
+    "console",
+    "notify_secret",
 }
+
+
+def webhook_secret_variable(name: str) -> str:
+    """The variable a webhook's secret is read from (``vibey.settings``' rule)."""
+    return "VIBEY_NOTIFY_WEBHOOK_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_SECRET"
+
+
+def _webhook_secrets(settings_path: Path) -> dict[str, str]:
+    """A stand-in secret per webhook of the settings, so they load at render time: in the
+    cluster each comes from the Secret ``notify_secret`` (never from the ConfigMap)."""
+    try:
+        table = tomllib.loads(settings_path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}  # load_settings reports it
+    hooks = table.get("notify", {}).get("webhooks", {}) if isinstance(table, dict) else {}
+    names = hooks if isinstance(hooks, dict) else {}
+    return {webhook_secret_variable(str(name)): "set-from-the-secret" for name in names}
 
 
 def check_fleet(fleet: Fleet, where: str) -> None:
@@ -297,6 +345,26 @@ def _worktrees(raw: Any, where: str) -> Worktrees:
         size=str(body.get("size", "50Gi")),
         access_mode=access,
         storage_class=None if storage_class is None else str(storage_class),
+    )
+
+
+def _console(raw: Any, where: str) -> Console | None:
+    if raw is None:
+        return None
+    keys = {"secret", "replicas", "port", "read_only", *Resources.__dataclass_fields__}
+    body = _only(raw, keys, where)
+    default = Console()
+    given = {k: str(body[k]) for k in Resources.__dataclass_fields__ if k in body}
+    resources = _resources(body, where) if given else default.resources
+    port = _positive(body, "port", default.port, where)
+    if port > 65535:
+        raise FleetError(f"{where}: port must be at most 65535, got {port}")
+    return Console(
+        secret=_label(str(body.get("secret", default.secret)), "secret", where),
+        replicas=_positive(body, "replicas", default.replicas, where),
+        port=port,
+        read_only=bool(body.get("read_only", False)),
+        resources=resources,
     )
 
 

@@ -11,6 +11,7 @@ parts, so that a CLI command that only reads the store does not load them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from workflows.engine import Registry
 from workflows.job import UnknownJobKindError
 
 if TYPE_CHECKING:
+    from actors.agents.roster import AgentSpec
     from actors.worker import WorkerConfig
     from vibey.client import Client
 
@@ -81,7 +83,7 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     _check_names(config)
     _check_handlers(config.handlers)
     _check_leases(settings, load_registry(settings))
-    return config
+    return dataclasses.replace(config, drain_grace=drain_grace(settings))
 
 
 def longest_lease(settings: Settings) -> timedelta:
@@ -91,6 +93,19 @@ def longest_lease(settings: Settings) -> timedelta:
     kinds = load_registry(settings).kinds
     declared = [policy.lease_for(name, kind.lease) for name, kind in kinds.items()]
     return max([policy.default, *policy.by_kind.values(), *declared])
+
+
+def drain_grace(settings: Settings) -> timedelta:
+    """How long a SIGTERMed worker lets its running steps settle: the longest lease (a step
+    holds one while it runs). The Kubernetes manifests read the same function, so a pod's
+    ``terminationGracePeriodSeconds`` is this plus the fleet's margin (vibey.kube)."""
+    return longest_lease(settings)
+
+
+def service_drain_grace(settings: Settings, spec: AgentSpec) -> timedelta:
+    """A loop service's drain grace: the longest of the leases and the engine's own
+    ``timeout_seconds`` (a run may take that long). The manifests read it too."""
+    return max(drain_grace(settings), timedelta(seconds=spec.timeout_seconds))
 
 
 def check_consumer_timeout(settings: Settings) -> None:

@@ -19,7 +19,9 @@ to the child, which drains; the parent then exits as the child did. The child di
 parent (``PR_SET_PDEATHSIG``), so a SIGKILLed parent leaves no service behind.
 
 :func:`heartbeat_age` is the one staleness check: the watchdog's and the pod's liveness probe
-(``/healthz`` answers 503 while the heartbeat is stale, :meth:`Watchdog.healthy`).
+(``/healthz`` answers 503 while the heartbeat is stale, :meth:`Watchdog.healthy`); the
+readiness probe's ``/readyz`` also answers 503 while the engine's binary is not found
+(:meth:`Watchdog.ready`).
 """
 
 from __future__ import annotations
@@ -121,8 +123,12 @@ class Watchdog:
         stop_wait: float = 120.0,
         backoff: Backoff = BACKOFF,
         env: dict[str, str] | None = None,
+        can_run: Callable[[], bool] | None = None,
     ) -> None:
+        """``can_run``: whether the service can run its engine now (its binary is found);
+        :meth:`ready` is false while it says no."""
         self._command = command
+        self._can_run = can_run
         self.heartbeat = heartbeat
         self.stale_after = stale_after
         self._grace = grace
@@ -137,6 +143,11 @@ class Watchdog:
         """The liveness probe: the child's heartbeat is fresh (the same check as the
         watchdog's)."""
         return heartbeat_age(self.heartbeat, since=self._started) <= self.stale_after
+
+    def ready(self) -> bool:
+        """The readiness probe: live, and able to run its engine (a pod whose image lacks
+        the engine's CLI is never ready, so no rollout completes with it)."""
+        return self.healthy() and (self._can_run is None or self._can_run())
 
     def run(self, stop: threading.Event) -> int:
         """Keeps a child running until ``stop``; then passes SIGTERM on and returns the last

@@ -77,6 +77,7 @@ def test_a_running_worker_serves_its_metrics(served: tuple[Stack, int]) -> None:
     assert value(text, 'vibey_dispatch_latency_seconds_count{lane="interactive"}') >= 1
     assert value(text, "vibey_reconcile_duration_seconds_count") >= 1
     assert value(text, "vibey_store_up") == 1
+    assert value(text, "vibey_broker_up") == 1
     assert value(text, 'vibey_gates_open{kind="question"}') == 1
     assert value(text, 'vibey_gate_oldest_wait_seconds{kind="question"}') >= 0
     assert value(text, "vibey_outbox_unsent") == 0

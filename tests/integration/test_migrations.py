@@ -25,11 +25,17 @@ from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
 from store import models
-from store.errors import MigrationChecksumMismatch, MigrationFailed, UnknownAppliedMigration
+from store.errors import (
+    MigrationChecksumMismatch,
+    MigrationError,
+    MigrationFailed,
+    UnknownAppliedMigration,
+)
 from store.migrate import (
     MIGRATION_LOCK_KEY,
     Migration,
     MigrationReport,
+    code_level,
     migrate,
     pending,
     shipped,
@@ -358,4 +364,49 @@ def test_pending_refuses_what_migrate_would_refuse(empty_pg_url: str) -> None:
     assert pending(empty_pg_url) == ()
     query(empty_pg_url, "UPDATE schema_migrations SET checksum = 'tampered' WHERE version = 1")
     with pytest.raises(MigrationChecksumMismatch):
+        pending(empty_pg_url)
+
+
+# --- which code a schema serves ---------------------------------------------------------------
+
+
+def expanding(version: int, serves: int) -> Migration:
+    return Migration(
+        version,
+        f"expand_{version}",
+        f"-- vibey: serves code from {serves:04d}\nCREATE TABLE expand_{version} (id integer);\n",
+    )
+
+
+def test_an_expanding_migration_keeps_serving_the_code_before_it(empty_pg_url: str) -> None:
+    """The next release's expand migration applied: this code is still served (its probe
+    stays ready, its own migrate finds nothing to do); a contracting one then is not."""
+    level = code_level(shipped())
+    migrate(empty_pg_url, [*shipped(), expanding(9003, level)])
+    assert query(
+        empty_pg_url, "SELECT serves_from FROM schema_migrations WHERE version = 9003"
+    ) == [(level,)]
+    assert pending(empty_pg_url) == ()
+    assert migrate(empty_pg_url).applied == ()  # a rollback's Job: nothing to do
+    contract = Migration(9004, "contract", "-- vibey: serves code from 9003\nSELECT 1;\n")
+    migrate(empty_pg_url, [*shipped(), expanding(9003, level), contract])
+    with pytest.raises(UnknownAppliedMigration) as caught:
+        pending(empty_pg_url)
+    assert caught.value.version == 9004
+    assert "does not serve this vibey's code" in str(caught.value)
+
+
+def test_a_migration_declaring_nothing_serves_only_the_code_that_ships_it() -> None:
+    assert LATER.serves_from == LATER.version
+    assert expanding(9003, 17).serves_from == 17
+    with pytest.raises(MigrationError, match="after itself"):
+        _ = expanding(9003, 9005).serves_from
+
+
+def test_rows_recorded_before_the_column_existed_read_as_serving_only_themselves(
+    empty_pg_url: str,
+) -> None:
+    migrate(empty_pg_url, [*shipped(), LATER])
+    query(empty_pg_url, "ALTER TABLE schema_migrations DROP COLUMN serves_from")
+    with pytest.raises(UnknownAppliedMigration):
         pending(empty_pg_url)

@@ -84,6 +84,38 @@ def test_a_store_that_does_not_answer_reports_down_not_an_error():
     assert [(f.name, f.samples[0].value) for f in families] == [("vibey_store_up", 0)]
 
 
+def test_a_broker_that_does_not_answer_reports_down_and_keeps_the_store_gauges():
+    def refused() -> int:
+        raise ConnectionRefusedError("connection refused")
+
+    collector = metrics.StoreCollector(FakeOperations(), dead_queue_depth=refused)  # type: ignore[arg-type]
+    families = {f.name: f for f in collector.collect()}
+    assert families["vibey_store_up"].samples[0].value == 1
+    assert families["vibey_broker_up"].samples[0].value == 0
+    assert families["vibey_outbox_unsent"].samples[0].value == 1
+    assert "vibey_dead_letter_queue_depth" not in families
+
+
+def test_a_store_that_does_not_answer_keeps_the_broker_gauges():
+    class Down(FakeOperations):
+        def outbox_lag(self):
+            raise OSError("connection refused")
+
+    collector = metrics.StoreCollector(Down(), dead_queue_depth=lambda: 4)  # type: ignore[arg-type]
+    families = {f.name: f for f in collector.collect()}
+    assert families["vibey_store_up"].samples[0].value == 0
+    assert "vibey_jobs" not in families
+    assert families["vibey_broker_up"].samples[0].value == 1
+    assert families["vibey_dead_letter_queue_depth"].samples[0].value == 4
+
+
+def test_the_down_alerts_each_watch_their_own_source():
+    rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text(encoding="utf-8"))
+    alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
+    assert set(_NAME.findall(alerts["VibeyStoreDown"]["expr"])) == {"vibey_store_up"}
+    assert set(_NAME.findall(alerts["VibeyBrokerDown"]["expr"])) == {"vibey_broker_up"}
+
+
 def test_every_alert_names_exported_metrics_and_says_what_to_do():
     rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text(encoding="utf-8"))
     known = exported()
