@@ -51,10 +51,10 @@ def previous_release() -> str:
     return base if base and base != head else git("rev-parse", "HEAD~1")
 
 
-@pytest.fixture(scope="module")
 RELEASED = ("actors", "store", "workflows", "vibey", "migrations", "tests", "examples", "ops")
 
 
+@pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("git") is None or not git("rev-parse", "HEAD"):
         pytest.fail("needs a git checkout to unpack the previous release from", pytrace=False)
