@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.agents.base import EngineTask, EngineVerdict
+from actors.agents.confine import Confinement
 from actors.agents.plans import Plan, write_plan
 from actors.agents.process import Exit, run_supervised
 from actors.agents.roster import AgentSpec
@@ -193,6 +194,7 @@ class CliAdapter(abc.ABC):
         self._context = context
         self._grace = grace
         self._launch = launch  # None: the CLI runs here, a child of this process
+        self.confinement: Confinement = spec.confined(transcripts.parent / "homes")
 
     @property
     def environment(self) -> Mapping[str, str]:
@@ -242,6 +244,11 @@ class CliAdapter(abc.ABC):
         workdir = task.workdir or task.worktree
         if workdir is None:
             return fault(f"engine {self.spec.id}: {task.kind} has no directory to work in")
+        refused = self.confinement.mechanism
+        if self._launch is None and refused.refused:
+            return fault(
+                f"engine {self.spec.id}: confinement {self.spec.confinement} is {refused.why}"
+            )
         context = self._context(task) if self._context is not None else {}
         plan = write_plan(workdir, task, context, self.spec.id)
         before = _tree_state(workdir)
@@ -275,14 +282,14 @@ class CliAdapter(abc.ABC):
             if watcher is not None:
                 watcher.start()
             try:
-                done = self._supervised(argv, workdir, out, err, held)
+                done = self._supervised(argv, workdir, out, err, held, task.project_id)
             finally:
                 if watcher is not None:
                     watcher.stop()
         return done, transcript, errors.read_text(encoding="utf-8", errors="replace")
 
     def _supervised(
-        self, argv: Sequence[str], workdir: Path, out: Any, err: Any, held: Any
+        self, argv: Sequence[str], workdir: Path, out: Any, err: Any, held: Any, project: str
     ) -> Exit:
         return run_supervised(
             argv,
@@ -294,6 +301,8 @@ class CliAdapter(abc.ABC):
             grace=self._grace,
             lock_fd=None if held is None else held.fd,
             on_start=None if held is None else held.started,
+            confine=self.confinement,
+            project=project,
         )
 
     # -- the judgement ----------------------------------------------------------------------
