@@ -281,6 +281,9 @@ class _Room:
         return _existing(found)
 
     def writes(self) -> list[Path]:
+        for path in self.policy.write:  # a directory vibey is told to let it write
+            with contextlib.suppress(OSError):
+                Path(path).mkdir(parents=True, exist_ok=True)
         found = [self.cwd, *_git_dirs(self.cwd), self.home, *map(Path, self.policy.write)]
         if self.run_dir is not None:
             found.append(self.run_dir)

@@ -23,6 +23,10 @@ A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and
 ``$FAKE_STATE/spans.jsonl`` (a SIGTERM ends the span too; a SIGKILLed run has no ``end``):
 the tests count overlaps with them.
 
+A fake imports vibey from this checkout, so an engine that runs one confined (the default)
+lists :data:`SOURCE` in its ``read_allow``, and the ``FAKE_STATE`` directory in its
+``write_allow``.
+
 ``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports;
 ``FAKE_PAUSE`` (seconds) is how long it waits between its work's events and its report.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCE = str(ROOT)  # a confined fake reads vibey from here: its engine's read_allow
 QUOTA = "TerminalQuotaError: 429 RESOURCE_EXHAUSTED:"
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
 
