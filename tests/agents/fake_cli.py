@@ -27,6 +27,9 @@ A fake imports vibey from this checkout, so an engine that runs one confined (th
 lists :data:`SOURCE` in its ``read_allow``, and the ``FAKE_STATE`` directory in its
 ``write_allow``.
 
+A confined run's span carries its PID namespace (``ns``): :func:`span_key` tells runs apart,
+:func:`host_pid` finds the process from outside.
+
 ``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports;
 ``FAKE_PAUSE`` (seconds) is how long it waits between its work's events and its report.
 ``FAKE_SCENARIO`` may also be ``credits-after:N``: success for the first N runs of this engine
@@ -126,10 +129,41 @@ def _stopped(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
+def _pid_ns(pid: int | str = "self") -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def span_key(span: dict[str, Any]) -> tuple[str, int]:
+    """What tells runs apart: a confined run's pid is its own PID namespace's number."""
+    return span.get("ns", ""), int(span["pid"])
+
+
+def host_pid(span: dict[str, Any]) -> int | None:
+    """The process a span names, as this process's /proc numbers it (a confined run records
+    the number its PID namespace gave it); None when it is gone."""
+    if span.get("ns", "") in ("", _pid_ns()):
+        return int(span["pid"])
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        if _pid_ns(name) != span["ns"]:
+            continue
+        try:
+            with open(f"/proc/{name}/status") as status:
+                line = next(x for x in status if x.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if int(line.split()[-1]) == span["pid"]:
+            return int(name)
+    return None
+
+
 def _span(event: str) -> None:
     state = os.environ.get("FAKE_STATE")
     if state:
-        span = {"event": event, "pid": os.getpid(), "cwd": os.getcwd(), "at": time.time()}
+        span = {"event": event, "pid": os.getpid(), "ns": _pid_ns(), "cwd": os.getcwd()}
+        span["at"] = time.time()
         with (Path(state) / "spans.jsonl").open("a") as spans:
             spans.write(json.dumps(span) + "\n")
 
