@@ -11,7 +11,9 @@ conformance check) starts through :func:`actors.agents.process.run_supervised`, 
   one's prefix: a node or a Python venv), ``read_allow``; writable: the run's directory
   (the worktree, the project's git directory it needs to commit, a command engine's run
   directory), a HOME of its own that vibey keeps outside every worktree
-  (``<state>/homes/<engine>/<project>``), ``write_allow``, and a private ``/tmp``. Nothing
+  (``<state>/homes/<engine>/<project>``), the CLI's state directories its ``env`` names
+  (``GEMINI_CLI_HOME``, ``CODEX_HOME``, … :func:`state_dirs`), ``write_allow``, and a
+  private ``/tmp``. Nothing
   else exists inside: other projects' worktrees, the operator's home, ``/run`` (and the
   database's socket there) are absent, and ``/proc`` shows only the sandbox's processes.
   The network namespace has only its own loopback: vibey's allow-list proxy
@@ -285,6 +287,7 @@ class _Room:
             with contextlib.suppress(OSError):
                 Path(path).mkdir(parents=True, exist_ok=True)
         found = [self.cwd, *_git_dirs(self.cwd), self.home, *map(Path, self.policy.write)]
+        found += state_dirs(self.env)
         if self.run_dir is not None:
             found.append(self.run_dir)
         return _existing(found)
@@ -338,6 +341,25 @@ class _Room:
             env[name] = inside
         env["NODE_USE_ENV_PROXY"] = "1"  # node 24+: fetch honours HTTP(S)_PROXY
         return env
+
+
+_STATE_VARIABLE = re.compile(r".+_(HOME|CONFIG_DIR|STATE_DIR|CACHE_DIR|DATA_DIR)$")
+
+
+def state_dirs(env: Mapping[str, str]) -> list[Path]:
+    """The CLI's own state directories its ``env`` names (``GEMINI_CLI_HOME``,
+    ``CODEX_HOME``, ``CLAUDE_CONFIG_DIR``, …: an existing absolute directory, never ``/`` nor
+    the operator's home or above it): writable, as its HOME is."""
+    home = Path(os.path.expanduser("~"))
+    found = []
+    for name, value in sorted(env.items()):
+        path = Path(value)
+        if not _STATE_VARIABLE.match(name) or not path.is_absolute() or not path.is_dir():
+            continue
+        if path == Path("/") or path == home or path in home.parents:
+            continue
+        found.append(path)
+    return found
 
 
 def _real_dir(path: str) -> bool:
