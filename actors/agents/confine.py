@@ -278,6 +278,7 @@ class _Room:
 
     def reads(self, argv: Sequence[str]) -> list[Path]:
         found = [*runtime_paths(argv[0], self.env), *map(Path, self.policy.read)]
+        found += _git_dirs(self.cwd)[1]
         found.append(JAIL)
         found += _python_paths()
         return _existing(found)
@@ -286,7 +287,7 @@ class _Room:
         for path in self.policy.write:  # a directory vibey is told to let it write
             with contextlib.suppress(OSError):
                 Path(path).mkdir(parents=True, exist_ok=True)
-        found = [self.cwd, *_git_dirs(self.cwd), self.home, *map(Path, self.policy.write)]
+        found = [self.cwd, *_git_dirs(self.cwd)[0], self.home, *map(Path, self.policy.write)]
         found += state_dirs(self.env)
         if self.run_dir is not None:
             found.append(self.run_dir)
@@ -325,6 +326,7 @@ class _Room:
         mounts += [("--ro-bind", d) for d in (*SYSTEM_READ, *SYSTEM_LINKS) if _real_dir(d)]
         mounts += [("--ro-bind", str(p)) for p in self.reads(argv)]
         mounts += [("--bind", str(p)) for p in self.writes()]
+        mounts += [("--ro-bind", str(p)) for p in _git_dirs(self.cwd)[2]]
         mounts.sort(key=lambda m: (len(Path(m[1]).parts), m[0] != "--tmpfs"))
         for flag, path in dict((path, (flag, path)) for flag, path in mounts).values():
             command += [flag, path] if flag == "--tmpfs" else [flag, path, path]
@@ -377,20 +379,33 @@ def _python_paths() -> list[Path]:
     return [p for p in prefixes if not str(p).startswith("/usr")]
 
 
-def _git_dirs(cwd: Path) -> list[Path]:
-    """The repository a worktree of ``cwd`` belongs to (its ``.git`` file names it): the
-    engine commits there."""
+GIT_WRITABLE = ("objects", "refs", "logs")
+GIT_KEPT = ("config", "hooks", "info")
+
+
+def _git_dirs(cwd: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """What of the repository behind ``cwd`` a run may write, read, and must not change.
+
+    A worktree's ``.git`` file names its git directory (writable: its HEAD and index) and
+    the repository's (read; writable only where commits go: ``objects``, ``refs``, ``logs``),
+    so the engine can commit but cannot plant a hook or a ``core.fsmonitor`` that vibey's own
+    git calls would run outside the confinement. A ``.git`` directory inside ``cwd`` keeps
+    its ``config``, ``hooks`` and ``info`` read-only (bubblewrap; Landlock cannot narrow a
+    directory it allows)."""
     dot = cwd / ".git"
+    if dot.is_dir():
+        return [], [], [dot / name for name in GIT_KEPT if (dot / name).exists()]
     if not dot.is_file():
-        return []
+        return [], [], []
     text = dot.read_text(errors="replace").strip()
     if not text.startswith("gitdir:"):
-        return []
+        return [], [], []
     gitdir = (cwd / text.removeprefix("gitdir:").strip()).resolve()
     common = gitdir / "commondir"
-    if common.is_file():
-        return [gitdir, (gitdir / common.read_text().strip()).resolve()]
-    return [gitdir]
+    if not common.is_file():
+        return [gitdir], [], []
+    repository = (gitdir / common.read_text().strip()).resolve()
+    return [gitdir, *(repository / name for name in GIT_WRITABLE)], [repository], []
 
 
 def runtime_paths(binary: str, env: Mapping[str, str]) -> list[Path]:

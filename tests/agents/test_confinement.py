@@ -71,6 +71,16 @@ def attempt(name, action):
         found[name] = ["refused", f"{type(exc).__name__}: {exc}"[:200]]
 attempt("write_own", lambda: pathlib.Path("own-work.txt").write_text("done"))
 attempt("write_outside", lambda: pathlib.Path(inp["outside"]).write_text("escaped"))
+import subprocess
+def commit():
+    subprocess.run(["git", "add", "own-work.txt"], check=True, capture_output=True)
+    identity = ["-c", "user.name=engine", "-c", "user.email=engine@example.com"]
+    done = subprocess.run(["git", *identity, "commit", "-m", "own work"], capture_output=True)
+    if done.returncode:
+        raise OSError(done.stderr.decode()[-200:])
+    return "committed"
+attempt("git_commit", commit)
+attempt("plant_hook", lambda: pathlib.Path(inp["hook"]).write_text("#!/bin/sh\ntouch /escaped\n"))
 attempt("write_other_project", lambda: pathlib.Path(inp["other_write"]).write_text("x"))
 attempt("read_other_project", lambda: pathlib.Path(inp["other_project"]).read_text())
 attempt("read_home", lambda: pathlib.Path(inp["home_secret"]).read_text())
@@ -167,6 +177,9 @@ def probe_input(tmp_path: Path, theirs: Path, home: Path, marker: str, ports: tu
         "outside": str(tmp_path / "escaped.txt"),
         "other_project": str(theirs / "secret.txt"),
         "other_write": str(theirs / "planted.txt"),
+        "hook": str(theirs.parents[1] / "repo" / ".git" / "hooks" / "post-commit").replace(
+            "/beta/", "/alpha/"
+        ),
         "home_secret": str(home),
         "marker": marker,
         "worker_pid": os.getpid(),
@@ -175,10 +188,15 @@ def probe_input(tmp_path: Path, theirs: Path, home: Path, marker: str, ports: tu
     }
 
 
+def found_hook(mine: Path) -> str:
+    return str(mine.parents[1] / "repo" / ".git" / "hooks" / "post-commit")
+
+
 def assert_contained(
     found: dict[str, list[str]], tmp_path: Path, mine: Path, theirs: Path, mode: str
 ) -> None:
     refused = [
+        "plant_hook",
         "write_other_project",
         "read_other_project",
         "read_home",
@@ -192,7 +210,7 @@ def assert_contained(
         refused = [name for name in refused if "environ" not in name]
     for name in refused:
         assert found[name][0] == "refused", (name, found[name])
-    for name in ("write_own", "allowed_direct", "allowed_proxied"):
+    for name in ("write_own", "git_commit", "allowed_direct", "allowed_proxied"):
         assert found[name][0] == "allowed", (name, found[name])
     assert "model api says hi" in found["allowed_proxied"][1]
     assert "403" in found["denied_proxied"][1]
@@ -200,6 +218,9 @@ def assert_contained(
     assert not (tmp_path / "escaped.txt").exists()
     assert not (theirs / "planted.txt").exists()
     assert (mine / "own-work.txt").read_text() == "done"
+    last = subprocess.run(["git", "log", "-1", "--format=%s"], cwd=mine, capture_output=True)
+    assert last.stdout.decode().strip() == "own work"  # its commit is on its branch
+    assert not Path(found_hook(mine)).exists()
 
 
 @pytest.mark.parametrize("mode", MECHANISMS)
