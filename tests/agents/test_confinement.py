@@ -404,3 +404,36 @@ def test_base_urls_in_env_are_allowed_endpoints(host: str, port: int, scheme: st
     assert env_endpoints(env) == (f"{host}:{port}",)
     default = 443 if scheme == "https" else 80
     assert env_endpoints({"OPENAI_API_BASE": f"{scheme}://{host}"}) == (f"{host}:{default}",)
+
+
+def test_doctor_and_engine_list_say_which_confinement_each_engine_runs_under(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "vibey.toml"
+    config.write_text(
+        '[engines.claude]\nadapter = "claude-code"\n'
+        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:8089" }\n'
+        '[engines.loose]\nadapter = "aider"\nconfinement = "none"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEY_")}
+    env["VIBEY_CONFIG"] = str(config)
+    vibey = Path(sys.executable).with_name("vibey")
+    listed = subprocess.run(
+        [str(vibey), "engine", "list", "--json"], env=env, capture_output=True, text=True
+    )
+    rows = {row["id"]: row for row in json.loads(listed.stdout)["engines"]}
+    expected = "bwrap" if bwrap_problem() is None else "landlock"
+    assert rows["claude"]["confinement"] == expected
+    assert rows["claude"]["network_allow"] == ["api.anthropic.com:443", "127.0.0.1:8089"]
+    assert rows["loose"]["confinement"] == "none (off by setting)"
+    doctor = subprocess.run([str(vibey), "doctor"], env=env, capture_output=True, text=True)
+    lines = doctor.stdout.splitlines()
+    assert (
+        f"confinement claude: ok: {expected}; network: api.anthropic.com:443, 127.0.0.1:8089"
+        in lines
+    )
+    assert any(
+        line.startswith("confinement loose: PROBLEM: none (off by setting)") for line in lines
+    )
+    text = subprocess.run([str(vibey), "engine", "list"], env=env, capture_output=True, text=True)
+    assert "confinement: NONE (off by setting)" in text.stdout
