@@ -307,7 +307,8 @@ class _Room:
         if self.kind == "landlock":
             rules = {
                 "read": [*LANDLOCK_READ, *map(str, self.reads(argv))],
-                "write": [*map(str, self.writes()), str(self.tmp), "/dev"],
+                "write": [*map(str, self.writes()), str(self.tmp)],
+                "devices": ["/dev"],
                 "connect": [proxy.port, *(p for p, _ in self.loopback_ports())],
             }
             return [*jail, "--landlock", json.dumps(rules), "--", *argv]
@@ -318,6 +319,7 @@ class _Room:
 
     def bwrap(self, argv: Sequence[str], proxy: AllowProxy) -> list[str]:
         command = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent"]
+        command += ["--cap-drop", "ALL"]  # none, even in its own user namespace
         command += ["--proc", "/proc", "--dev", "/dev"]
         for link in SYSTEM_LINKS:
             if os.path.islink(link):

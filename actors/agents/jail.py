@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 # Landlock (include/uapi/linux/landlock.h); the syscall numbers are the same on every arch.
 CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
@@ -85,9 +86,15 @@ def _handled_fs(abi: int) -> int:
     return handled
 
 
-def restrict(read: list[str], write: list[str], connect: list[int]) -> None:
+def restrict(
+    read: list[str],
+    write: list[str],
+    connect: list[int],
+    devices: Sequence[str] = (),
+) -> None:
     """Confines this process and its future children: ``read`` paths readable and
-    executable, ``write`` paths wholly usable, nothing else of the filesystem; with ABI 4 or
+    executable, ``write`` paths wholly usable, ``devices`` readable and writable (no new
+    files), nothing else of the filesystem; with ABI 4 or
     later TCP connects only to ``connect`` ports; with ABI 6 or later no signal or abstract
     unix socket outside the domain. Raises OSError when the kernel refuses."""
     libc = _libc()
@@ -104,7 +111,8 @@ def restrict(read: list[str], write: list[str], connect: list[int]) -> None:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     readable = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
     try:
-        for paths, access in ((read, readable), (write, handled)):
+        device = FS_READ_FILE | FS_WRITE_FILE | FS_READ_DIR | (FS_IOCTL_DEV if abi >= 5 else 0)
+        for paths, access in ((read, readable), (write, handled), (devices, device)):
             for path in paths:
                 _add_path(libc, fd, path, access)
         for port in connect if abi >= 4 else []:
@@ -247,7 +255,7 @@ def main(args: list[str]) -> None:
             sys.exit(f"jail.py: unknown option {flag}")
     if rules is not None:
         try:
-            restrict(rules["read"], rules["write"], rules["connect"])
+            restrict(rules["read"], rules["write"], rules["connect"], rules.get("devices", []))
         except OSError as exc:
             sys.exit(f"vibey: cannot confine the engine with Landlock: {exc}")
     if not forwards:
