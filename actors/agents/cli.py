@@ -194,7 +194,12 @@ class CliAdapter(abc.ABC):
         self._context = context
         self._grace = grace
         self._launch = launch  # None: the CLI runs here, a child of this process
-        self.confinement: Confinement = spec.confined(transcripts.parent / "homes")
+
+    @property
+    def confinement(self) -> Confinement:
+        """How its runs are confined, read as each run starts (a base URL written into the
+        CLI's config after this adapter was made is allowed too)."""
+        return self.spec.confined(self._transcripts.parent / "homes")
 
     @property
     def environment(self) -> Mapping[str, str]:

@@ -106,6 +106,29 @@ def env_endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def config_endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``host:port`` of each ``base_url`` a CLI's own config names where its ``env`` says
+    it is: Codex's ``$CODEX_HOME/config.toml`` ``[model_providers.<id>]`` tables."""
+    import tomllib
+
+    home = env.get("CODEX_HOME")
+    if not home:
+        return ()
+    try:
+        config = tomllib.loads((Path(home) / "config.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    providers = config.get("model_providers")
+    if not isinstance(providers, Mapping):
+        return ()
+    urls = {
+        f"{name}_BASE_URL": str(table.get("base_url", ""))
+        for name, table in providers.items()
+        if isinstance(table, Mapping)
+    }
+    return env_endpoints(urls)
+
+
 # -- what the machine offers ----------------------------------------------------------------
 
 

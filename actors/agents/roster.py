@@ -45,6 +45,7 @@ from actors.agents.confine import (
     Confinement,
     ConfinementError,
     check_endpoint,
+    config_endpoints,
     env_endpoints,
 )
 
@@ -117,10 +118,12 @@ class AgentSpec:
     @property
     def network(self) -> tuple[str, ...]:
         """The ``host:port`` its runs may reach: ``network_allow``, else the adapter's model
-        API host and the host of each base-URL variable of its ``env``."""
+        API host and the host of each base URL its ``env`` names (a variable, or Codex's
+        ``$CODEX_HOME/config.toml``), read when asked: a run reads it as it starts."""
         if self.network_allow is not None:
             return self.network_allow
-        return tuple(dict.fromkeys([*API_HOSTS.get(self.adapter, ()), *env_endpoints(self.env)]))
+        named = [*env_endpoints(self.env), *config_endpoints(self.env)]
+        return tuple(dict.fromkeys([*API_HOSTS.get(self.adapter, ()), *named]))
 
     def confined(self, homes: Path | None) -> Confinement:
         """Its runs' confinement, its HOMEs kept under ``homes``."""

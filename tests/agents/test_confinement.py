@@ -437,3 +437,17 @@ def test_doctor_and_engine_list_say_which_confinement_each_engine_runs_under(
     )
     text = subprocess.run([str(vibey), "engine", "list"], env=env, capture_output=True, text=True)
     assert "confinement: NONE (off by setting)" in text.stdout
+
+
+def test_a_base_url_in_codex_config_is_allowed_as_the_run_starts(tmp_path: Path) -> None:
+    home = tmp_path / "codex-home"
+    spec = AgentSpec("codex", "codex", env={"CODEX_HOME": str(home)})
+    assert spec.network == ("api.openai.com:443", "chatgpt.com:443")
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model_provider = "local"\n[model_providers.local]\nname = "local"\n'
+        'base_url = "http://127.0.0.1:8765/v1"\nwire_api = "responses"\n'
+    )
+    allowed: tuple[str, ...] = spec.network  # read again: the config is new
+    assert allowed == ("api.openai.com:443", "chatgpt.com:443", "127.0.0.1:8765")
+    assert spec.confined(None).network[-1] == "127.0.0.1:8765"
