@@ -28,7 +28,9 @@ Json = Annotated[bool, Parameter(name="--json", negative=())]
 
 @engine_app.command(name="list")
 def list_(*, json_output: Json = False) -> ExitCode:
-    """The roster: adapter, weight, installed, last doctor pass, circuit and capacity.
+    """The roster: adapter, weight, installed, last doctor pass, circuit and capacity, and
+    the confinement its runs get (bwrap, landlock, or none and why) with the hosts they may
+    reach.
 
     An engine with invocation = "service" also shows its loop service: the run queue's
     consumers and queued requests, and a probe sent now (2 s to answer) - when, its outcome
@@ -38,9 +40,9 @@ def list_(*, json_output: Json = False) -> ExitCode:
 
     JSON: ``{"engines": [{"id", "adapter", "binary", "weight", "local", "phases",
     "installed", "last_doctor_at", "authenticated_at", "circuit", "capacity", "resets_at",
-    "invocation", "service"}, ...]}`` (``service``: null, or ``{"consumers", "queued",
-    "probe", "probe_at", "probe_seconds", "instance", "in_flight": null | [{"run_id",
-    "cwd", "started_at"}], "previous_probe": null | {"at", "outcome"}}``).
+    "invocation", "confinement", "network_allow", "service"}, ...]}`` (``service``: null, or
+    ``{"consumers", "queued", "probe", "probe_at", "probe_seconds", "instance", "in_flight":
+    null | [{"run_id", "cwd", "started_at"}], "previous_probe": null | {"at", "outcome"}}``).
 
     Parameters
     ----------
@@ -63,6 +65,7 @@ def list_(*, json_output: Json = False) -> ExitCode:
             f"{'installed' if row['installed'] else 'NOT INSTALLED':<13} doctor {doctor}  "
             f"circuit {row['circuit']}  {row['capacity']}{reset}"
         )
+        print(f"{' ' * 17}confinement: {_confined_line(row)}")
         if row["service"] is not None:
             _print_service(row["service"])
     return ExitCode.OK
@@ -143,6 +146,8 @@ def roster_rows(settings: Settings) -> list[dict[str, Any]]:
                 "capacity": capacity.kind.value if capacity is not None else "unknown",
                 "resets_at": render.when(getattr(capacity, "resets_at", None)),
                 "invocation": spec.invocation,
+                "confinement": spec.confined(None).mechanism.describe(),
+                "network_allow": list(spec.network),
                 "service": _service_row(settings, spec) if spec.as_service else None,
             }
         )
@@ -150,6 +155,12 @@ def roster_rows(settings: Settings) -> list[dict[str, Any]]:
 
 
 PROBE_WAIT_S = 2.0
+
+
+def _confined_line(row: dict[str, Any]) -> str:
+    if row["confinement"].startswith("none"):
+        return f"NONE{row['confinement'][4:]}: its runs read, write and reach all the worker can"
+    return f"{row['confinement']}; network: {', '.join(row['network_allow']) or 'nothing'}"
 
 
 def _service_row(settings: Settings, spec: Any) -> dict[str, Any]:

@@ -28,7 +28,33 @@ def _finding(status: str, detail: str, fix: str | None = None) -> dict[str, Any]
 def setting_checks(settings: Settings, longest_lease: timedelta | None) -> list[dict[str, Any]]:
     """What is inert or contradictory in ``settings``; one ok finding when nothing is."""
     found = [*_inert(settings), *_contradictions(settings, longest_lease)]
-    return found or [_finding(OK, "every setting is read, and none contradicts another")]
+    settled = found or [_finding(OK, "every setting is read, and none contradicts another")]
+    return [*settled, *confinements(settings)]
+
+
+def confinements(settings: Settings) -> list[dict[str, Any]]:
+    """One finding per configured engine: what confines its runs and what they may reach; a
+    problem when nothing does (off by setting, or unavailable here)."""
+    found = []
+    for spec in settings.engines:
+        if spec.adapter == "scripted":
+            continue
+        confinement = spec.confined(None)
+        mechanism = confinement.mechanism
+        name = f"confinement {spec.id}"
+        if mechanism.kind != "none":
+            found.append(
+                {"name": name, "status": OK, "detail": confinement.describe(), "fix": None}
+            )
+            continue
+        fix = (
+            f'set confinement = "auto" in [engines.{spec.id}]'
+            if confinement.mode == "none"
+            else "apt-get install bubblewrap (or allow user namespaces), or a Landlock kernel"
+        )
+        detail = f"{confinement.describe()}: its runs read, write and reach all the worker can"
+        found.append({"name": name, "status": PROBLEM, "detail": detail, "fix": fix})
+    return found
 
 
 def _inert(settings: Settings) -> list[dict[str, Any]]:

@@ -80,6 +80,8 @@ The file, every key optional (unknown sections and keys are errors)::
     adapter = "claude-code"          # claude-code, codex, gemini, aider, command, scripted
     weight = 3                       # binary, args, local, capabilities, phases, effort, env,
                                      # timeout_seconds: see actors/agents/roster.py
+    confinement = "auto"             # bwrap, landlock, none; network_allow, read_allow,
+                                     # write_allow (docs/engines.md, "Containment")
 
     [notify.webhooks.ops]            # `vibey notify`: domain events POSTed, signed (docs/events.md)
     url = "https://hooks.example/vibey"

@@ -46,6 +46,7 @@ def engine_for(
             timedelta(seconds=spec.timeout_seconds),
             scratch_root=state_dir,
             env=spec.environment(worker_env),
+            confinement=spec.confined(state_dir / "homes"),
         )
     adapter = CLI_ADAPTERS[spec.adapter]
     launch = None

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.agents.base import EngineTask, EngineVerdict
+from actors.agents.confine import Confinement
 from actors.agents.plans import Plan, write_plan
 from actors.agents.process import Exit, run_supervised
 from actors.agents.roster import AgentSpec
@@ -213,6 +214,12 @@ class CliAdapter(abc.ABC):
         self._launch = launch  # None: the CLI runs here, a child of this process
 
     @property
+    def confinement(self) -> Confinement:
+        """How its runs are confined, read as each run starts (a base URL written into the
+        CLI's config after this adapter was made is allowed too)."""
+        return self.spec.confined(self._transcripts.parent / "homes")
+
+    @property
     def environment(self) -> Mapping[str, str]:
         """What the engine's process gets (its spec's ``env`` over the minimal base)."""
         return self._env
@@ -260,6 +267,11 @@ class CliAdapter(abc.ABC):
         workdir = task.workdir or task.worktree
         if workdir is None:
             return fault(f"engine {self.spec.id}: {task.kind} has no directory to work in")
+        refused = self.confinement.mechanism
+        if self._launch is None and refused.refused:
+            return fault(
+                f"engine {self.spec.id}: confinement {self.spec.confinement} is {refused.why}"
+            )
         context = self._context(task) if self._context is not None else {}
         plan = write_plan(workdir, task, context, self.spec.id)
         before = _tree_state(workdir)
@@ -294,7 +306,9 @@ class CliAdapter(abc.ABC):
         with transcript.open("wb") as out, errors.open("wb") as err:
             watcher.start()
             try:
-                done = self._supervised(argv, workdir, out, err, held, watcher.decided)
+                done = self._supervised(
+                    argv, workdir, out, err, held, task.project_id, watcher.decided
+                )
             finally:
                 watcher.stop()
         return done, transcript, errors.read_text(encoding="utf-8", errors="replace")
@@ -306,6 +320,7 @@ class CliAdapter(abc.ABC):
         out: Any,
         err: Any,
         held: Any,
+        project: str,
         stop: threading.Event | None = None,
     ) -> Exit:
         return run_supervised(
@@ -319,6 +334,8 @@ class CliAdapter(abc.ABC):
             lock_fd=None if held is None else held.fd,
             stop=stop,
             on_start=None if held is None else held.started,
+            confine=self.confinement,
+            project=project,
         )
 
     # -- the judgement ----------------------------------------------------------------------

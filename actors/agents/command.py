@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.agents.base import STATUSES, EngineTask, EngineVerdict
+from actors.agents.confine import Confinement
 from actors.agents.process import Exit, run_supervised
 from actors.worktrees import checked_name
 
@@ -51,18 +52,23 @@ class CommandEngine:
         scratch_root: Path | None = None,
         env: Mapping[str, str] | None = None,
         kill_grace: timedelta = timedelta(seconds=2),
+        confinement: Confinement | None = None,
     ) -> None:
         self.argv = tuple(argv)
         self.timeout = timeout
         self._scratch_root = scratch_root
         self._env = dict(env) if env is not None else None
         self._grace = kill_grace
+        self.confinement = confinement  # None: unconfined (the [engine] command of old)
 
     def run(self, task: EngineTask) -> EngineVerdict:
         if not self.argv:
             return _fault("no engine command configured: set [engine] command in vibey.toml")
         if shutil.which(self.argv[0]) is None:
             return _fault(f"the engine command {self.argv[0]!r} was not found or is not executable")
+        found = self.confinement.mechanism if self.confinement is not None else None
+        if found is not None and found.refused:
+            return _fault(f"the engine command's confinement is {found.why}")
         with tempfile.TemporaryDirectory(prefix="vibey-run-") as tmp:
             run_dir = Path(tmp)
             plan, verdict = run_dir / "plan.json", run_dir / "verdict.json"
@@ -103,6 +109,9 @@ class CommandEngine:
                 grace=self._grace.total_seconds(),
                 lock_fd=None if held is None else held.fd,
                 on_start=None if held is None else held.started,
+                confine=self.confinement,
+                project=task.project_id,
+                run_dir=run_dir,
             )
 
 

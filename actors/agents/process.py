@@ -10,6 +10,11 @@ Whatever is left in the group when the wrapper exits is killed too.
 
 ``lock_fd`` (the worktree lease's lock, see :mod:`actors.agents.lease`) is inherited by the
 wrapper and the engine, so the lock is held exactly as long as one of them lives.
+
+``confine`` (:class:`actors.agents.confine.Confinement`) runs the engine inside its
+confinement: the wrapper starts the sandbox, the sandbox the engine. Every engine run goes
+through here, whoever starts it (a worker's adapter or command engine, a loop service,
+a conformance check), so none escapes it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from actors.agents.confine import Confinement
 
 SUPERVISOR = Path(__file__).with_name("supervise.py")
 
@@ -62,9 +69,41 @@ def run_supervised(
     lock_fd: int | None = None,
     stop: threading.Event | None = None,
     on_start: Callable[[int], None] | None = None,
+    confine: Confinement | None = None,
+    project: str | None = None,
+    run_dir: Path | None = None,
 ) -> Exit:
     """Runs ``argv`` supervised in ``cwd`` with exactly ``env`` (None: the worker's) plus
-    ``extra``, and waits for it (see the module docstring)."""
+    ``extra``, and waits for it (see the module docstring). With ``confine`` it runs
+    confined (``project`` picks its HOME, ``run_dir`` is writable besides ``cwd``; an
+    ``env`` of None is then the minimal base, never the worker's whole environment);
+    :class:`actors.agents.confine.ConfinementError` when its mechanism is unavailable."""
+    if confine is None:
+        return _run(argv, cwd, env, extra, stdout, stderr, timeout, grace, lock_fd, stop, on_start)
+    if env is None:
+        from actors.agents.roster import BASE_ENV
+
+        env = {name: os.environ[name] for name in BASE_ENV if name in os.environ}
+    with confine.enter(argv, cwd=cwd, env=env, project=project, run_dir=run_dir) as jailed:
+        inner, inner_env = jailed
+        return _run(
+            inner, cwd, inner_env, extra, stdout, stderr, timeout, grace, lock_fd, stop, on_start
+        )
+
+
+def _run(
+    argv: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str] | None,
+    extra: Mapping[str, str],
+    stdout: IO[bytes],
+    stderr: IO[bytes],
+    timeout: float,
+    grace: float,
+    lock_fd: int | None,
+    stop: threading.Event | None,
+    on_start: Callable[[int], None] | None,
+) -> Exit:
     fds = () if lock_fd is None else (lock_fd,)
     process = subprocess.Popen(
         supervised_argv(argv, grace, fds, extra),

@@ -17,6 +17,10 @@
     queue_wait_seconds = 300         # service: no `accepted` by then → the step defers
     supersede_grace_seconds = 30     # service: a superseded run's stop grace before the kill
     abandoned_runs = 5               # service: a job's runs abandoned this often → it fails
+    confinement = "auto"             # bwrap, landlock, none (off: loud); auto: the first found
+    network_allow = ["api.anthropic.com:443"]  # default: the adapter's API, env's base URLs
+    read_allow = ["/srv/reference"]  # more paths it may read (its worktree, runtime: always)
+    write_allow = ["/var/cache/npm"] # more paths it may write (its worktree, HOME: always)
 
     [engines.claude.effort]          # vibey's five levels onto native flags; a level left
     TRIVIAL = ["--max-turns", "5"]   # out takes the nearest lower one that is given
@@ -32,7 +36,18 @@ import math
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from actors.agents.confine import (
+    API_HOSTS,
+    MODES,
+    Confinement,
+    ConfinementError,
+    check_endpoint,
+    config_endpoints,
+    env_endpoints,
+)
 
 ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider", "command", "scripted")
 EFFORT_LEVELS: tuple[str, ...] = ("TRIVIAL", "LOW", "STANDARD", "HIGH", "MAX")
@@ -63,6 +78,10 @@ KEYS: tuple[str, ...] = (
     "queue_wait_seconds",
     "supersede_grace_seconds",
     "abandoned_runs",
+    "confinement",
+    "network_allow",
+    "read_allow",
+    "write_allow",
 )
 INVOCATIONS: tuple[str, ...] = ("subprocess", "service")
 SERVICE_ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider")
@@ -91,6 +110,26 @@ class AgentSpec:
     queue_wait_seconds: float = 300.0
     supersede_grace_seconds: float = 30.0
     abandoned_runs: int = 5  # a job's runs cut `abandoned` this often: the next cut fails it
+    confinement: str = "auto"  # auto, bwrap, landlock, none (actors.agents.confine)
+    network_allow: tuple[str, ...] | None = None  # None: the adapter's API and env's base URLs
+    read_allow: tuple[str, ...] = ()
+    write_allow: tuple[str, ...] = ()
+
+    @property
+    def network(self) -> tuple[str, ...]:
+        """The ``host:port`` its runs may reach: ``network_allow``, else the adapter's model
+        API host and the host of each base URL its ``env`` names (a variable, or Codex's
+        ``$CODEX_HOME/config.toml``), read when asked: a run reads it as it starts."""
+        if self.network_allow is not None:
+            return self.network_allow
+        named = [*env_endpoints(self.env), *config_endpoints(self.env)]
+        return tuple(dict.fromkeys([*API_HOSTS.get(self.adapter, ()), *named]))
+
+    def confined(self, homes: Path | None) -> Confinement:
+        """Its runs' confinement, its HOMEs kept under ``homes``."""
+        return Confinement(
+            self.id, self.confinement, self.network, self.read_allow, self.write_allow, homes
+        )
 
     @property
     def as_service(self) -> bool:
@@ -158,7 +197,28 @@ def _spec(id_: str, body: Any, where: str) -> AgentSpec:
         env=_env(body.get("env", {}), where),
         timeout_seconds=_timeout(body.get("timeout_seconds", 7200.0), where),
         **_service(adapter, body, where),
+        **_confinement(body, where),
     )
+
+
+def _confinement(body: Mapping[str, Any], where: str) -> dict[str, Any]:
+    mode = body.get("confinement", "auto")
+    if mode not in MODES:
+        raise RosterError(f"{where}: confinement must be one of {', '.join(MODES)}, got {mode!r}")
+    network = body.get("network_allow")
+    if network is not None:
+        try:
+            network = tuple(check_endpoint(e) for e in _words(network, "network_allow", where))
+        except ConfinementError as exc:
+            raise RosterError(f"{where}: {exc}") from None
+    paths = {}
+    for key in ("read_allow", "write_allow"):
+        words = _words(body.get(key, []), key, where)
+        relative = [w for w in words if not Path(w).is_absolute()]
+        if relative:
+            raise RosterError(f"{where}: {key} takes absolute paths, got {relative[0]!r}")
+        paths[key] = words
+    return {"confinement": mode, "network_allow": network, **paths}
 
 
 def _service(adapter: str, body: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from actors.agents.cli import CliAdapter
+from actors.agents.confine import ConfinementError
 from actors.agents.lease import vibey_dir
 from actors.agents.process import Exit, run_supervised
 from workflows.runs import (
@@ -255,10 +256,19 @@ class RunHost:
                     lock_fd=lock_fd,
                     stop=active.stop,
                     on_start=started_run,
+                    confine=self.adapter.confinement,
+                    project=self._project(request.cwd),
                 )
+        except ConfinementError as exc:
+            return self.ended(request, RunStatus.REJECTED, str(exc))
         finally:
             os.close(lock_fd)
         return self._ended_run(active, done)
+
+    def _project(self, cwd: str) -> str | None:
+        """The project a run's cwd belongs to (its first part under the root): its HOME."""
+        parts = Path(os.path.realpath(cwd)).relative_to(self.root).parts
+        return parts[0] if parts else None
 
     def _ended_run(self, active: Active, done: Exit) -> RunResult:
         status = RunStatus.EXITED

@@ -16,7 +16,9 @@ everything the engine starts. The wrapper:
    while any of them lives) and waits for it, checking its parent every ``POLL_S``;
 4. on SIGTERM/SIGINT/SIGHUP or a dead parent: SIGTERM to the group, ``GRACE`` seconds, then
    SIGKILL to every process left in the group and every descendant; on the engine's own exit,
-   SIGKILL to whatever it left behind;
+   SIGKILL to whatever it left behind. A confined engine's sandbox (``bwrap``, the direct
+   child) is spared the SIGTERM: it would tear its PID namespace down at once, cutting the
+   engine's grace short; the processes inside get it, and the SIGKILL takes the sandbox too;
 5. exits as the engine did (the same status, or the same signal).
 
 On a platform without ``prctl`` (not Linux) steps 1 and 2 are skipped and the parent check
@@ -84,8 +86,8 @@ def _descendants() -> list[int]:
     return seen
 
 
-def _kill_all(signum: int) -> None:
-    for pid in {*_group_members(os.getpgid(0)), *_descendants()}:
+def _kill_all(signum: int, spare: int | None = None) -> None:
+    for pid in {*_group_members(os.getpgid(0)), *_descendants()} - {spare}:
         with contextlib.suppress(OSError):
             os.kill(pid, signum)
 
@@ -97,7 +99,8 @@ def _reap() -> None:
 
 
 def _stop(engine: subprocess.Popen[bytes], grace: float) -> None:
-    _kill_all(signal.SIGTERM)
+    sandbox = isinstance(engine.args, list) and os.path.basename(str(engine.args[0])) == "bwrap"
+    _kill_all(signal.SIGTERM, spare=engine.pid if sandbox else None)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and engine.poll() is None:
         time.sleep(0.05)

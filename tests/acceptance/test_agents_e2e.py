@@ -25,7 +25,7 @@ import pytest
 from actors.capabilities import detect
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import Stack, stack
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install
 from tests.amqp_fixtures import Amqp
 
 SCRIPT = """
@@ -50,6 +50,7 @@ def roster_toml(
         tables.append(
             f'[engines.{cli}]\nadapter = "{adapter}"\nbinary = "{fakes[cli]}"\n'
             f"weight = {weight}\ntimeout_seconds = 120\n"
+            f'read_allow = ["{SOURCE}"]\nwrite_allow = ["{state}"]\n'
             f'env = {{ FAKE_SCENARIO = "{scenario}", FAKE_STATE = "{state}", FAKE_ID = "{cli}", '
             f'FAKE_EDIT = "{edit}" }}\n'
         )

@@ -24,7 +24,7 @@ from actors.capabilities import detect
 from actors.runs_topology import RunsTopology
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import VIBEY, Stack, stack
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install, span_key
 from tests.amqp_fixtures import Amqp
 
 SCRIPT = """
@@ -81,8 +81,8 @@ def loop_services(e2e: Stack) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def overlapping_runs(spans: list[dict[str, Any]]) -> int:
     by_cwd: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    start = {s["pid"]: s for s in spans if s["event"] == "start"}
-    end = {s["pid"]: s["at"] for s in spans if s["event"] == "end"}
+    start = {span_key(s): s for s in spans if s["event"] == "start"}
+    end = {span_key(s): s["at"] for s in spans if s["event"] == "end"}
     for pid, span in start.items():
         by_cwd[span["cwd"]].append((span["at"], end.get(pid, float("inf"))))
     count = 0
@@ -101,6 +101,7 @@ def test_the_demo_on_two_loop_services(e2e: Stack, pg_url: str, tmp_path: Path) 
         f'[engines.{engine}]\nadapter = "{adapter}"\nbinary = "{fakes[engine]}"\n'
         f'weight = {weight}\ntimeout_seconds = 120\ninvocation = "service"\n'
         f'env = {{ FAKE_STATE = "{state}", FAKE_ID = "{engine}" }}\n'
+        f'read_allow = ["{SOURCE}"]\nwrite_allow = ["{state}"]\n'
         for engine, adapter, weight in ENGINES
     ]
     e2e.config = tmp_path / "vibey.toml"

@@ -25,7 +25,7 @@ from actors.agents.roster import AgentSpec
 from actors.agents.run_client import RunClient, RunCut
 from actors.capabilities import detect
 from actors.runs_topology import RunsTopology
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, host_pid, install
 from tests.amqp_fixtures import Amqp
 from workflows.runs import RunResult, RunStatus, decode
 
@@ -50,6 +50,7 @@ class Services:
             "queue_wait_seconds = 30\n"
             "supersede_grace_seconds = 1\n"
             f'env = {{ FAKE_STATE = "{self.state}" }}\n'
+            f'read_allow = ["{SOURCE}"]\nwrite_allow = ["{self.state}"]\n'
         )
         self.env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -116,8 +117,10 @@ def services(amqp: Amqp, tmp_path: Path) -> Iterator[Services]:
     finally:
         services.stop_all()
         for span in services.spans():  # no engine process outlives the test
+            pid = host_pid(span)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(span["pid"], signal.SIGKILL)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
 
 
 def task(workdir: Path, attempt: int, sleep: float) -> EngineTask:
@@ -142,7 +145,9 @@ def in_thread(target: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -170,7 +175,7 @@ def test_sigterm_drains_the_service_and_cuts_a_long_run_at_the_grace(services: S
     workdir.mkdir()
     thread, out = in_thread(services.engine().run, task(workdir, 1, sleep=60))
     wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
-    pid = services.spans()[0]["pid"]
+    pid = host_pid(services.spans()[0])
     began = time.monotonic()
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
@@ -190,7 +195,7 @@ def test_a_sigkilled_service_abandons_its_run_and_the_next_attempt_runs_alone(
     workdir.mkdir()
     old, old_out = in_thread(services.engine().run, task(workdir, 1, sleep=60))
     wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
-    old_pid = services.spans()[0]["pid"]
+    old_pid = host_pid(services.spans()[0])
     first.kill()
     first.wait(10)
     wait_for(lambda: not alive(old_pid), 15)  # it died with its service
@@ -222,7 +227,7 @@ def test_the_watchdog_restarts_a_wedged_service_which_then_serves_a_run(
     workdir.mkdir()
     old, old_out = in_thread(services.engine().run, task(workdir, 1, sleep=60))
     wait_for(lambda: any(s["event"] == "start" for s in services.spans()))
-    engine_pid = services.spans()[0]["pid"]
+    engine_pid = host_pid(services.spans()[0])
     os.kill(wedged, signal.SIGSTOP)  # wedged: alive, holding its deliveries, answering nothing
     wait_for(lambda: len(children(services)) == 2, 30)
     assert "is wedged (no heartbeat" in services.log.read_text()
@@ -294,7 +299,9 @@ def test_engine_list_shows_the_runs_in_flight_and_the_probe_before(services: Ser
     table = engine_list(services)
     assert "1 in flight" in table and f"run {run_id} in {workdir.resolve()}" in table
     assert "last probe at " in table and "probe before it: " in table
-    os.kill(services.spans()[0]["pid"], signal.SIGKILL)  # the run ends; the fixture stops all
+    engine = host_pid(services.spans()[0])
+    assert engine is not None
+    os.kill(engine, signal.SIGKILL)  # the run ends; the fixture stops all
     thread.join(30)
 
 

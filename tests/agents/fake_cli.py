@@ -23,6 +23,13 @@ A step input's ``fake_sleep`` (seconds) makes the run sleep before it plays, and
 ``$FAKE_STATE/spans.jsonl`` (a SIGTERM ends the span too; a SIGKILLed run has no ``end``):
 the tests count overlaps with them.
 
+A fake imports vibey from this checkout, so an engine that runs one confined (the default)
+lists :data:`SOURCE` in its ``read_allow``, and the ``FAKE_STATE`` directory in its
+``write_allow``.
+
+A confined run's span carries its PID namespace (``ns``): :func:`span_key` tells runs apart,
+:func:`host_pid` finds the process from outside.
+
 ``FAKE_EDIT`` (``path|old|new``) is an edit build.implement makes before it reports;
 ``FAKE_SHARED`` (``path|item,item…``) makes build.implement of each listed item rewrite the
 first line of ``path`` with its title (two listed items conflict on that line), and
@@ -51,6 +58,7 @@ from typing import Any
 from workflows.strict_schema import encode, strict_problem, with_failure_report
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCE = str(ROOT)  # a confined fake reads vibey from here: its engine's read_allow
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
 
 
@@ -128,10 +136,41 @@ def _stopped(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
+def _pid_ns(pid: int | str = "self") -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def span_key(span: dict[str, Any]) -> tuple[str, int]:
+    """What tells runs apart: a confined run's pid is its own PID namespace's number."""
+    return span.get("ns", ""), int(span["pid"])
+
+
+def host_pid(span: dict[str, Any]) -> int | None:
+    """The process a span names, as this process's /proc numbers it (a confined run records
+    the number its PID namespace gave it); None when it is gone."""
+    if span.get("ns", "") in ("", _pid_ns()):
+        return int(span["pid"])
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        if _pid_ns(name) != span["ns"]:
+            continue
+        try:
+            with open(f"/proc/{name}/status") as status:
+                line = next(x for x in status if x.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if int(line.split()[-1]) == span["pid"]:
+            return int(name)
+    return None
+
+
 def _span(event: str) -> None:
     state = os.environ.get("FAKE_STATE")
     if state:
-        span = {"event": event, "pid": os.getpid(), "cwd": os.getcwd(), "at": time.time()}
+        span = {"event": event, "pid": os.getpid(), "ns": _pid_ns(), "cwd": os.getcwd()}
+        span["at"] = time.time()
         with (Path(state) / "spans.jsonl").open("a") as spans:
             spans.write(json.dumps(span) + "\n")
 

@@ -19,7 +19,7 @@ from actors.agents.adapters import engine_for
 from actors.agents.lease import WorktreeLease
 from actors.agents.roster import AgentSpec
 from actors.worktrees import Workspace
-from tests.agents.fake_cli import RESET, install
+from tests.agents.fake_cli import RESET, SOURCE, install
 from workflows.capacity import (
     AuthenticationFailed,
     CreditsExhausted,
@@ -49,6 +49,7 @@ def run(
     timeout: float = TIMEOUT,
 ) -> EngineVerdict:
     spec = AgentSpec(
+        read_allow=(SOURCE,),
         id=f"{adapter}-1",
         adapter=adapter,
         binary=str(fakes[ADAPTERS[adapter]]),

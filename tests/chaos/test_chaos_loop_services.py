@@ -30,7 +30,7 @@ from actors.capabilities import detect
 from actors.runs_topology import RunsTopology
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import VIBEY, Stack, stack
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install, span_key
 from tests.amqp_fixtures import Amqp
 from tests.chaos.fleet import chaos_seed
 from workflows.protocol.kinds import STEP_KINDS
@@ -98,7 +98,8 @@ def config_toml(fake: Path, state: Path) -> str:
     return (
         f'[engines.claude]\nadapter = "claude-code"\nbinary = "{fake}"\ninvocation = "service"\n'
         "prefetch = 4\nqueue_wait_seconds = 20\nsupersede_grace_seconds = 1\n"
-        f'timeout_seconds = 60\nenv = {{ FAKE_STATE = "{state}" }}\n\n'
+        f'timeout_seconds = 60\nenv = {{ FAKE_STATE = "{state}" }}\n'
+        f'read_allow = ["{SOURCE}"]\nwrite_allow = ["{state}"]\n\n'
         f"[queue.lease_seconds]\ndefault = {LEASE_S}\n{leases}\n"
     )
 
@@ -162,8 +163,8 @@ def chaos_on_runs(
 
 def overlaps(spans: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
     """Runs of one worktree whose recorded [start, end] intervals intersect."""
-    start = {s["pid"]: s for s in spans if s["event"] == "start"}
-    end = {s["pid"]: s["at"] for s in spans if s["event"] == "end"}
+    start = {span_key(s): s for s in spans if s["event"] == "start"}
+    end = {span_key(s): s["at"] for s in spans if s["event"] == "end"}
     by_cwd: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for pid, span in start.items():
         if pid in end:

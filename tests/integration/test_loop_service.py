@@ -31,7 +31,7 @@ from actors.agents.service import LoopService, build_service
 from actors.capabilities import detect
 from actors.handlers import HandlerContext, Steps, to_outcome
 from actors.runs_topology import REJECTED_HEADER, RunsTopology
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install, span_key
 from tests.amqp_fixtures import Amqp
 from tests.factories import leased_job
 from workflows.job import FailureClass
@@ -111,6 +111,8 @@ def rig(amqp: Amqp, tmp_path: Path) -> Iterator[Rig]:
         adapter="claude-code",
         binary=str(fakes["claude"]),
         env={"FAKE_STATE": str(state / "fake")},
+        read_allow=(SOURCE,),
+        write_allow=(str(state / "fake"),),
         timeout_seconds=120,
         invocation="service",
         prefetch=1,
@@ -161,10 +163,10 @@ def wait_for(predicate: Any, seconds: float = 20) -> None:
         time.sleep(0.05)
 
 
-def overlaps(spans: list[dict[str, Any]], ends: dict[int, float]) -> int:
+def overlaps(spans: list[dict[str, Any]], ends: dict[Any, float]) -> int:
     """Pairs of runs whose [start, end] intervals overlap (``ends`` fills in killed runs)."""
-    start = {s["pid"]: s["at"] for s in spans if s["event"] == "start"}
-    end = {s["pid"]: s["at"] for s in spans if s["event"] == "end"} | ends
+    start = {span_key(s): s["at"] for s in spans if s["event"] == "start"}
+    end = {span_key(s): s["at"] for s in spans if s["event"] == "end"} | ends
     runs = sorted((start[pid], end.get(pid, float("inf"))) for pid in start)
     count, latest_end = 0, float("-inf")
     for begins, ends_at in runs:
@@ -286,7 +288,7 @@ def test_a_higher_attempt_supersedes_the_run_of_its_key(rig: Rig) -> None:
         r for r in results if isinstance(r, RunResult) and r.status is RunStatus.SUPERSEDED
     ]
     assert len(superseded) == 1
-    killed = {s["pid"]: superseded[0].finished_at.timestamp() for s in rig.spans()[:1]}
+    killed = {span_key(s): superseded[0].finished_at.timestamp() for s in rig.spans()[:1]}
     assert overlaps(rig.spans(), killed) == 0
 
 
