@@ -25,7 +25,7 @@ import pytest
 from actors.capabilities import detect
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import Stack, cooperative, stack
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install
 from tests.amqp_fixtures import Amqp
 
 SCRIPT = """
@@ -48,6 +48,7 @@ def roster(fakes: dict[str, Path], state: Path, resolve: str) -> str:
         tables.append(
             f'[engines.{cli}]\nadapter = "{adapter}"\nbinary = "{fakes[cli]}"\n'
             f"weight = 1\ntimeout_seconds = 120\n"
+            f'read_allow = ["{SOURCE}"]\nwrite_allow = ["{state}"]\n'
             f'env = {{ FAKE_SCENARIO = "success", FAKE_STATE = "{state}", FAKE_ID = "{cli}", '
             f'FAKE_SHARED = "app.txt|a2,a3", FAKE_RESOLVE = "{resolve}" }}\n'
         )

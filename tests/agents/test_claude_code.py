@@ -23,7 +23,7 @@ from actors.agents.cli import Reading, edited
 from actors.agents.lease import WorktreeLease
 from actors.agents.roster import AgentSpec
 from actors.worktrees import Workspace
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install
 from workflows.capacity import AuthenticationFailed, CreditsExhausted, WindowExhausted
 
 RESET = 1_900_000_000
@@ -211,7 +211,12 @@ def test_a_symlinked_workdir_still_gives_one_path(tmp_path: Path) -> None:
 def _run(tmp_path: Path, env: dict[str, str], timeout: float = 120.0) -> tuple[Any, float]:
     fakes = install(tmp_path / "bin")
     spec = AgentSpec(
-        "claude", "claude-code", binary=str(fakes["claude"]), env=env, timeout_seconds=timeout
+        "claude",
+        "claude-code",
+        binary=str(fakes["claude"]),
+        env=env,
+        timeout_seconds=timeout,
+        read_allow=(SOURCE,),
     )
     engine = engine_for(spec, worker_env=dict(os.environ), state_dir=tmp_path / "state")
     workdir = Workspace(tmp_path / "work").worktree("demo", 0, "core")
