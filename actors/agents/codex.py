@@ -107,7 +107,12 @@ class CodexAdapter(CliAdapter):
     def invocation(self, task: EngineTask, plan: Plan, prompt: str) -> list[str]:
         schema = plan.json_file.with_suffix(".schema.json")
         schema.write_text(json.dumps(project(_reportable(plan))), encoding="utf-8")
-        head = ["exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check"]
+        # Inside vibey's own confinement (actors.agents.confine) Codex's sandbox would nest a
+        # second one, which the first forbids (its tools then fail silently): vibey's is the
+        # wall, as a container's would be.
+        confined = self.confinement.mechanism.kind != "none"
+        sandbox = "danger-full-access" if confined else "workspace-write"
+        head = ["exec", "--json", "--sandbox", sandbox, "--skip-git-repo-check"]
         head += ["--output-schema", str(schema), "-o", str(_answer_file(plan))]
         return [*head, *self.spec.effort_args(task.effort), *self.spec.args, prompt]
 

@@ -207,7 +207,12 @@ def forward(spec: str) -> None:
     sock_path, _, target = rest.partition("@")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", int(port)))
+    try:
+        listener.bind(("127.0.0.1", int(port)))
+    except OSError as exc:  # a port below 1024 needs a capability the sandbox dropped
+        print(f"vibey: no forward of 127.0.0.1:{port} in the sandbox ({exc})", file=sys.stderr)
+        listener.close()
+        return
     listener.listen(64)
     args = (listener, sock_path, target or None)
     threading.Thread(target=_serve, args=args, daemon=True).start()
