@@ -61,11 +61,14 @@ class CostLine:
     @property
     def price(self) -> str:
         """The dollars for a person: ``$1.25``; ``no price`` when no event reported one;
-        ``$1.25 + 2 turns with no price`` for a line mixing both."""
+        ``$1.25 + 2 runs with no price`` for a line mixing both (a run: one BudgetSpent)."""
         if self.dollars is None:
             return NO_PRICE
         figure = f"${self.dollars:,.2f}"
-        return f"{figure} + {self.unpriced} with {NO_PRICE}" if self.unpriced else figure
+        if not self.unpriced:
+            return figure
+        runs = "run" if self.unpriced == 1 else "runs"
+        return f"{figure} + {self.unpriced} {runs} with {NO_PRICE}"
 
     def to_json(self) -> dict[str, Any]:
         return {

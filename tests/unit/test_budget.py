@@ -113,7 +113,7 @@ def test_a_budget_is_positive_and_travels_in_the_input() -> None:
 def test_a_line_with_no_dollars_says_no_price_never_zero() -> None:
     assert CostLine(events=2, input_tokens=10, output_tokens=5).price == "no price"
     assert CostLine(events=2, dollars=1.5, priced=2).price == "$1.50"
-    assert CostLine(events=3, dollars=0.0, priced=1).price == "$0.00 + 2 with no price"
+    assert CostLine(events=3, dollars=0.0, priced=1).price == "$0.00 + 2 runs with no price"
 
 
 # -- the handler ------------------------------------------------------------------------------
