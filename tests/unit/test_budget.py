@@ -100,7 +100,15 @@ def test_tokens_are_reached_exactly_at_the_budget_plus_the_grants(
 
 
 def test_a_budget_is_positive_and_travels_in_the_input() -> None:
-    for bad in ({"dollars": 0}, {"dollars": -1}, {"tokens": 1.5}, {"dollars": "5"}, {"x": 1}, []):
+    bads: list[Any] = [
+        {"dollars": 0},
+        {"dollars": -1},
+        {"tokens": 1.5},
+        {"dollars": "5"},
+        {"x": 1},
+        [],
+    ]
+    for bad in bads:
         with pytest.raises(BudgetError):
             Budget.from_json(bad)
     given_input = with_budget({"project": P}, Budget(dollars=5, tokens=1000))
