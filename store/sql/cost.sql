@@ -39,7 +39,7 @@ ORDER BY GROUPING(engine), GROUPING(phase), GROUPING(step), phase, step, engine
 -- name: budget_of_workflow
 -- The workflow's (by its id, or the workflow of %(job_id)s) budget (its input's), what its BudgetSpent events add up to, what the
 -- answers to its budget_exhausted gates granted, and its open budget gate if any. The sums
--- run only for a workflow with a budget.
+-- run only for a workflow with a budget (a one-time filter: no scan for one without).
 SELECT w.id AS workflow_id,
        w.input->'budget' AS budget,
        s.dollars, s.tokens, g.granted_dollars, g.granted_tokens, g.open_gate
@@ -53,8 +53,8 @@ LEFT JOIN LATERAL (
                                THEN (e.payload->>'output_tokens')::numeric ELSE 0 END), 0)
                AS tokens
     FROM ledger_event e
-    WHERE e.workflow_id = w.id AND e.kind = 'BudgetSpent'
-) s ON w.input ? 'budget'
+    WHERE w.input ? 'budget' AND e.workflow_id = w.id AND e.kind = 'BudgetSpent'
+) s ON true
 LEFT JOIN LATERAL (
     SELECT coalesce(sum(split_part(answer, ' ', 1)::numeric)
                     FILTER (WHERE answer ~ '^[0-9.]+ dollars$'), 0) AS granted_dollars,
@@ -62,7 +62,7 @@ LEFT JOIN LATERAL (
                     FILTER (WHERE answer ~ '^[0-9]+ tokens$'), 0) AS granted_tokens,
            (array_agg(id ORDER BY opened_at) FILTER (WHERE answered_at IS NULL))[1] AS open_gate
     FROM gate
-    WHERE workflow_id = w.id AND kind = 'budget_exhausted'
-) g ON w.input ? 'budget'
+    WHERE w.input ? 'budget' AND workflow_id = w.id AND kind = 'budget_exhausted'
+) g ON true
 WHERE w.id = coalesce(%(workflow_id)s::uuid,
                       (SELECT j.workflow_id FROM job j WHERE j.id = %(job_id)s::uuid))
