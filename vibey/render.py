@@ -219,7 +219,7 @@ def answers_text(gate: Gate) -> str:
         if low is None and high is None:
             return "an integer"
         return f"an integer {'' if low is None else low}..{'' if high is None else high}"
-    return "any text"
+    return str(gate.schema.get("description") or "any text")  # a pattern's says what matches
 
 
 def answer_command(gate: Gate) -> str:

@@ -37,7 +37,7 @@ ANSWER_PATTERN = (
     r"|(?:[1-9][0-9]{0,8}(?:\.[0-9]{1,2})?|0\.(?:[1-9][0-9]?|0[1-9])) dollars"
     r"|[1-9][0-9]{0,14} tokens"
 )
-ANSWER_HELP = "answer '<amount> dollars', '<amount> tokens' (more budget) or 'stop' (abandon)"
+ANSWER_HELP = "'<amount> dollars' or '<amount> tokens' (more budget), or 'stop' (abandon)"
 _ANSWER = re.compile(ANSWER_PATTERN)
 
 Bound = Literal["dollars", "tokens"]

@@ -107,7 +107,7 @@ def check_answer(
     pattern = schema.get("pattern")
     if pattern is not None and re.fullmatch(pattern, answer) is None:
         hint = schema.get("description") or f"it must match {pattern}"
-        return f"{answer[:80]!r} is not an answer to this gate: {hint}"
+        return f"{answer[:80]!r} is not an answer to this gate; valid: {hint}"
     return None
 
 

@@ -246,6 +246,9 @@ def test_a_budget_gate_refuses_a_bad_answer_and_a_grant_lets_the_step_run(
     with pytest.raises(AnswerRefused, match="'<amount> dollars'") as refused:
         client.answer(gate.id, "lots", by="test")
     assert "\n" not in str(refused.value)
+    line = cli(pg_url, tmp_path, "gate", "answer", str(gate.id), "0 dollars")
+    assert line.returncode == 2 and line.stdout == "" and line.stderr.count("\n") == 1
+    assert line.stderr.count("'<amount> dollars'") == 1, line.stderr  # said once
     client.answer(gate.id, "2.50 dollars", by="test")
     state = client.cost(workflow).budget
     assert state.granted.dollars == 2.5 and state.reached is None and state.open_gate is None
