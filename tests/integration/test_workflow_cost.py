@@ -17,6 +17,8 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from actors.handlers import HandlerContext, build_handlers
@@ -270,3 +272,45 @@ def test_stop_abandons_the_workflow(client: Client, pg_url: str, tmp_path: Path)
     assert {s for (s,) in states} <= {"cancelled", "succeeded"}, states
     assert client.list_gates(P) == []
     assert uuid.UUID(str(gate.id))
+
+
+spent_event = st.fixed_dictionaries(
+    {
+        "engine": st.sampled_from(["claude", "codex", "gemini"]),
+        "turns": st.integers(0, 5),
+        "input_tokens": st.integers(0, 10**6),
+        "output_tokens": st.integers(0, 10**5),
+    },
+    optional={"dollars": st.decimals(min_value=0, max_value=50, places=2).map(float)},
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(payloads=st.lists(spent_event, max_size=12), on_job=st.lists(st.booleans(), min_size=12))
+def test_the_cost_always_adds_up_to_the_ledgers_events(
+    client: Client, pg_url: str, payloads: list[dict[str, Any]], on_job: list[bool]
+) -> None:
+    project = f"p{uuid.uuid4().hex[:12]}"
+    run = client.start(project, input={"project": project, "engine": SCRIPTED}, budget=Budget(1))
+    [(job, _, phase), *_] = jobs_of(pg_url, run.id)
+    for payload, attached in zip(payloads, on_job, strict=False):
+        spend(client, job if attached else None, run.id, project, **payload)
+    cost = client.cost(run.id)
+    tokens = sum(p["input_tokens"] + p["output_tokens"] for p in payloads)
+    priced = [p["dollars"] for p in payloads if "dollars" in p]
+    assert (cost.total.events, cost.total.tokens) == (len(payloads), tokens)
+    assert cost.total.turns == sum(p["turns"] for p in payloads)
+    assert cost.total.priced == len(priced)
+    assert cost.total.dollars == (pytest.approx(sum(priced)) if priced else None)
+    for line in cost.engines:
+        mine = [p for p in payloads if p["engine"] == line.engine]
+        dollars = [p["dollars"] for p in mine if "dollars" in p]
+        assert line.events == len(mine) and line.unpriced == len(mine) - len(dollars)
+        assert line.dollars == (pytest.approx(sum(dollars)) if dollars else None)
+    assert sum(line.events for line in cost.engines) == len(payloads)
+    assert sum(line.tokens for line in cost.phases) == sum(line.tokens for line in cost.steps)
+    assert {line.phase for line in cost.phases} <= {phase, None}
+    assert cost.budget.spent.tokens == tokens
+    assert cost.budget.spent.dollars == pytest.approx(sum(priced))
