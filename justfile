@@ -76,6 +76,10 @@ real-cli-install:
 real-cli *args: venv real-cli-install
     .venv/bin/python -m pytest -m real_cli tests/real_cli {{args}}
 
+# The edit loop: the unit tier alone (no service needed), in parallel; pytest args narrow it.
+test-fast *args: venv
+    .venv/bin/python -m pytest -n 4 -m unit -q {{args}}
+
 # Format check, lint, types and the import-layering contract.
 check: venv
     .venv/bin/ruff format --check .
@@ -107,11 +111,23 @@ fmt: venv
     .venv/bin/ruff format .
     .venv/bin/ruff check --fix .
 
-# Benchmarks: printed figures, not timed tests (PostgreSQL backend, then RabbitMQ dispatch).
-bench: venv
+# DBOS Transact, pinned in ops/bench/dbos.txt, in a venv of its own (.vibey/bench-dbos).
+bench-dbos:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    venv=.vibey/bench-dbos
+    [ -x $venv/bin/python ] || python3 -m venv $venv
+    if [ ! -f $venv/.installed ] || [ ops/bench/dbos.txt -nt $venv/.installed ]; then
+        $venv/bin/python -m pip install -q --disable-pip-version-check -r ops/bench/dbos.txt
+        touch $venv/.installed
+    fi
+
+# Benchmarks: printed figures, not timed tests (PostgreSQL backend, then RabbitMQ dispatch);
+# three_steps.py runs the same workload through DBOS Transact right after vibey's, with ratios.
+bench: venv bench-dbos
     {{python}} ops/bench/claim_ack.py
     {{python}} ops/bench/steps.py
-    {{python}} ops/bench/three_steps.py
+    {{python}} ops/bench/three_steps.py --dbos-python .vibey/bench-dbos/bin/python
     {{python}} ops/bench/protocol.py
     {{python}} ops/bench/protocol.py --no-ledger
     {{python}} ops/bench/ledger.py

@@ -24,6 +24,7 @@ from uuid import UUID
 
 from actors import outage
 from actors.heartbeat import Heartbeats
+from actors.in_place import Chain, InPlace
 from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.stub_broker import Publisher
@@ -85,8 +86,12 @@ class StepRunner:
         crash: CrashPoints | None = None,
         on_result: Callable[[StepResult], None] | None = None,
         workflows: StepWorkflows | None = None,
+        in_place: InPlace | None = None,
     ) -> None:
+        """``in_place``: which released jobs this process runs itself right after a settle
+        (``actors.in_place``; None: every pointer goes through the broker)."""
         self._jobs = jobs
+        self._in_place = in_place
         self._records = records
         self._broker = broker
         self._names = names
@@ -120,7 +125,13 @@ class StepRunner:
         with self._gate.alone() if solo else self._gate.shared():
             try:
                 if not (solo or redelivered or delivery) and self._short(kind):
-                    return self._run_short_retried(UUID(job_id), project_id, seq, kind, routing_key)
+                    chain = None if self._in_place is None else self._in_place.chain()
+                    result = self._run_short_retried(
+                        UUID(job_id), project_id, seq, kind, routing_key, chain
+                    )
+                    if chain is not None:
+                        self._continue(chain)
+                    return result
                 return self._run(UUID(job_id), project_id, seq, kind, routing_key, delivery, solo)
             except DatabaseUnavailable as exc:
                 log.warning(
@@ -140,15 +151,45 @@ class StepRunner:
                 )
                 return self._record(StepResult.WAITED)
 
+    def _continue(self, chain: Chain) -> None:
+        """Run the jobs the chain's settles kept from the relay, one after another, each
+        claimed (fenced on its generation) in the unit that marks its outbox row sent. When
+        PostgreSQL does not answer, the chain stops: the held row is unsent and unheld, so a
+        reconciler's drain publishes it."""
+        while (held := chain.take()) is not None:
+            row, routing_key = held
+            try:
+                self._run_short_retried(
+                    row.job_id, row.project_id, row.dispatch_seq, row.kind, routing_key, chain,
+                    sent=row.id,
+                )  # fmt: skip
+            except DatabaseUnavailable as exc:
+                log.warning(
+                    "job %s: PostgreSQL did not answer (%s); its pointer waits for the drain",
+                    row.job_id,
+                    exc,
+                )
+                return
+
     def _run_short_retried(
-        self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
+        self,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        kind: str,
+        routing_key: str,
+        chain: Chain | None = None,
+        *,
+        sent: int | None = None,
     ) -> StepResult:
         """A lost connection before the unit's commit runs it again (nothing of it committed);
         one cut off during the commit goes the two-commit way, whose claim says what is true
         (taken again when it did not land, a miss when it did)."""
         try:
             return retrying(
-                lambda: self._run_short(job_id, project_id, seq, kind, routing_key),
+                lambda: self._run_short(
+                    job_id, project_id, seq, kind, routing_key, chain, sent=sent
+                ),
                 what="a short step",
                 idempotent=False,
             )
@@ -160,16 +201,30 @@ class StepRunner:
         return kind == TIMER_KIND or isinstance(self._handlers.get(kind), Short)
 
     def _run_short(
-        self, job_id: UUID, project_id: str, seq: int, kind: str, routing_key: str
+        self,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        kind: str,
+        routing_key: str,
+        chain: Chain | None = None,
+        *,
+        sent: int | None = None,
     ) -> StepResult:
         """A short step's first delivery: the fenced claim, the handler and the settle in one
         unit of work, one commit. The claim is never committed on its own, so no heartbeat
         is needed (the row lock holds the job), and a crash before the commit leaves the job
         as it was at this generation: the broker redelivers the pointer, and a redelivery runs
         on the two-commit path, whose committed claim counts the attempt (poison stays
-        bounded). A workflow's step locks its workflow first (the store's lock order)."""
+        bounded). A workflow's step locks its workflow first (the store's lock order).
+
+        ``sent``: the outbox row of this pointer, when a chain kept it from the relay
+        (``actors.in_place``): marked sent in this unit, claim or miss. With ``chain``, the
+        first job the settle releases that the chain may run is held for it."""
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
         with self._jobs.units.begin() as unit:
+            if sent is not None:
+                unit.mark_sent(sent)
             locked = (
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
             )
@@ -185,6 +240,13 @@ class StepRunner:
                 missed, outcome = False, self._handle(job)
                 self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
                 result = self._settle_txn(unit, job, outcome, workflow)
+                if (
+                    chain is not None
+                    and (row := chain.pick(unit.pointers, job.id, self._short)) is not None
+                ):
+                    unit.hold(row)
+        if chain is not None and unit.held is not None:
+            chain.keep(unit.held)
         if missed or job is None:
             return self._record(self._missed(job_id, project_id, seq, kind, routing_key))
         self._record(result)

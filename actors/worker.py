@@ -41,6 +41,7 @@ from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.event_publisher import EventPublisher, EventService
+from actors.in_place import DEFAULT_STEPS, InPlace
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
 from actors.steps import StepResult, StepRunner
@@ -88,6 +89,7 @@ class WorkerConfig:
     reconcile_interval: timedelta = timedelta(seconds=30)
     redispatch_after: timedelta = timedelta(minutes=2)
     reclaim_after: timedelta = timedelta(seconds=30)
+    in_place_steps: int = DEFAULT_STEPS  # steps a worker chains in place after a settle (0: none)
     handlers: str = "actors.handlers:build_handlers"  # a Handlers mapping, or a factory
     definitions: str = "workflows.protocol:DEFINITIONS"  # the workflow definitions it runs
     workspace: str = ".vibey/work"  # engines' git repositories and worktrees
@@ -208,12 +210,13 @@ class Runtime:
         self.routes = RouteCache(url=config.pg_url, pool=self.pool)
         registry = load_registry(config.definitions)
         self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
+        router = Router(
+            names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
+        )
         self.relay = Relay(
             url=config.amqp_url,
             records=self.records,
-            router=Router(
-                names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
-            ),
+            router=router,
             trace_headers=None if self.tracer is None else self.tracer.publish_headers,
         )
         self.jobs = PostgresJobRepository(
@@ -251,6 +254,9 @@ class Runtime:
             crash=load_object(config.crash_points) if config.crash_points else None,
             on_result=on_result,
             workflows=self.workflows,
+            in_place=InPlace(router=router, queues=frozenset(config.queues()), max_steps=n)
+            if (n := config.in_place_steps)
+            else None,
         )
         self.reconciler = Reconciler(
             jobs=self.jobs,

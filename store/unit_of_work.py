@@ -77,11 +77,25 @@ Publish = Callable[[Sequence[OutboxRow]], None]
 class UnitOfWork:
     """One open transaction (``conn``) and the outbox rows written in it so far."""
 
-    __slots__ = ("_pointers", "conn")
+    __slots__ = ("_pointers", "conn", "held")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         self._pointers: list[OutboxRow] = []
+        self.held: OutboxRow | None = None  # kept from the relay: this process runs it next
+
+    def hold(self, row: OutboxRow) -> None:
+        """Keep ``row`` from the relay after the commit: the caller runs its job in place and
+        marks it sent in that step's unit (:meth:`mark_sent`). In this transaction the row
+        is released, so if the caller dies first a reconciler's drain sends it at its next
+        pass, as it sends any unsent row nobody holds."""
+        self.conn.execute(Q["release_outbox"].encode(), {"ids": [row.id]})
+        self.held = row
+
+    def mark_sent(self, row_id: int) -> None:
+        """Mark a held outbox row sent, in the transaction of the step that claims its job:
+        the pointer went no further than this process."""
+        self.conn.execute(Q["mark_sent"].encode(), {"ids": [row_id]})
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
@@ -159,8 +173,14 @@ class Units:
             if unit is not None:
                 self._publish_landed(unit.pointers)
             raise
-        if unit.pointers and self._publish is not None:
-            self._publish(unit.pointers)
+        sent = [p for p in unit.pointers if p is not unit.held]
+        if sent and self._publish is not None:
+            self._publish(sent)
+
+    def hand_over(self, rows: Sequence[OutboxRow]) -> None:
+        """Give committed outbox rows to the relay (a held row its holder did not run)."""
+        if rows and self._publish is not None:
+            self._publish(rows)
 
     def _publish_landed(self, pointers: Sequence[OutboxRow]) -> None:
         """After a commit cut off mid-flight: the pointers whose outbox rows exist (so the

@@ -174,6 +174,20 @@ class WorkflowStore(WorkflowReads):
             trace_of,
         )
 
+    @retried("start workflows", idempotent=False)
+    def start_many(
+        self, starts: Sequence[tuple[str, JsonObject]], *, definition: str
+    ) -> list[StartOutcome]:
+        """Start ``definition`` for each ``(project, input)`` in one transaction and one
+        commit: all of them or, on an error, none (a project with a live workflow gets that
+        one, as :meth:`start` gives it). Re-run after a commit cut off, it starts nothing
+        twice: the starts that landed are the projects' live workflows."""
+        with self._jobs.units.begin() as unit:
+            return [
+                self.start_txn(unit, project, definition=definition, input=input)
+                for project, input in starts
+            ]
+
     def start_txn(
         self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
     ) -> StartOutcome:

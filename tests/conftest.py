@@ -16,6 +16,7 @@ import hashlib
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -31,6 +32,26 @@ PG_FIX = (
 )
 
 TEMPLATE_LOCK_KEY = 0x7669626579  # "vibey"
+
+
+# The tier of each test folder (a marker each; chaos and real_cli mark themselves).
+TIERS = {
+    "unit": "unit",
+    "agents": "unit",
+    "integration": "integration",
+    "contracts": "integration",
+    "acceptance": "acceptance",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.is_relative_to(root):
+            folder = path.relative_to(root).parts[0]
+            if folder in TIERS:
+                item.add_marker(TIERS[folder])
 
 
 def with_database(url: str, database: str) -> str:

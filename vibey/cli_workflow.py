@@ -149,7 +149,8 @@ def prepare_project(
     test_command: str | None,
 ) -> None:
     """Imports ``repo`` into the project's workspace and writes its facts (``project.json``:
-    the repository, the branch, the test command) for the workers."""
+    the repository, the branch, the test command) for the workers. Without ``repo`` the
+    project is a new one: its folder is made here, its empty repository on first use."""
     import shlex
 
     from actors.worktrees import Workspace, WorkspaceError
@@ -157,18 +158,21 @@ def prepare_project(
     if branch is not None and repo is None:
         raise CommandError("--branch goes with --repo", ExitCode.USAGE)
     workspace = Workspace(Path(settings.engine.workspace))
+    what = f"cannot import {repo}" if repo is not None else f"cannot prepare project {project}"
     try:
         if repo is not None:
             source = str(Path(repo).resolve()) if Path(repo).exists() else repo
             workspace.import_repo(project, source, branch)
-        facts_file = workspace.project_dir(project) / "project.json"
+        folder = workspace.project_dir(project)
+        folder.mkdir(parents=True, exist_ok=True)  # a new project: its repository comes later
+        facts_file = folder / "project.json"
         facts = json.loads(facts_file.read_text()) if facts_file.is_file() else {}
         facts.update({k: v for k, v in (("repo", repo), ("branch", branch)) if v is not None})
         if test_command is not None:
             facts["test_command"] = shlex.split(test_command)
         facts_file.write_text(json.dumps(facts, indent=2), encoding="utf-8")
     except (WorkspaceError, ValueError, OSError) as exc:
-        raise CommandError(f"cannot import {repo}: {exc}", ExitCode.USAGE) from exc
+        raise CommandError(f"{what}: {exc}", ExitCode.USAGE) from exc
 
 
 def _live(store: WorkflowStore, project: str) -> Workflow:

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -245,6 +245,24 @@ class Client:
         :class:`~store.workflow_reads.WorkflowNotFound` for an unknown id or project."""
         found = self.status(workflow)
         return CostReads(self._pool).workflow_cost(found.id, found.project_id)
+
+    def start_many(
+        self,
+        starts: Iterable[str | tuple[str, Mapping[str, Any] | None]],
+        definition: str | None = None,
+    ) -> list[Workflow]:
+        """Start ``definition`` for many projects in one transaction (one commit for the
+        batch, not one a workflow): each item a project id, or ``(project, input)``. All or
+        none: an error starts nothing. A project with a live workflow gets that one, as
+        :meth:`start` gives it. The list is in the order given."""
+        name = definition or self._default_definition()
+        batch = [
+            (item, {}) if isinstance(item, str) else (item[0], dict(item[1] or {}))
+            for item in starts
+        ]
+        if not batch:
+            return []
+        return [o.workflow for o in self.store.start_many(batch, definition=name)]
 
     def status(self, workflow: UUID | str) -> Workflow:
         """A workflow by id, or a project's live (else latest) workflow by project id."""

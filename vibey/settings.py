@@ -26,6 +26,8 @@ The file, every key optional (unknown sections and keys are errors)::
     reconcile_interval_seconds = 30  # VIBEY_QUEUE_RECONCILE_INTERVAL
     redispatch_after_seconds = 120   # resend a lost pointer after; VIBEY_QUEUE_REDISPATCH_AFTER
     reclaim_after_seconds = 30       # outbox rows a dead relay held; VIBEY_QUEUE_RECLAIM_AFTER
+    in_place_steps = 16              # next steps a worker runs itself after a settle, no broker
+                                     # hop between them (0: none); VIBEY_QUEUE_IN_PLACE_STEPS
     consumer_timeout_seconds = 21600 # above the longest lease; VIBEY_QUEUE_CONSUMER_TIMEOUT
     dedicated_projects = []          # routed at worker start; VIBEY_QUEUE_DEDICATED_PROJECTS=p1,p2
     # prefetch = 8                   # unset: the worker's threads; VIBEY_QUEUE_PREFETCH
@@ -176,6 +178,7 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "reconcile_interval_seconds": "VIBEY_QUEUE_RECONCILE_INTERVAL",
         "redispatch_after_seconds": "VIBEY_QUEUE_REDISPATCH_AFTER",
         "reclaim_after_seconds": "VIBEY_QUEUE_RECLAIM_AFTER",
+        "in_place_steps": "VIBEY_QUEUE_IN_PLACE_STEPS",
         "consumer_timeout_seconds": "VIBEY_QUEUE_CONSUMER_TIMEOUT",
         "dedicated_projects": "VIBEY_QUEUE_DEDICATED_PROJECTS",
         "prefetch": "VIBEY_QUEUE_PREFETCH",
@@ -336,6 +339,7 @@ class RabbitMqSettings:
     reconcile_interval_seconds: float = 30.0
     redispatch_after_seconds: float = 120.0
     reclaim_after_seconds: float = 30.0
+    in_place_steps: int = 16  # a chain's bound (actors.in_place); 0: every step via the broker
     consumer_timeout_seconds: float = 21600.0  # work queues' x-consumer-timeout (6 h)
     dedicated_projects: tuple[str, ...] = ()  # written to project_route when a worker starts
     prefetch: int | None = None  # None: as many as the worker has threads
@@ -347,6 +351,12 @@ class RabbitMqSettings:
             "VIBEY_QUEUE_OUTBOX_RETENTION",
             "outbox_retention_seconds",
         )
+        if self.in_place_steps < 0:
+            raise SettingsError(
+                f"in_place_steps must be at least 0, got {self.in_place_steps}: "
+                + _fix("VIBEY_QUEUE_IN_PLACE_STEPS", "in_place_steps", "queue.rabbitmq")
+                + " (0 turns continuing in place off)"
+            )
         if self.delivery_limit < 0:
             raise SettingsError(
                 f"delivery_limit must be at least 0, got {self.delivery_limit}: "
@@ -1067,6 +1077,7 @@ def _rabbitmq(src: _Source) -> RabbitMqSettings:
             reconcile_interval_seconds=src.seconds("reconcile_interval_seconds"),
             redispatch_after_seconds=src.seconds("redispatch_after_seconds"),
             reclaim_after_seconds=src.seconds("reclaim_after_seconds"),
+            in_place_steps=src.integer("in_place_steps"),
             consumer_timeout_seconds=src.seconds("consumer_timeout_seconds"),
             dedicated_projects=src.words("dedicated_projects"),
             prefetch=src.integer("prefetch"),

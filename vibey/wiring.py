@@ -58,6 +58,7 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
         reconcile_interval=timedelta(seconds=rabbitmq.reconcile_interval_seconds),
         redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
         reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
+        in_place_steps=rabbitmq.in_place_steps,
         handlers=worker.handlers,
         definitions=settings.workflow.definitions,
         workspace=settings.engine.workspace,

@@ -31,9 +31,9 @@ rest, the same for all of them:
    ==============================================  ========================================
 
 Every verdict's evidence carries the ledger entries of the run: TurnRequested, TurnCompleted,
-ToolInvoked and FileEdited (as the CLI reported them, and the files the worktree shows
-changed), BudgetSpent (tokens always, dollars where the CLI reports them), CapacityRejected,
-and TranscriptRecorded.
+ToolInvoked and FileEdited (what the CLI reported and what the worktree shows changed, each
+file once, as its path relative to the step's directory), BudgetSpent (tokens always, dollars
+where the CLI reports them), CapacityRejected, and TranscriptRecorded.
 
 **Streamed evidence.** When the task has a ``stream`` sink (the handlers give one that appends
 to the ledger at once), TurnRequested goes there when the CLI starts, and a watcher reads the
@@ -42,6 +42,11 @@ adapter's own ``read``) and sends each ToolInvoked and FileEdited the CLI report
 reports it. Those entries are left out of the verdict's evidence (``evidence["streamed"]``
 counts them), so the ledger holds each once; a sink that fails keeps its entries in the
 evidence instead.
+
+**Decided early.** The same watcher runs whatever the sink: when a reading says the run is
+already decided (``Reading.decided``: the CLI keeps retrying what no retry fixes, e.g. a key
+the API refused), the CLI's process group is stopped at once and the run is judged from what
+it printed, instead of waiting out the CLI's own retries.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import abc
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -93,6 +99,7 @@ class Reading:
     error: str | None = None  # a failure the CLI reported
     malformed: str | None = None  # output that is not the CLI's format
     session: str | None = None
+    decided: bool = False  # the output already decides the run (``capacity``): stop the CLI
 
 
 @dataclass
@@ -109,15 +116,22 @@ class Streamed:
 
 
 class _Watcher(threading.Thread):
-    """Reads the transcript as it grows and streams the tools and files the CLI reports."""
+    """Reads the transcript as it grows: streams the tools and files the CLI reports (when
+    the task has a sink), and sets ``decided`` once a reading decides the run."""
 
     def __init__(
-        self, adapter: CliAdapter, transcript: Path, task: EngineTask, streamed: Streamed
+        self,
+        adapter: CliAdapter,
+        transcript: Path,
+        task: EngineTask,
+        streamed: Streamed,
+        workdir: Path,
     ) -> None:
         super().__init__(name=f"stream-{adapter.spec.id}", daemon=True)
         self._adapter, self._transcript, self._task = adapter, transcript, task
-        self._streamed = streamed
+        self._streamed, self._workdir = streamed, workdir
         self._done = threading.Event()
+        self.decided = threading.Event()
         self._size = -1
 
     def run(self) -> None:
@@ -139,9 +153,13 @@ class _Watcher(threading.Thread):
             return
         self._size = len(whole)
         reading = self._adapter.read(whole.decode("utf-8", errors="replace"), "", 0)
+        if reading.decided:
+            self.decided.set()
+        if self._task.stream is None:
+            return
         engine, done = self._adapter.spec.id, self._streamed
         tools = reading.tools[done.tools :]
-        files = [f for f in dict.fromkeys(reading.files) if f not in done.files]
+        files = [f for f in edited(self._workdir, reading.files) if f not in done.files]
         entries = [_tool(engine, t) for t in tools] + [_file(engine, f) for f in files]
         if entries and _sent(self._task, entries):
             done.tools += len(tools)
@@ -258,6 +276,8 @@ class CliAdapter(abc.ABC):
                 return launched
             done, transcript, stderr = launched
         stdout = transcript.read_text(encoding="utf-8", errors="replace")
+        if done.stopped:  # cut off mid-line, maybe: what decided it is in the whole lines
+            stdout = stdout[: stdout.rfind("\n") + 1]
         reading = self.read(stdout, stderr, done.returncode)
         changed = _changed(workdir, before)
         return self.judge(task, plan, done, reading, changed, transcript, streamed)
@@ -270,19 +290,23 @@ class CliAdapter(abc.ABC):
         transcript = self._transcripts / f"{name}.log"
         errors = self._transcripts / f"{name}.stderr"
         held = task.lease
-        watcher = _Watcher(self, transcript, task, streamed) if task.stream else None
+        watcher = _Watcher(self, transcript, task, streamed, workdir)
         with transcript.open("wb") as out, errors.open("wb") as err:
-            if watcher is not None:
-                watcher.start()
+            watcher.start()
             try:
-                done = self._supervised(argv, workdir, out, err, held)
+                done = self._supervised(argv, workdir, out, err, held, watcher.decided)
             finally:
-                if watcher is not None:
-                    watcher.stop()
+                watcher.stop()
         return done, transcript, errors.read_text(encoding="utf-8", errors="replace")
 
     def _supervised(
-        self, argv: Sequence[str], workdir: Path, out: Any, err: Any, held: Any
+        self,
+        argv: Sequence[str],
+        workdir: Path,
+        out: Any,
+        err: Any,
+        held: Any,
+        stop: threading.Event | None = None,
     ) -> Exit:
         return run_supervised(
             argv,
@@ -293,6 +317,7 @@ class CliAdapter(abc.ABC):
             timeout=self.spec.timeout_seconds,
             grace=self._grace,
             lock_fd=None if held is None else held.fd,
+            stop=stop,
             on_start=None if held is None else held.started,
         )
 
@@ -353,9 +378,12 @@ class CliAdapter(abc.ABC):
             [] if streamed.requested else [{"kind": "TurnRequested", "payload": turn}]
         )
         entries += [_tool(engine, t) for t in reading.tools[streamed.tools :]]
-        files = sorted({*reading.files, *changed} - streamed.files)
+        workdir = task.workdir or task.worktree
+        reported = edited(workdir, reading.files) if workdir else reading.files
+        files = sorted({*reported, *changed} - streamed.files)
         entries += [_file(engine, f) for f in files]
-        status = "timeout" if done.timed_out else f"exit {done.returncode}"
+        status = "timeout" if done.timed_out else "stopped" if done.stopped else ""
+        status = status or f"exit {done.returncode}"
         entries.append({"kind": "TurnCompleted", "payload": {**turn, "status": status}})
         spent: dict[str, Any] = {
             "engine": engine,
@@ -386,6 +414,20 @@ def json_lines(stdout: str) -> list[dict[str, Any]] | str:
         if isinstance(event, dict):
             events.append(event)
     return events
+
+
+def edited(workdir: Path, paths: Sequence[str]) -> list[str]:
+    """The files a CLI reported editing, each once, as git names them: relative to
+    ``workdir`` (an absolute path inside it, however spelt, becomes relative; one outside it
+    stays absolute), in the order first reported; vibey's own ``.vibey/`` (the plan, the
+    verdict file) left out, as :func:`_changed` leaves it out."""
+    root = os.path.realpath(workdir)
+    names: dict[str, None] = {}
+    for path in paths:
+        full = os.path.realpath(os.path.join(root, path))
+        inside = full == root or full.startswith(root + os.sep)
+        names[os.path.relpath(full, root) if inside else os.path.normpath(path)] = None
+    return [name for name in names if not name.startswith(".vibey/")]
 
 
 def fault(detail: str, evidence: Mapping[str, Any] | None = None) -> EngineVerdict:

@@ -53,6 +53,7 @@ from steps import (  # noqa: E402
     wait_for_consumers,
 )
 
+from actors.in_place import DEFAULT_STEPS  # noqa: E402
 from actors.worker import WorkerConfig  # noqa: E402
 from store.migrate import migrate  # noqa: E402
 from vibey.client import Client  # noqa: E402
@@ -98,11 +99,18 @@ def one_at_a_time(client: Client, samples: int) -> tuple[list[float], list[float
     return seen, stamped
 
 
-def many(client: Client, pg_url: str, count: int) -> tuple[float, float]:
-    """(seconds to start them all, seconds first start → last completed)."""
+def many(client: Client, pg_url: str, count: int, batch: int = 0) -> tuple[float, float]:
+    """(seconds to start them all, seconds first start → last completed): one by one, or
+    with ``batch``, through ``Client.start_many`` that many at a time (one commit each)."""
+    prefix = f"batch{batch}-" if batch else "many"
     began = time.perf_counter()
-    for n in range(count):
-        client.start(f"many{n:05d}", bench_workflow.NAME)
+    if batch:
+        for first in range(0, count, batch):
+            names = [f"{prefix}{n:05d}" for n in range(first, min(first + batch, count))]
+            client.start_many(names, bench_workflow.NAME)
+    else:
+        for n in range(count):
+            client.start(f"{prefix}{n:05d}", bench_workflow.NAME)
     started = time.perf_counter() - began
     deadline = time.monotonic() + 120 + count / 10
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -110,7 +118,8 @@ def many(client: Client, pg_url: str, count: int) -> tuple[float, float]:
             row = conn.execute(
                 "SELECT count(*) FILTER (WHERE status = 'completed'), count(*), "
                 "extract(epoch FROM max(finished_at) - min(created_at)) "
-                "FROM workflow WHERE project_id LIKE 'many%%'"
+                "FROM workflow WHERE project_id LIKE %s",
+                (f"{prefix}%",),
             ).fetchone()
             assert row is not None
             if row[0] == count:
@@ -126,6 +135,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--workflows", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument(
+        "--in-place-steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help="steps a worker chains in place after a settle (0: every step via the broker)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=500, help="Client.start_many's batch in the last figure"
+    )
     parser.add_argument("--dbos-python", default=os.environ.get("VIBEY_BENCH_DBOS_PYTHON"))
     return parser.parse_args(argv)
 
@@ -161,6 +179,7 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
             definitions="bench_workflow:DEFINITIONS",
             handlers="bench_workflow:HANDLERS",
             workspace=work,
+            in_place_steps=args.in_place_steps,
         )
         paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -179,7 +198,15 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
                 started, window = many(client, pg_url, args.workflows)
                 time.sleep(0.5)
                 pg = pg_counters(admin).since(before, database)
-    return {"seen": seen, "stamped": stamped, "started": started, "window": window, "pg": pg}
+                batched = many(client, pg_url, args.workflows, batch=args.batch)
+    return {
+        "seen": seen,
+        "stamped": stamped,
+        "started": started,
+        "window": window,
+        "pg": pg,
+        "batched": batched,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,9 +229,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{n / found['window']:,.0f} completed workflows/s ({n * STEPS / found['window']:,.0f} "
         f"steps/s; first start → last completed {found['window']:.2f} s)"
     )
+    b_started, b_window = found["batched"]
+    print(
+        f"{n:,} started through Client.start_many, {args.batch} a transaction "
+        f"({b_started:.2f} s to start them = {n / b_started:,.0f}/s): "
+        f"{n / b_window:,.0f} completed workflows/s ({n * STEPS / b_window:,.0f} steps/s)"
+    )
     steps = n * STEPS
     print(
-        f"  postgres per workflow step: {pg.wal_sync / steps:.2f} WAL flushes, "
+        f"  postgres per workflow step (one by one): {pg.wal_sync / steps:.2f} WAL flushes, "
         f"{pg.commits / steps:.2f} commits (the starts' and the bench's polls included; WAL is "
         f"cluster-wide: other databases committed {pg.elsewhere:,} transactions meanwhile)"
     )
@@ -217,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(worker_concurrency {dbos['concurrency']}, polled every {dbos['poll']} s)"
         )
         print(
-            f"ratio vibey/dbos: throughput {rate / dbos['throughput']:.2f}x; one workflow "
+            f"ratio vibey/dbos: throughput {rate / dbos['throughput']:.2f}x (started one by one), "
+            f"{n / b_window / dbos['throughput']:.2f}x (start_many); one workflow "
             f"(client p50) {statistics.median(found['seen']) / dbos['p50']:.2f}x the time"
         )
     return 0

@@ -11,7 +11,7 @@ own ``env``):
              commits ``src/<item>.txt`` in its worktree) and reports the result
 ``window``   hits a rate-limit window with a reset time (``FAKE_RESET``, an epoch)
 ``credits``  runs out of credits (no reset time)
-``auth``     fails authentication
+``auth``     fails authentication (claude: after its retries, ``FAKE_RETRY_DELAY`` s apart)
 ``crash``    dies mid-stream (SIGKILL)
 ``hang``     prints its first event and hangs
 ``garbage``  prints what is not its format, exits 0
@@ -40,11 +40,11 @@ import re
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-QUOTA = "TerminalQuotaError: 429 RESOURCE_EXHAUSTED:"
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
 
 
@@ -85,6 +85,7 @@ def parser(cli: str) -> argparse.ArgumentParser:
         p.add_argument("-p", "--prompt", dest="prompt", required=True)
         p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
         p.add_argument("--yolo", action="store_true")
+        p.add_argument("--skip-trust", action="store_true")
         p.add_argument("-m", "--model")
     else:
         p.add_argument("--message", dest="prompt", required=True)
@@ -249,28 +250,47 @@ def claude(scenario: str, args: argparse.Namespace) -> None:
         return
     emit(init)
     reset = int(os.environ.get("FAKE_RESET", RESET))
-    fail = {
-        "window": ("rate_limit", f"Claude AI usage limit reached|{reset}"),
-        "credits": ("billing_error", "Credit balance is too low"),
-        "auth": ("authentication_failed", "Invalid API key · Please run /login"),
+    fail = {  # Claude Code 2.1's own words (a subscription's window; an API key's errors)
+        "window": ("rate_limit", f"You've hit your 5-hour limit · resets {_when(reset)}", 429),
+        "credits": ("billing_error", "Credit balance is too low", 400),
+        "auth": ("authentication_failed", "Invalid API key · Fix external API key", 401),
     }
     if scenario in fail:
-        error, text = fail[scenario]
+        error, text, status = fail[scenario]
         if scenario == "window":
             info = {"status": "rejected", "resetsAt": reset, "rateLimitType": "five_hour"}
             emit({"type": "rate_limit_event", "rate_limit_info": info})
+        if scenario == "auth":  # it retries a 401 ten times, FAKE_RETRY_DELAY s apart
+            _claude_retries(error, status)
         message = {"content": [{"type": "text", "text": text}]}
-        emit({"type": "assistant", "message": message, "error": error})
-        emit(_claude_result(text, is_error=True))
+        emit({"type": "assistant", "message": message, "error": error, "api_error_status": status})
+        emit({**_claude_result(text, is_error=True), "api_error_status": status})
         sys.exit(1)
     result, files = (
         work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
     )
-    for path in files:
-        tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": {"file_path": path}}
+    for path in files:  # Claude Code's edit tools take absolute paths
+        write = {"file_path": str(Path.cwd() / path), "content": "…"}
+        tool = {"type": "tool_use", "id": "t1", "name": "Write", "input": write}
         emit({"type": "assistant", "message": {"content": [tool]}})
     pause()
     emit(_claude_result(fenced(result), is_error=False))
+
+
+def _when(epoch: int) -> str:
+    """A reset as Claude Code writes it: ``Mar 17, 2030, 5:46pm (UTC)``."""
+    at = datetime.fromtimestamp(epoch, UTC)
+    hour, half = at.hour % 12 or 12, "am" if at.hour < 12 else "pm"
+    return f"{at:%b} {at.day}, {at.year}, {hour}:{at:%M}{half} (UTC)"
+
+
+def _claude_retries(error: str, status: int, retries: int = 10) -> None:
+    delay = float(os.environ.get("FAKE_RETRY_DELAY", "0"))
+    for attempt in range(1, retries + 1):
+        retry = {"type": "system", "subtype": "api_retry", "attempt": attempt}
+        retry |= {"max_retries": retries, "retry_delay_ms": int(delay * 1000)}
+        emit({**retry, "error": error, "error_status": status, "session_id": "s-1"})
+        time.sleep(delay)
 
 
 def _claude_result(text: str, *, is_error: bool) -> dict[str, Any]:
@@ -325,28 +345,104 @@ def codex(scenario: str, args: argparse.Namespace) -> None:
 
 
 def gemini(scenario: str, args: argparse.Namespace) -> None:
+    if not (args.skip_trust or os.environ.get("GEMINI_CLI_TRUST_WORKSPACE") == "true"):
+        print(f"\x1b[31m{GEMINI_UNTRUSTED}\x1b[0m", file=sys.stderr)  # as 0.61 refuses it
+        sys.exit(55)
     init = {"type": "init", "session_id": "g-1", "model": "gemini-2.5-pro"}
     if _common(scenario, init):
         return
     emit(init)
-    fail = {
-        "window": f"{QUOTA} rate limit. RetryInfo retryDelay: 3600s",
-        "credits": f"{QUOTA} You have exhausted your daily quota",
-        "auth": "Error: 401 UNAUTHENTICATED. Please log in again.",
-    }
-    if scenario in fail:
-        print(fail[scenario], file=sys.stderr)
-        sys.exit(1)
+    emit({"type": "message", "role": "user", "content": args.prompt})
+    if scenario in GEMINI_FAULTS:
+        kind, message, props, status = GEMINI_FAULTS[scenario]
+        print(_gemini_record(kind, message, props), file=sys.stderr)
+        error = {"type": "unknown", "message": f"[API Error: {message}]"}
+        emit({"type": "result", "status": "error", "error": error, "stats": _gemini_stats(0)})
+        sys.exit(status % 256)  # 0.61 exits with the API error's HTTP status
     result, files = (
         work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
     )
     for path in files:
-        emit({"type": "tool_use", "tool_name": "write_file", "parameters": {"file_path": path}})
-        emit({"type": "tool_result", "status": "success"})
+        parameters = {"file_path": str(Path.cwd() / path), "content": "..."}
+        emit(
+            {
+                "type": "tool_use",
+                "tool_name": "write_file",
+                "tool_id": "w1",
+                "parameters": parameters,
+            }
+        )
+        emit({"type": "tool_result", "tool_id": "w1", "status": "success"})
     pause()
-    emit({"type": "message", "role": "assistant", "content": fenced(result)})
-    stats = {"input_tokens": 800, "output_tokens": 150, "total_tokens": 950, "tool_calls": 1}
-    emit({"type": "result", "status": "success", "stats": stats})
+    emit({"type": "message", "role": "assistant", "content": fenced(result), "delta": True})
+    emit({"type": "result", "status": "success", "stats": _gemini_stats(950)})
+
+
+GEMINI_UNTRUSTED = (
+    "Gemini CLI is not running in a trusted directory. To proceed, either use `--skip-trust`, "
+    "set the `GEMINI_CLI_TRUST_WORKSPACE=true` environment variable, or trust this directory "
+    "in interactive mode."
+)
+_KEY = "API key not valid. Please pass a valid API key."
+GEMINI_FAULTS: dict[str, tuple[str, str, str, int]] = {
+    # a 429 whose RetryInfo says 3600 s: past 300 s the CLI makes it terminal, with the delay
+    "window": (
+        "TerminalQuotaError",
+        "You exceeded your current quota, please check your plan and billing details.\n"
+        "Suggested retry after 3600s.",
+        "  retryDelayMs: 3600000,\n  status: 429",
+        429,
+    ),
+    "credits": (
+        "TerminalQuotaError",
+        "You have exhausted your daily quota on this model.",
+        "  status: 429",
+        429,
+    ),
+    "auth": (
+        "_ApiError",
+        json.dumps(
+            {
+                "error": {
+                    "code": 400,
+                    "message": _KEY,
+                    "status": "INVALID_ARGUMENT",
+                    "details": [
+                        {
+                            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "API_KEY_INVALID",
+                            "domain": "googleapis.com",
+                        }
+                    ],
+                }
+            }
+        ),
+        "  status: 400",
+        400,
+    ),
+}
+
+
+def _gemini_record(kind: str, message: str, props: str) -> str:
+    """The error record 0.61 writes on stderr when the chat turn fails: the class and its
+    message, the stack, the error's own fields."""
+    return (
+        "Error when talking to Gemini API Full report available at: "
+        f"/tmp/gemini-client-error-Turn.run-sendMessageStream.json {kind}: {message}\n"
+        "    at retryWithBackoff (file:///gemini/bundle/chunk.js:1:1) {\n"
+        f"{props}\n}}"
+    )
+
+
+def _gemini_stats(tokens: int) -> dict[str, Any]:
+    return {
+        "total_tokens": tokens,
+        "input_tokens": tokens * 8 // 10,
+        "output_tokens": tokens - tokens * 8 // 10,
+        "cached": 0,
+        "duration_ms": 1200,
+        "tool_calls": 1 if tokens else 0,
+    }
 
 
 # -- aider -----------------------------------------------------------------------------------

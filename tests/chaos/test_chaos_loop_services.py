@@ -41,6 +41,9 @@ WORKFLOWS = 10
 KILLS = 4
 LEASE_S = 10
 DEADLINE_S = 540.0
+# Engine runs the workflows need at the least, without a kill: each of the WORKFLOWS projects
+# runs its engine steps (design to deploy, two work items) once or more.
+RUNS_AT_LEAST = 80
 SCRIPT = '[build]\nwork_items = [{ id = "core", title = "Core" }, { id = "cli", title = "CLI" }]\n'
 
 
@@ -113,6 +116,50 @@ def engine_processes(fake: Path) -> list[int]:
     return found
 
 
+def run_starts(state: Path) -> int:
+    """How many engine runs have started so far (the fake CLI's start spans)."""
+    try:
+        return (state / "spans.jsonl").read_text().count('"event": "start"')
+    except FileNotFoundError:
+        return 0
+
+
+def kill_points(rng: random.Random) -> list[int]:
+    """The run starts at which a process is killed: KILLS + 2 of them, at least three runs
+    apart, all within the first half of the runs the workflows need."""
+    spaced = sorted(rng.sample(range(RUNS_AT_LEAST // 2 // 3), KILLS + 2))
+    return [2 + 3 * n for n in spaced]
+
+
+def chaos_on_runs(
+    stop: threading.Event,
+    rng: random.Random,
+    state: Path,
+    service: LoopService,
+    chaos_stack: Stack,
+    workers: list[subprocess.Popen[bytes]],
+    kills: dict[str, int],
+) -> None:
+    """Kill on events, not on a clock: at chosen run starts among the first ones, which come
+    long before the last workflow can finish (it needs RUNS_AT_LEAST runs), so KILLS kills
+    happen whatever the box's speed. Each lands while a run is going on."""
+    for trigger in kill_points(rng):
+        while run_starts(state) < trigger:
+            if stop.wait(0.05):
+                return
+        if stop.wait(rng.uniform(0.0, 0.5)):
+            return
+        if rng.random() < 0.5:
+            service.kill()
+            kills["service"] += 1
+            service.start()
+        else:
+            victim = rng.randrange(len(workers))
+            chaos_stack.kill_worker(workers[victim])
+            kills["worker"] += 1
+            workers[victim] = chaos_stack.start_worker(processes=1, threads=4)
+
+
 def overlaps(spans: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
     """Runs of one worktree whose recorded [start, end] intervals intersect."""
     start = {s["pid"]: s for s in spans if s["event"] == "start"}
@@ -159,19 +206,11 @@ def test_sigkilled_loop_services_and_workers_complete_every_workflow_once(
                 "--script", str(tmp_path / "script.toml"),
             )  # fmt: skip
 
-        def chaos() -> None:
-            while not stop.wait(rng.uniform(4.0, 8.0)):  # >= KILLS within a quick run
-                if rng.random() < 0.5:
-                    service.kill()
-                    kills["service"] += 1
-                    service.start()
-                else:
-                    victim = rng.randrange(len(workers))
-                    chaos_stack.kill_worker(workers[victim])
-                    kills["worker"] += 1
-                    workers[victim] = chaos_stack.start_worker(processes=1, threads=4)
-
-        killer = threading.Thread(target=chaos, daemon=True)
+        killer = threading.Thread(
+            target=chaos_on_runs,
+            args=(stop, rng, state, service, chaos_stack, workers, kills),
+            daemon=True,
+        )
         killer.start()
         began = time.monotonic()
         finished = chaos_stack.drive(projects, deadline_s=DEADLINE_S)

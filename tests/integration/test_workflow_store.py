@@ -323,3 +323,26 @@ def test_unknown_workflow_and_project_raise_not_found(store: WorkflowStore) -> N
         store.get(uuid4())
     with pytest.raises(WorkflowNotFound, match="vibey workflow start nobody"):
         store.for_project("nobody")
+
+
+def test_start_many_starts_a_batch_in_one_commit_all_or_none(
+    store: WorkflowStore, jobs: PostgresJobRepository, pool: ConnectionPool
+) -> None:
+    live = store.start("b00", definition="tiny").workflow
+    outcomes = store.start_many([(f"b{n:02d}", {"n": n}) for n in range(20)], definition="tiny")
+    assert [o.workflow.project_id for o in outcomes] == [f"b{n:02d}" for n in range(20)]
+    assert [o.created for o in outcomes] == [False] + [True] * 19
+    assert outcomes[0].workflow.id == live.id  # the live one, as start gives it
+    assert store.history(outcomes[5].workflow.id)[0].event == {"type": "started", "input": {"n": 5}}
+    assert claim_one(jobs, "b07").workflow_id == outcomes[7].workflow.id
+    with pytest.raises(Exception, match="nope"):  # an unknown definition: nothing starts
+        store.start_many([("c1", {}), ("c2", {})], definition="nope")
+    with pytest.raises(WorkflowNotFound):
+        store.for_project("c1")
+    # One transaction for the batch: now(), every row's created_at, is its start time.
+    store.start_many([(f"d{n:02d}", {}) for n in range(30)], definition="tiny")
+    with pool.connection() as conn:
+        [(count, stamps)] = conn.execute(
+            "SELECT count(*), count(DISTINCT created_at) FROM workflow WHERE project_id LIKE 'd%'"
+        ).fetchall()
+    assert (count, stamps) == (30, 1)

@@ -1,0 +1,178 @@
+"""Chaos: workers SIGKILLed in the middle of in-place chains (``actors.in_place``).
+
+Three short steps per workflow, so a worker that settles ``a`` holds ``b`` and runs it itself,
+then ``c``. The crash point kills a seeded fraction of the processes right after a settle
+committed (``tests/chaos/in_place_chaos.py``): the next step's outbox row is released and
+unsent, and no broker message carries it. Workflows are started until at least ``KILLS`` kills
+cut a chain (by construction, whatever the box's speed). At the end: every workflow completed,
+no step recorded twice, nothing leased or unsent, and a cut chain went on within one reconcile
+interval of its kill: the next drain pass sends the held row (a reconciler of its own runs
+beside the fleet, as `vibey reconcile` does in a cluster; the workers' reconcilers die with
+them). A cut whose drainer is killed too before it sent the row waits for ``reclaim_after``
+beside that: every cut is bounded by two intervals plus ``reclaim_after``; the median by one.
+
+Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from actors.capabilities import detect
+from actors.reconcile_service import ReconcileService
+from actors.worker import Supervisor, WorkerConfig
+from store.jobs import PostgresJobRepository
+from store.workflows import WorkflowStore
+from tests.amqp_fixtures import Amqp
+from tests.chaos.fleet import chaos_seed
+from tests.tiny_definition import THREE_STEPS
+from workflows.engine import Registry
+from workflows.job import LeasePolicy
+from workflows.protocol.kinds import STEP_KINDS
+
+pytestmark = pytest.mark.chaos
+
+BATCH = 300  # workflows started at once; another batch while too few chains were cut
+MAX_WORKFLOWS = 1500
+KILLS = 20  # kills that cut a chain, at least
+INTERVAL = timedelta(seconds=2)  # the reconcilers' pass
+RECLAIM = timedelta(seconds=4)  # rows a killed relay had claimed are drained again after this
+SLACK_S = 2.0  # a pass's own time, the publish and the claim, on a loaded box
+DEADLINE_S = 300.0
+
+
+def cut_chains(pool: ConnectionPool, kills: Path) -> list[tuple[UUID, float]]:
+    """(job, kill time) of every kill right after a settle that held a next step."""
+    found: list[tuple[UUID, float]] = []
+    for log in kills.glob("*.log"):
+        for line in log.read_text().splitlines():
+            job, at = line.split()
+            found.append((UUID(job), float(at)))
+    with pool.connection() as conn:
+        parents = {
+            row[0]
+            for row in conn.execute(
+                "SELECT DISTINCT depends_on FROM job_dependency WHERE depends_on = ANY(%s)",
+                ([job for job, _ in found],),
+            )
+        }
+    return [(job, at) for job, at in found if job in parents]
+
+
+def resumed_after(pool: ConnectionPool, cut: list[tuple[UUID, float]]) -> list[float]:
+    """Seconds from each cut to the send of the next step's pointer it held (its outbox row
+    marked sent: by a drain's relay once the broker confirmed it). From there the pointer
+    waits in the queue like any other; under a backlog that wait is the queue's, not the
+    cut's."""
+    waits = []
+    with pool.connection() as conn:
+        for job, at in cut:
+            row = conn.execute(
+                "SELECT min(o.sent_at) FROM job_dependency d JOIN job_outbox o "
+                "ON o.job_id = d.job_id WHERE d.depends_on = %s",
+                (job,),
+            ).fetchone()
+            sent: datetime | None = None if row is None else row[0]
+            if sent is not None:
+                waits.append(sent.timestamp() - at)
+    return waits
+
+
+def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
+    pg_url: str, amqp: Amqp, tmp_path: Path
+) -> None:
+    seed = chaos_seed("in-place")
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    os.environ["VIBEY_CHAOS_KILLS"] = str(kills)
+    lease = timedelta(seconds=5)
+    config = WorkerConfig(
+        pg_url=pg_url,
+        amqp_url=amqp.url,
+        prefix=amqp.prefix,
+        leases=LeasePolicy(default=lease, by_kind=dict.fromkeys(STEP_KINDS, lease)),
+        threads=4,
+        reconcile_interval=INTERVAL,
+        redispatch_after=timedelta(seconds=30),
+        reclaim_after=RECLAIM,
+        definitions="tests.chaos.in_place_chaos:DEFINITIONS",
+        handlers="tests.chaos.in_place_chaos:HANDLERS",
+        crash_points="tests.chaos.in_place_chaos:CRASH",
+        in_place_steps=16,
+    )
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
+    connection.close()
+    supervisor = Supervisor(config, processes=3)
+    # A reconciler of its own, as a fleet runs one (`vibey reconcile`): never killed here.
+    stop = threading.Event()
+    reconciler = ReconcileService(config, owner="in-place-chaos-reconciler")
+    reconciling = threading.Thread(target=reconciler.run, args=(stop,), daemon=True)
+    fleet = threading.Thread(target=supervisor.run, daemon=True)
+    started = time.monotonic()
+    ids: list[UUID] = []
+    with ConnectionPool(pg_url, min_size=1, max_size=4, kwargs={"autocommit": True}) as pool:
+        jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry(THREE_STEPS))
+
+        def more() -> None:
+            for _ in range(BATCH):
+                n = len(ids)
+                ids.append(store.start(f"ip{n:04d}", definition="three-steps").workflow.id)
+
+        more()
+        fleet.start()
+        reconciling.start()
+        try:
+            while time.monotonic() - started < DEADLINE_S:
+                if all(store.get(i).status.finished for i in ids):
+                    if len(cut_chains(pool, kills)) >= KILLS or len(ids) >= MAX_WORKFLOWS:
+                        break
+                    more()
+                time.sleep(0.5)
+        finally:
+            supervisor.stop()
+            fleet.join(timeout=120)
+            stop.set()
+            reconciling.join(timeout=60)
+            del os.environ["VIBEY_CHAOS_KILLS"]
+        statuses = {store.get(i).status.value for i in ids}
+        cut = cut_chains(pool, kills)
+        waits = resumed_after(pool, cut)
+        with pool.connection() as conn:
+            dupes = conn.execute(
+                "SELECT workflow_id, event->>'step', count(*) FROM workflow_history "
+                "WHERE event->>'type' = 'step_succeeded' GROUP BY 1, 2 HAVING count(*) > 1"
+            ).fetchall()
+            [(leased,)] = conn.execute("SELECT count(*) FROM job WHERE state = 'leased'")
+            [(unsent,)] = conn.execute("SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+            [(in_place,)] = conn.execute(
+                "SELECT count(*) FROM job_outbox WHERE sent_at IS NOT NULL AND claimed_by IS NULL"
+            )
+            [(steps,)] = conn.execute("SELECT count(*) FROM job WHERE state = 'succeeded'")
+    print(
+        f"in-place chaos tally (seed {seed}): workflows={len(ids)} steps={steps} "
+        f"in place={in_place} respawns={supervisor.respawns} chains cut={len(cut)} "
+        f"resumed after: median {statistics.median(waits or [0]):.2f}s, "
+        f"max {max(waits, default=0):.2f}s (interval {INTERVAL.total_seconds():g}s, "
+        f"reclaim {RECLAIM.total_seconds():g}s) "
+        f"wall={time.monotonic() - started:.1f}s"
+    )
+    assert statuses == {"completed"}, statuses
+    assert dupes == [], f"a step's result recorded more than once: {dupes}"
+    assert leased == 0 and unsent == 0
+    assert len(cut) >= KILLS, f"the chaos did not happen: {len(cut)} chains cut"
+    assert in_place >= len(ids), "the steps did not continue in place"
+    assert len(waits) == len(cut)
+    assert statistics.median(waits) <= INTERVAL.total_seconds() + SLACK_S, sorted(waits)
+    bound = (INTERVAL + RECLAIM + INTERVAL).total_seconds() + SLACK_S
+    assert max(waits) <= bound, sorted(waits)[-5:]
