@@ -254,10 +254,13 @@ class Client:
         """Start ``definition`` for many projects in one transaction (one commit for the
         batch, not one a workflow): each item a project id, or ``(project, input)``. All or
         none: an error starts nothing. A project with a live workflow gets that one, as
-        :meth:`start` gives it. The list is in the order given."""
+        :meth:`start` gives it. The list is in the order given. Each workflow's budget is the
+        one its input holds, else the settings' default (:meth:`budgeted`)."""
         name = definition or self._default_definition()
         batch = [
-            (item, {}) if isinstance(item, str) else (item[0], dict(item[1] or {}))
+            (item, self.budgeted({}))
+            if isinstance(item, str)
+            else (item[0], self.budgeted(item[1] or {}))
             for item in starts
         ]
         if not batch:

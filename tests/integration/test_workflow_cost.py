@@ -221,6 +221,13 @@ def test_the_settings_default_budget_applies_when_start_gives_none(
             "q", input={"project": "q", "engine": SCRIPTED}, budget=Budget(tokens=9)
         )
         assert given.input["budget"] == {"tokens": 9}
+        batch = running.start_many(
+            [
+                ("r1", {"project": "r1", "engine": SCRIPTED}),
+                ("r2", {"project": "r2", "engine": SCRIPTED, "budget": {"tokens": 5}}),
+            ]
+        )
+        assert [w.input["budget"] for w in batch] == [{"dollars": 7.5}, {"tokens": 5}]
 
 
 def park_over_budget(client: Client, pg_url: str, tmp_path: Path) -> tuple[UUID, Any]:
