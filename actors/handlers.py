@@ -43,6 +43,11 @@ merged into it (:meth:`actors.worktrees.Workspace.start_resolve`): the engine re
 files in conflict, vibey commits the merge once no conflict marker is left (else the attempt
 fails, ``Failure(work)``, and the merge is dropped); an item that merges cleanly by then needs
 no engine.
+
+Every engine step of a workflow with a budget first asks the ledger what the workflow has
+spent (:mod:`workflows.budget`, :mod:`store.cost`): once it reached the budget plus what was
+granted, the step parks behind a ``budget_exhausted`` gate instead of running (or, while one
+is open, waits behind it). build.integrate drives no engine and is never held.
 """
 
 from __future__ import annotations
@@ -86,8 +91,16 @@ from actors.worktrees import (
 from store.db import Pool
 from store.step_records import PostgresStepRecords, StepRecords
 from workflows import schema
+from workflows.budget import gate_prompt
 from workflows.effort import Attempt, Effort, LadderExhausted, climb, next_rung
-from workflows.gates import CAPACITY_EXHAUSTED, GRANT_SCHEMA, LADDER_EXHAUSTED, SPEND_EXHAUSTED
+from workflows.gates import (
+    BUDGET_EXHAUSTED,
+    BUDGET_SCHEMA,
+    CAPACITY_EXHAUSTED,
+    GRANT_SCHEMA,
+    LADDER_EXHAUSTED,
+    SPEND_EXHAUSTED,
+)
 from workflows.job import TIMER_KIND, FailureClass
 from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
@@ -106,6 +119,7 @@ NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
 NO_ROSTER = "the workflow runs on the roster but no engine is configured: add [engines.<id>]"
 CAPACITY_WAITS = 10  # capacity rejections a job waits through before its gate
 BUSY_DELAY = timedelta(seconds=5)  # a workdir busy under another job: look again after
+BUDGET_DELAY = timedelta(seconds=5)  # a step waiting behind the workflow's open budget gate
 LEASE_GRACE_S = 2.0
 INTEGRATED_PHASES: frozenset[str] = frozenset(
     {Phase.REVIEW, Phase.DEPLOY_DESIGN, Phase.DEPLOY_EXECUTE, Phase.DEPLOY_REVIEW}
@@ -232,7 +246,7 @@ class Steps:
             engine = self._engine(step_input)
             worktree = self._worktree(job, step_input) if kind in (IMPLEMENT, RESOLVE) else None
             granted = self._granted(job, step_kind) if bounded else 0
-            over = self._over_spend_cap(job) if bounded else None
+            over = self._over_budget(job) or (self._over_spend_cap(job) if bounded else None)
             if over is not None:
                 return over
             effort = _effort(job, step_kind, granted)
@@ -439,6 +453,34 @@ class Steps:
             if limit is not None and float(used) >= limit:
                 return _spend_gate(job, bound, float(used), limit)
         return None
+
+    def _over_budget(self, job: Job) -> Park | Defer | None:
+        """An engine step of a workflow whose ledgered spend reached its budget (plus what
+        answers granted) does not run (:mod:`workflows.budget`): it parks behind a
+        ``budget_exhausted`` gate, or, while the workflow has one open already, waits behind
+        that one (deferred: no attempt burned, no second gate). Steps in flight when the
+        budget is crossed finish and are counted; only the next to start waits."""
+        if self.records is None or job.workflow_id is None:
+            return None
+        state = self.records.workflow_budget(job.id)
+        at = state.reached
+        if at is None:
+            return None
+        if state.open_gate is not None:
+            why = f"waits for the answer to the workflow's budget gate {state.open_gate}"
+            return Defer(BUDGET_DELAY, why)
+        subject = str(job.payload.get("subject") or job.subject)
+        context = {
+            "kind": job.kind,
+            "grant": at.bound,
+            "spent": at.spent,
+            "limit": at.limit,
+            "budget": None if state.budget is None else state.budget.to_json(),
+        }
+        prompt = gate_prompt(job.kind, subject, at)
+        return Park(
+            GateRequest(BUDGET_EXHAUSTED.name, prompt, context=context, schema=dict(BUDGET_SCHEMA))
+        )
 
     def _granted(self, job: Job, kind: StepKind) -> int:
         """The attempts granted so far by answers to this job's ladder gates (the record).

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from store.cost import BudgetState
 from store.db import Conn
 from store.dispatch import PointerRow
 from store.memory import MemoryJobRepository
@@ -130,6 +131,7 @@ class MemoryStepRecords:
         self.rejections: dict[UUID, int] = {}  # capacity rejections since the last answer
         self.answers: list[tuple[UUID, str, GateAnswer]] = []  # besides the jobs' gates
         self.locks_taken: list[tuple[str, int]] = []
+        self.budgets: dict[UUID, BudgetState] = {}  # by job: the workflow's, as the test sets
         self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -178,6 +180,11 @@ class MemoryStepRecords:
     def capacity_waits(self, job_id: UUID, gate_kind: str) -> int:
         """The rejections the test set in ``rejections`` (the ledger's, in the real store)."""
         return self.rejections.get(job_id, 0)
+
+    def workflow_budget(self, job_id: UUID) -> BudgetState:
+        """The state the test set in ``budgets`` (the ledger's and the gates', in the real
+        store); none by default."""
+        return self.budgets.get(job_id, BudgetState())
 
     @contextmanager
     def integration_lock(self, project: str, cycle: int) -> Iterator[None]:

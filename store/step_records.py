@@ -4,7 +4,8 @@ form, named SQL in ``store/sql/step_records.sql``.
 The step handlers (``actors.handlers``) and the handoff flow (``actors.handoff``) ask it
 whether a claim still holds its job (the workdir lease's fence), for the workflow's spec and
 answers (a configured engine's plan), for a bounded job's recorded spend and the grants its
-gates' answers made, for the last answer to a gate of a kind, for how many capacity
+gates' answers made, for the workflow's budget and spend (``store.cost``), for the last
+answer to a gate of a kind, for how many capacity
 rejections a job has waited through, and for the advisory lock that
 serialises one cycle's merges. ``store.memory_records.MemoryStepRecords`` is the fake beside it.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
 
+from store.cost import BudgetState, CostReads
 from store.db import Pool, fetch_all, fetch_one, statement, transaction
 from store.sql import load
 
@@ -81,12 +83,18 @@ class StepRecords(Protocol):
         """Held for a merge into ``project``'s integration branch in ``cycle``."""
         ...
 
+    def workflow_budget(self, job_id: UUID) -> BudgetState:
+        """The budget of the job's workflow, its spend so far and what was granted
+        (:mod:`store.cost`); an empty state for a job of no workflow or budget."""
+        ...
+
 
 class PostgresStepRecords:
     """:class:`StepRecords` on PostgreSQL (one statement a read, driver errors translated)."""
 
     def __init__(self, *, pool: Pool) -> None:
         self._pool = pool
+        self._cost = CostReads(pool)
 
     def lease_held(self, job_id: str, owner: str) -> bool:
         with statement(self._pool) as conn:
@@ -128,6 +136,9 @@ class PostgresStepRecords:
         with statement(self._pool) as conn:
             row = fetch_one(conn, Q["capacity_waits"], {"job_id": job_id, "kind": gate_kind})
         return int(row["waits"]) if row else 0
+
+    def workflow_budget(self, job_id: UUID) -> BudgetState:
+        return self._cost.budget(job_id=job_id)
 
     @contextmanager
     def integration_lock(self, project: str, cycle: int) -> Iterator[None]:

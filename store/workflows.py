@@ -17,7 +17,8 @@ A definition that raises, a command the store cannot carry out, or a definition 
 process does not have never crash-loops a worker: the event is recorded undecided, the
 workflow is ``blocked`` behind a ``workflow_error`` gate, and later events queue behind it.
 Answering that gate ``retry`` applies the queued events (with whatever code now runs),
-``cancel`` cancels the workflow.
+``cancel`` cancels the workflow. Answering a parked job's ``budget_exhausted`` gate ``stop``
+cancels its workflow too (the answer locks the workflow first, as a workflow gate's does).
 
 Exceptions::
 
@@ -57,6 +58,7 @@ from store.workflow_reads import (
     WorkflowReads,
     workflow_from_row,
 )
+from workflows.budget import STOP
 from workflows.effects import (
     StepToRun,
     WindDown,
@@ -85,7 +87,7 @@ from workflows.engine import (
     engine_rule,
 )
 from workflows.events import Draft, gate_opened, implied, recorded, status_changed
-from workflows.gates import RETRY_OR_CANCEL
+from workflows.gates import BUDGET_EXHAUSTED, RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
@@ -323,6 +325,8 @@ class WorkflowStore(WorkflowReads):
                     correlation_id=correlation,
                     causation_id=f"gate:{gate_id}",
                 )
+                if found.kind == BUDGET_EXHAUSTED.name and answer == STOP and workflow:
+                    self._stop_over_budget(unit, workflow, by)
             return GateAnswerOutcome(outcome.status, outcome.gate)
         gate = found
         if workflow is None:  # pragma: no cover - a workflow gate's workflow is never deleted
@@ -581,6 +585,14 @@ class WorkflowStore(WorkflowReads):
         self._open_gate(conn, workflow, block.gate, self._clock())
         self._emit(conn, workflow, status_changed(workflow.header, block.header), None)
         return saved
+
+    def _stop_over_budget(self, unit: UnitOfWork, workflow: Workflow, by: str) -> None:
+        """``stop`` to a ``budget_exhausted`` gate abandons the workflow: it is cancelled
+        (its steps stop, its other gates close), in the answer's transaction."""
+        if workflow.status.finished:
+            return
+        reason = "its budget is spent and budget_exhausted was answered stop"
+        self._record(unit, workflow, CancelRequested(by=by, reason=reason))
 
     def _resolve_block(self, unit: UnitOfWork, workflow: Workflow, answer: str, by: str) -> None:
         conn = unit.conn

@@ -242,8 +242,6 @@ def _refuse(outcome: GateAnswerOutcome, wanted: str, answer: str) -> None:
             ExitCode.USAGE,
         )
     why = outcome.detail or "the gate does not take it"
-    raise CommandError(
-        f"{answer} is not an answer to gate {wanted} ({why}); valid: "
-        + (render.answers_text(gate) if gate is not None else "see `vibey gate show`"),
-        ExitCode.USAGE,
-    )
+    valid = render.answers_text(gate) if gate is not None else "see `vibey gate show`"
+    tail = "" if valid in why else f"; valid: {valid}"  # a pattern's hint says it already
+    raise CommandError(f"{answer} is not an answer to gate {wanted} ({why}){tail}", ExitCode.USAGE)

@@ -1,4 +1,5 @@
-"""``vibey workflow ...``: start, status, list, history, cancel and verify a project's workflow.
+"""``vibey workflow ...``: start, status, cost, list, history, cancel and verify a project's
+workflow.
 
 A project has at most one live (running or blocked) workflow; ``status``, ``history``,
 ``cancel`` and ``verify`` act on it, or on the project's latest when none is live. Read
@@ -195,6 +196,8 @@ def start(
     test_command: str | None = None,
     definition: str | None = None,
     input: str | None = None,
+    budget_dollars: float | None = None,
+    budget_tokens: int | None = None,
     json_output: Json = False,
 ) -> ExitCode:
     """Start PROJECT's workflow; when one is live already, print it and change nothing.
@@ -227,6 +230,11 @@ def start(
         The workflow definition to start (default: [workflow] default_definition).
     input
         The workflow's input: a JSON object, or @FILE holding one ("project" is added).
+    budget_dollars
+        The workflow's budget in dollars (default: [workflow] budget_dollars): once the
+        ledger's spend reaches it, the next engine step parks at a budget_exhausted gate.
+    budget_tokens
+        The workflow's budget in tokens (default: [workflow] budget_tokens), likewise.
     json_output
         Print one JSON object.
     """
@@ -246,6 +254,7 @@ def start(
             client.store.registry.latest(name)
         except WorkflowError as exc:
             raise CommandError(f"{exc}: fix --definition", ExitCode.USAGE) from exc
+        given = _budgeted(client, given, budget_dollars, budget_tokens)
         outcome = client.store.start(project, definition=name, input=given)
         dispatch = client.publish()
         workflow, describe = outcome.workflow, client.store.describe(outcome.workflow)
@@ -260,6 +269,53 @@ def start(
     else:
         print(f"already live since {render.clock(workflow.created_at)}; nothing changed")
     render.print_workflow(workflow, describe)
+    return ExitCode.OK
+
+
+def _budgeted(
+    client: Client, given: dict[str, Any], dollars: float | None, tokens: int | None
+) -> dict[str, Any]:
+    """The input with the workflow's budget: the flags', else the input's, else the settings'."""
+    from workflows.budget import Budget, BudgetError
+
+    try:
+        budget = None if dollars is None and tokens is None else Budget(dollars, tokens)
+        return client.budgeted(given, budget)
+    except BudgetError as exc:
+        raise CommandError(f"{exc}: fix --budget-dollars/--budget-tokens", ExitCode.USAGE) from exc
+
+
+@workflow_app.command
+def cost(project: str, *, json_output: Json = False) -> ExitCode:
+    """Show what PROJECT's workflow has cost so far: tokens and dollars in total and by
+    engine, phase and step, from the ledger's BudgetSpent events, and its budget.
+
+    The live workflow, or the project's latest when none is live. An engine whose CLI reports
+    no dollars (Codex, Gemini; aider without a price) shows its tokens and "no price", never
+    $0. Exits 1 for a project that never had a workflow.
+
+    JSON: ``{"workflow_id", "project", "total": line, "engines": [line...], "phases":
+    [line...], "steps": [line...], "budget": {"budget", "spent", "granted", "reached",
+    "open_gate", "problem"}}``; a line is ``{"engine", "phase", "step", "events", "turns",
+    "input_tokens", "output_tokens", "tokens", "dollars" (null: no price), "priced",
+    "unpriced"}``.
+
+    Parameters
+    ----------
+    project
+        The project id.
+    json_output
+        Print one JSON object.
+    """
+    from vibey.settings import load_settings
+    from vibey.wiring import workflow_client
+
+    with workflow_client(load_settings()) as client:
+        found = client.cost(_project(project))
+    if json_output:
+        render.dump(found.to_json())
+    else:
+        render.print_cost(found)
     return ExitCode.OK
 
 

@@ -1,4 +1,4 @@
-"""The Python client: start workflows, read them, wait for them, answer their gates.
+"""The Python client: start workflows, read them and their cost, wait, answer their gates.
 
 ::
 
@@ -9,6 +9,7 @@
         gate = client.list_gates(project="acme")[0]
         client.answer(gate.id, "approve", by="ops@acme")
         done = client.wait(run.id, timeout=30)     # the finished workflow, or a typed error
+        spent = client.cost("acme")                # tokens and dollars so far, from the ledger
 
 One client holds a small connection pool and one relay (one AMQP connection, publisher
 confirms) for its whole life: every commit's dispatch pointers are handed to it right after
@@ -43,6 +44,7 @@ from uuid import UUID
 from actors.relay import Relay, Router
 from actors.topology import QueueNames
 from actors.tracing import event_spans, step_tracer
+from store.cost import CostReads, WorkflowCost
 from store.db import Pool
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
@@ -53,6 +55,7 @@ from store.unit_of_work import OutboxRow
 from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
 from store.workflows import WorkflowStore
 from vibey.settings import Settings, load_settings
+from workflows.budget import Budget, budget_of, with_budget
 from workflows.engine import Registry, Status
 from workflows.queue import AnswerStatus, Gate
 
@@ -212,12 +215,36 @@ class Client:
     # -- workflows ---------------------------------------------------------------------------
 
     def start(
-        self, project: str, definition: str | None = None, input: Mapping[str, Any] | None = None
+        self,
+        project: str,
+        definition: str | None = None,
+        input: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | None = None,
     ) -> Workflow:
         """Start ``definition`` (its newest version; default: the only or first registered)
-        for ``project``, or return the project's live workflow if it has one."""
+        for ``project``, or return the project's live workflow if it has one.
+
+        ``budget``: what the workflow may spend (dollars, tokens) before its next engine step
+        parks behind a ``budget_exhausted`` gate (default: ``[workflow] budget_dollars`` /
+        ``budget_tokens``; none when neither is set). Raises
+        :class:`~workflows.budget.BudgetError` for a budget in ``input`` that is not one."""
         name = definition or self._default_definition()
-        return self.store.start(project, definition=name, input=dict(input or {})).workflow
+        given = self.budgeted(input or {}, budget)
+        return self.store.start(project, definition=name, input=given).workflow
+
+    def budgeted(self, given: Mapping[str, Any], budget: Budget | None = None) -> dict[str, Any]:
+        """The workflow input ``given`` with its budget: ``budget``, else the one ``given``
+        holds, else the settings' default (:mod:`workflows.budget`)."""
+        held = budget_of(given)
+        return with_budget(given, budget or held or self.settings.workflow.budget())
+
+    def cost(self, workflow: UUID | str) -> WorkflowCost:
+        """What a workflow (by id, or a project's live, else latest, one) has cost so far, by
+        engine, phase and step, from the ledger's BudgetSpent events, and its budget. Raises
+        :class:`~store.workflow_reads.WorkflowNotFound` for an unknown id or project."""
+        found = self.status(workflow)
+        return CostReads(self._pool).workflow_cost(found.id, found.project_id)
 
     def start_many(
         self,
@@ -227,10 +254,13 @@ class Client:
         """Start ``definition`` for many projects in one transaction (one commit for the
         batch, not one a workflow): each item a project id, or ``(project, input)``. All or
         none: an error starts nothing. A project with a live workflow gets that one, as
-        :meth:`start` gives it. The list is in the order given."""
+        :meth:`start` gives it. The list is in the order given. Each workflow's budget is the
+        one its input holds, else the settings' default (:meth:`budgeted`)."""
         name = definition or self._default_definition()
         batch = [
-            (item, {}) if isinstance(item, str) else (item[0], dict(item[1] or {}))
+            (item, self.budgeted({}))
+            if isinstance(item, str)
+            else (item[0], self.budgeted(item[1] or {}))
             for item in starts
         ]
         if not batch:

@@ -10,7 +10,7 @@ from __future__ import annotations
 GROUPS: dict[str, tuple[str, str]] = {
     "workflow": (
         "vibey.cli_workflow:workflow_app",
-        "Start, inspect, cancel and verify a project's workflow.",
+        "Start, inspect, cost, cancel and verify a project's workflow.",
     ),
     "gate": ("vibey.cli_gate:gate_app", "List, show and answer what waits on a person."),
     "ledger": ("vibey.cli_ledger:ledger_app", "Show and verify a project's append-only ledger."),

@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # `import vibey.cli` loads no store nor psycopg: see vibey.cli
+    from store.cost import CostLine, WorkflowCost
     from store.workflow_reads import HistoryEntry, Workflow
     from workflows.queue import Gate
 
@@ -218,7 +219,7 @@ def answers_text(gate: Gate) -> str:
         if low is None and high is None:
             return "an integer"
         return f"an integer {'' if low is None else low}..{'' if high is None else high}"
-    return "any text"
+    return str(gate.schema.get("description") or "any text")  # a pattern's says what matches
 
 
 def answer_command(gate: Gate) -> str:
@@ -397,6 +398,38 @@ def _command(command: Mapping[str, Any]) -> str:
     if kind == "fail":
         return f"fail: {short(str(command.get('reason', '')), 60)}"
     return str(kind)
+
+
+def print_cost(cost: WorkflowCost) -> None:
+    """``vibey workflow cost``: the total, then by engine, phase and step, and the budget."""
+    total = cost.total
+    print(
+        f"workflow {cost.workflow_id} of project {cost.project_id}: {total.price} · "
+        f"{total.tokens:,} tokens · {total.turns:g} turns ({total.events} BudgetSpent events)"
+    )
+    print(cost.budget.summary)
+    if not total.events:
+        return
+    head = ("TURNS", "TOKENS", "IN", "OUT", "DOLLARS")
+    print("by engine:")
+    _table(
+        ("ENGINE", *head), [(ln.engine or "-", *_figures(ln)) for ln in cost.engines], indent="  "
+    )
+    print("by phase:")
+    _table(("PHASE", *head), [(ln.phase or "?", *_figures(ln)) for ln in cost.phases], indent="  ")
+    print("by step:")
+    rows = [(ln.phase or "?", ln.step or "?", *_figures(ln)) for ln in cost.steps]
+    _table(("PHASE", "STEP", *head), rows, indent="  ")
+
+
+def _figures(line: CostLine) -> tuple[str, ...]:
+    return (
+        f"{line.turns:g}",
+        f"{line.tokens:,}",
+        f"{line.input_tokens:,}",
+        f"{line.output_tokens:,}",
+        line.price,
+    )
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str = "") -> None:

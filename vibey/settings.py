@@ -48,6 +48,9 @@ The file, every key optional (unknown sections and keys are errors)::
     default_definition = "vibey-protocol"             # VIBEY_WORKFLOW_DEFAULT_DEFINITION
     review_feedback = true           # REVIEW asks the user; false: unattended
                                      # VIBEY_WORKFLOW_REVIEW_FEEDBACK
+    # budget_dollars = 50            # a new workflow's budget (unset: none); its engine steps
+    # budget_tokens = 2000000        # park at a budget_exhausted gate once the ledger's spend
+                                     # reaches it; VIBEY_WORKFLOW_BUDGET_DOLLARS, ..._TOKENS
 
     [project]                        # what becomes of the integrated work
     # push = "git@host:org/app.git"  # build.integrate pushes there; VIBEY_PROJECT_PUSH
@@ -122,6 +125,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from workflows.budget import Budget, BudgetError
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy, valid_kind_name
 
@@ -194,6 +198,8 @@ _KEYS: Mapping[str, Mapping[str, str | None]] = {
         "default_definition": "VIBEY_WORKFLOW_DEFAULT_DEFINITION",
         "archive_after_seconds": "VIBEY_WORKFLOW_ARCHIVE_AFTER",
         "review_feedback": "VIBEY_WORKFLOW_REVIEW_FEEDBACK",
+        "budget_dollars": "VIBEY_WORKFLOW_BUDGET_DOLLARS",
+        "budget_tokens": "VIBEY_WORKFLOW_BUDGET_TOKENS",
     },
     "project": {"push": "VIBEY_PROJECT_PUSH", "push_branch": "VIBEY_PROJECT_PUSH_BRANCH"},
     "engine": {
@@ -499,8 +505,18 @@ class WorkflowSettings:
     # a finished workflow's jobs and gates are deleted, its history archived, after this
     archive_after_seconds: float = 30 * 86400.0
     review_feedback: bool = True  # REVIEW opens a review.feedback gate (False: unattended)
+    # a new workflow's budget when `workflow start` gives none (None: no bound; docs/protocol.md)
+    budget_dollars: float | None = None
+    budget_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        try:
+            self.budget()
+        except BudgetError as exc:
+            raise SettingsError(
+                f"{exc}: fix VIBEY_WORKFLOW_BUDGET_DOLLARS / VIBEY_WORKFLOW_BUDGET_TOKENS (or "
+                "budget_dollars / budget_tokens under [workflow]), or leave them unset"
+            ) from None
         if not (math.isfinite(self.archive_after_seconds) and self.archive_after_seconds > 0):
             raise SettingsError(
                 f"archive_after_seconds must be more than 0, got {self.archive_after_seconds}: "
@@ -517,6 +533,12 @@ class WorkflowSettings:
                 "the default workflow definition must not be empty: fix "
                 "VIBEY_WORKFLOW_DEFAULT_DEFINITION (or default_definition under [workflow])"
             )
+
+    def budget(self) -> Budget | None:
+        """The default budget of a new workflow (None: unbounded)."""
+        if self.budget_dollars is None and self.budget_tokens is None:
+            return None
+        return Budget(dollars=self.budget_dollars, tokens=self.budget_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -921,6 +943,18 @@ class _Source:
             raise self._wrong_type(key, value, "a number of seconds")
         return None if value is None else float(value)
 
+    def number(self, key: str) -> float | None:
+        """A plain number (an amount of dollars)."""
+        variable, value = self._lookup(key)
+        if variable is not None:
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise SettingsError(f"{variable} must be a number, got {value!r}") from None
+        if value is not None and not _is_number(value):
+            raise self._wrong_type(key, value, "a number")
+        return None if value is None else float(value)
+
     def seconds_list(self, key: str) -> tuple[float, ...] | None:
         variable, value = self._lookup(key)
         if variable is not None:
@@ -1132,6 +1166,8 @@ def _workflow(src: _Source) -> WorkflowSettings:
             default_definition=src.text("default_definition"),
             archive_after_seconds=src.seconds("archive_after_seconds"),
             review_feedback=src.boolean("review_feedback"),
+            budget_dollars=src.number("budget_dollars"),
+            budget_tokens=src.integer("budget_tokens"),
         )
     )
 

@@ -13,7 +13,7 @@ Grants, for a parked job's gate (seed 000 §7, seed 004 bounded ladders):
 * ``Grant.REFUND``: one attempt is given back (the parked claim counted one it never ran);
 * ``Grant.ANSWERED_ATTEMPTS``: the answer is a number, the attempts it grants.
 
-The engine and the queue own six gate kinds (:data:`ENGINE_GATES`); a definition declares its
+The engine and the queue own seven gate kinds (:data:`ENGINE_GATES`); a definition declares its
 own (the protocol's are in ``workflows.protocol.kinds``). Two declarations of one name must be
 equal: :meth:`GateKinds.merged` raises :class:`GateConflictError` otherwise.
 """
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from workflows.budget import ANSWER_HELP, ANSWER_PATTERN
 from workflows.declared import Declarations
 
 JsonObject = Mapping[str, Any]
@@ -88,7 +89,8 @@ def check_answer(
 
     ``answers`` non-empty: the answer must be one of them. Otherwise ``schema`` decides: an
     ``integer`` (with optional ``minimum``/``maximum``) or a string (non-empty, optional
-    ``maxLength``)."""
+    ``maxLength``, optional ``pattern`` the whole answer must match, refused with the
+    schema's ``description`` as the hint)."""
     allowed = tuple(answers)
     if allowed:
         if answer in allowed:
@@ -102,6 +104,10 @@ def check_answer(
     limit = schema.get("maxLength")
     if limit is not None and len(answer) > limit:
         return f"the answer is longer than {limit} characters"
+    pattern = schema.get("pattern")
+    if pattern is not None and re.fullmatch(pattern, answer) is None:
+        hint = schema.get("description") or f"it must match {pattern}"
+        return f"{answer[:80]!r} is not an answer to this gate; valid: {hint}"
     return None
 
 
@@ -198,6 +204,17 @@ CAPACITY_EXHAUSTED = GateKind(
     hint="retry waits again (top up the credits or configure another engine first)",
 )
 
+BUDGET_SCHEMA: JsonObject = MappingProxyType(
+    {"type": "string", "pattern": ANSWER_PATTERN, "description": ANSWER_HELP}
+)
+BUDGET_EXHAUSTED = GateKind(
+    "budget_exhausted",
+    schema=BUDGET_SCHEMA,
+    grant=Grant.REFUND,
+    title="the workflow's budget is spent",
+    hint="answer '<amount> dollars' or '<amount> tokens' to grant more, or 'stop' to abandon",
+)
+
 ENGINE_GATES = GateKinds(
     [
         WORKFLOW_ERROR,
@@ -206,6 +223,7 @@ ENGINE_GATES = GateKinds(
         SPEND_EXHAUSTED,
         HANDOFF,
         CAPACITY_EXHAUSTED,
+        BUDGET_EXHAUSTED,
     ]
 )
 """The gate kinds the engine and the queue open themselves, known to every definition."""

@@ -25,9 +25,11 @@ WHERE w.id = (SELECT j.workflow_id FROM job j WHERE j.id = %(job_id)s)
 FOR UPDATE OF w
 
 -- name: lock_workflow_of_gate
--- A gate answer locks the gate's workflow (a workflow gate's: it has a name) before the gate.
+-- A gate answer locks the gate's workflow (a workflow gate's: it has a name; and a parked
+-- job's budget_exhausted gate, whose 'stop' cancels the workflow) before the gate.
 SELECT w.* FROM workflow w
-WHERE w.id = (SELECT g.workflow_id FROM gate g WHERE g.id = %(gate_id)s AND g.name IS NOT NULL)
+WHERE w.id = (SELECT g.workflow_id FROM gate g WHERE g.id = %(gate_id)s
+              AND (g.name IS NOT NULL OR g.kind = 'budget_exhausted'))
 FOR UPDATE OF w
 
 -- name: get_workflow

@@ -173,6 +173,22 @@ def test_every_demo_gate_is_answered_in_the_browser_and_the_diagram_reaches_done
     given = [e for e in ledger if e["kind"] == "AnswerGiven"]
     assert len(given) == len(answered), (answered, given)
     assert {e["payload"]["by"] for e in given} == {"admin@console"}
+    # The page's cost is the ledger's: its BudgetSpent events of this workflow, summed here.
+    spent = [e for e in ledger if e["kind"] == "BudgetSpent" and e["workflow_id"] == workflow_id]
+    page.reload()  # the cost section as it stands now that the workflow is done
+    total = page.locator("#cost #cost-total")
+    assert int(total.get_attribute("data-events") or -1) == len(spent) > 0
+    assert float(total.get_attribute("data-turns") or -1) == sum(
+        e["payload"].get("turns", 0) for e in spent
+    )
+    assert float(total.get_attribute("data-dollars") or -1) == sum(
+        e["payload"].get("dollars", 0) for e in spent
+    )
+    tokens = sum(
+        e["payload"].get("input_tokens", 0) + e["payload"].get("output_tokens", 0) for e in spent
+    )
+    assert int(total.get_attribute("data-tokens") or -1) == tokens
+    assert page.locator("#cost tr.cost-engine").count() == 1  # the scripted engine
 
     target = os.environ.get("VIBEY_SCREENSHOTS_DIR")
     if target:

@@ -10,6 +10,7 @@ import pytest
 from tests.unit.test_settings import AMQP, PG, settings_error, write_toml
 from vibey.settings import EngineSettings, SettingsError, WorkflowSettings, load_settings
 from vibey.wiring import load_registry, worker_config
+from workflows.budget import Budget
 
 
 @pytest.fixture
@@ -201,3 +202,35 @@ def test_a_url_naming_another_vhost_than_the_bus_is_an_error(empty_dir: Path) ->
     env = {"VIBEY_AMQP_URL": "amqp://g:g@h:5672/x", "VIBEY_BUS_VHOST": "y"}
     with pytest.raises(SettingsError, match="names vhost 'x' but the bus vhost is 'y'"):
         load_settings(env, empty_dir)
+
+
+def test_the_default_workflow_budget_comes_from_toml_or_the_environment(tmp_path: Path) -> None:
+    assert load_settings({}, tmp_path).workflow.budget() is None
+    write_toml(tmp_path, "[workflow]\nbudget_dollars = 25\nbudget_tokens = 400000\n")
+    assert load_settings({}, tmp_path).workflow.budget() == Budget(dollars=25.0, tokens=400000)
+    env = {"VIBEY_WORKFLOW_BUDGET_DOLLARS": "7.5", "VIBEY_WORKFLOW_BUDGET_TOKENS": "1000"}
+    assert load_settings(env, tmp_path).workflow.budget() == Budget(dollars=7.5, tokens=1000)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"VIBEY_WORKFLOW_BUDGET_DOLLARS": "0"}, "VIBEY_WORKFLOW_BUDGET_DOLLARS"),
+        ({"VIBEY_WORKFLOW_BUDGET_DOLLARS": "-2"}, "more than 0"),
+        ({"VIBEY_WORKFLOW_BUDGET_DOLLARS": "nan"}, "more than 0"),
+        (
+            {"VIBEY_WORKFLOW_BUDGET_DOLLARS": "lots"},
+            "VIBEY_WORKFLOW_BUDGET_DOLLARS must be a number",
+        ),
+        ({"VIBEY_WORKFLOW_BUDGET_TOKENS": "0"}, "VIBEY_WORKFLOW_BUDGET_TOKENS"),
+        (
+            {"VIBEY_WORKFLOW_BUDGET_TOKENS": "1.5"},
+            "VIBEY_WORKFLOW_BUDGET_TOKENS must be an integer",
+        ),
+    ],
+)
+def test_a_bad_default_budget_is_a_one_line_error(
+    empty_dir: Path, env: dict[str, str], named: str
+) -> None:
+    error = settings_error(env, empty_dir)
+    assert named in error and "\n" not in error

@@ -2,7 +2,8 @@
 
 :class:`ConsoleData` is the seam: :class:`StoreData` reads through the store's read functions
 (``store.listings``, ``store.workflow_reads``, ``store.ledger``, ``store.engine_health``, the
-queue stats of ``vibey queue stats``) and answers a gate through :meth:`vibey.client.Client.
+queue stats of ``vibey queue stats``; a workflow's cost through :meth:`vibey.client.Client.cost`,
+what `vibey workflow cost` prints) and answers a gate through :meth:`vibey.client.Client.
 answer`, the path and validator of `vibey gate answer`; ``vibey.console.fake.FakeData`` is the
 in-memory one the unit tests use.
 """
@@ -19,6 +20,7 @@ from vibey.console.diagram import PhasePath, phases_entered
 
 if TYPE_CHECKING:
     from actors.queue_stats import QueueStats
+    from store.cost import WorkflowCost
     from store.db import Pool
     from store.engine_health import EngineHealth
     from store.workflow_reads import HistoryEntry, Workflow
@@ -55,6 +57,7 @@ class WorkflowDetail:
     ledger: list[LedgerEvent]  # newest first, at most ROWS_SHOWN
     ledger_total: int
     verification: LedgerVerification | None
+    cost: WorkflowCost | None = None  # tokens and dollars so far (store.cost), and the budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class StoreData:
             ledger=ledger.items,
             ledger_total=ledger.total,
             verification=Ledger(self._pool).verify(workflow.project_id) if ledger.total else None,
+            cost=self._client.cost(workflow_id),
         )
 
     def gates(self) -> list[OpenGate]:
