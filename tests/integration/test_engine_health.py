@@ -291,3 +291,43 @@ def test_candidates_reflect_the_rows(store: EngineHealthStore) -> None:
     assert store.select(BUILD, POLICY, NOW).engine_id is None  # local, switched off
     on = RotationPolicy(local_on=frozenset({"qwenloop"}))
     assert store.select(BUILD, on, NOW).engine_id == "qwenloop"
+
+
+def test_an_engine_limited_again_and_again_backs_off_and_the_steps_go_to_the_healthy_one(
+    store: EngineHealthStore,
+) -> None:
+    """Two engines, claude (weight 3) rate-limited with a 4 s reset every time it runs: the
+    steps go to codex while claude's circuit is not closed, and claude is probed (only when
+    codex cannot take the step) no sooner than its back-off: 4 s, then 30 s, then 60 s; a
+    success starts the back-off over."""
+    ready(store, "claude", weight=3)
+    ready(store, "codex", weight=1)
+    away_from_codex = Boundary(Trigger.CAPACITY_REJECTION, Phase.BUILD, rejected_by="codex")
+
+    def limited(at: datetime) -> datetime:
+        circuit = store.record_capacity("claude", WindowExhausted(at + timedelta(seconds=4)), at)
+        assert circuit.is_open and circuit.probe is not None
+        return circuit.probe.at
+
+    assert store.select(BUILD, POLICY, NOW).engine_id == "claude"
+    due = limited(NOW)
+    assert due == NOW + timedelta(seconds=4)  # the first window: the CLI's own reset
+    # Its probe is due, but every step goes to the engine whose circuit is closed.
+    steps = [store.select(BUILD, POLICY, due + timedelta(seconds=s)).engine_id for s in range(9)]
+    assert steps == ["codex"] * 9
+    assert store.get("claude").circuit.status is CircuitStatus.OPEN  # never half-opened
+    # Only with codex out of the running is claude probed; its window again: 30 s, then 60 s.
+    for wait in (30, 60):
+        at = due
+        assert store.select(away_from_codex, POLICY, at).engine_id == "claude"
+        assert store.get("claude").circuit.status is CircuitStatus.HALF_OPEN
+        due = limited(at)
+        assert due == at + timedelta(seconds=wait)
+        for before in (at + timedelta(seconds=5), due - timedelta(seconds=1)):
+            assert store.select(away_from_codex, POLICY, before).engine_id is None
+            assert store.select(BUILD, POLICY, before).engine_id == "codex"
+    # A probe that succeeds closes the circuit; the next window waits its reset alone.
+    assert store.select(away_from_codex, POLICY, due).engine_id == "claude"
+    store.record_outcome("claude", Success(), due)
+    assert store.get("claude").circuit == Circuit("claude")
+    assert limited(due) == due + timedelta(seconds=4)
