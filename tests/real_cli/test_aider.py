@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,10 @@ from actors.agents.aider import AiderAdapter
 from actors.agents.base import EngineTask, EngineVerdict
 from actors.agents.limits import UNKNOWN_RESET
 from actors.agents.roster import AgentSpec
+from actors.capabilities import detect
+from actors.worker import WorkerConfig
+from tests.acceptance.stack import Stack, stack
+from tests.amqp_fixtures import Amqp
 from tests.real_cli.conftest import ROOT, cli_version
 from tests.real_cli.openai_chat_api import (
     BAD_KEY,
@@ -256,3 +261,59 @@ def test_a_rate_limit_then_success_is_not_a_fault(aider: Aider, tmp_path: Path) 
         assert len(server.chats()) == 2
     assert verdict.status == "ok", verdict.detail
     assert git_status(workdir) == ["src/greeting.txt"]
+
+
+# -- a whole protocol workflow --------------------------------------------------------------
+
+SCRIPT = """
+[design]
+questions = [{ id = "audience", question = "Who is it for?", answers = [] }]
+
+[build]
+work_items = [{ id = "a1", title = "one" }, { id = "a2", title = "two" }]
+"""
+
+
+@pytest.fixture
+def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
+    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    connection = amqp.connect()
+    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
+    connection.close()
+    with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
+        yield running
+
+
+def test_a_protocol_workflow_completes_on_aider_with_its_evidence_in_the_ledger(
+    e2e: Stack, aider: Aider, server: ChatServer, pg_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "vibey.toml"
+    config.write_text(aider.toml(server))
+    (tmp_path / "script.toml").write_text(SCRIPT)
+    e2e.config = config
+    e2e.extra_env = {"HOME": str(aider.home)}
+    done = e2e.vibey("doctor", "--conformance", "--record", "--json", check=False, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    e2e.start_worker()
+    script = str(tmp_path / "script.toml")
+    e2e.vibey("workflow", "start", "demo", "--engines", "aider", "--script", script)
+    final = e2e.drive(["demo"], deadline_s=600)["demo"]["workflow"]
+    assert final["status"] == "completed", final
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        jobs = conn.execute(
+            "SELECT kind, attempts, engine_id FROM job WHERE project_id = 'demo'"
+        ).fetchall()
+    engine_steps = [(kind, attempts) for kind, attempts, engine in jobs if engine == "aider"]
+    assert {kind for kind, _ in engine_steps} >= {"build.implement"}, jobs
+    assert all(attempts == 1 for _, attempts in engine_steps), engine_steps
+    assert "digests match" in e2e.vibey("ledger", "verify", "demo").stdout
+    events = e2e.every("ledger", "show", "demo")
+    kinds = Counter(e["kind"] for e in events)
+    for kind in ("TurnRequested", "TurnCompleted", "BudgetSpent", "TranscriptRecorded"):
+        assert kinds[kind] >= len(engine_steps), kinds
+    edited = [e["payload"]["path"] for e in events if e["kind"] == "FileEdited"]
+    assert sorted(edited) == ["src/a1.txt", "src/a2.txt"], edited  # once per file
+    assert all(
+        p["engine"] == "aider" for p in (e["payload"] for e in events if e["kind"] == "BudgetSpent")
+    )
+    assert len(server.chats()) >= len(engine_steps)
