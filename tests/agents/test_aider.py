@@ -1,9 +1,11 @@
-"""aider's real output, as aider 0.86.2 printed it against the provider's real error bodies
+"""The aider adapter: its command line (headless, its files kept out of git), and aider's real
+output, as aider 0.86.2 printed it against the provider's real error bodies
 (tests/real_cli/openai_chat_api.py), read by the adapter: each fault class from litellm's
 exception records only, never from paths, file names or the model's own text."""
 
 from __future__ import annotations
 
+import subprocess
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -12,8 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.agents.aider import AiderAdapter, classify, error_records
+from actors.agents.base import EngineTask
 from actors.agents.cli import Reading
 from actors.agents.limits import UNKNOWN_RESET
+from actors.agents.plans import Plan, write_plan
 from actors.agents.roster import AgentSpec
 from workflows.capacity import AuthenticationFailed, CreditsExhausted, WindowExhausted
 
@@ -171,3 +175,70 @@ def test_openai_reset_durations_read_in_every_unit(
     wanted = timedelta(seconds=total)
     assert before + wanted - timedelta(seconds=1) <= state.resets_at
     assert state.resets_at <= datetime.now(UTC) + wanted + timedelta(seconds=1)
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def plan_in(workdir: Path) -> Plan:
+    task = EngineTask("build.implement", "demo", 0, "a1", 1, {"item": {"id": "a1"}}, workdir)
+    return write_plan(workdir, task, {}, "aider")
+
+
+def git(workdir: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=workdir, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_the_invocation_keeps_aider_headless_and_its_files_out_of_git(tmp_path: Path) -> None:
+    workdir = tmp_path / "repo"
+    workdir.mkdir()
+    git(workdir, "init", "-q")
+    plan = plan_in(workdir)
+    spec = AgentSpec(id="aider", adapter="aider", args=("--model", "openai/m"))
+    adapter = AiderAdapter(spec, worker_env={}, transcripts=tmp_path / "t")
+    argv = adapter.invocation(plan_task(), plan, plan.prompt)
+    assert argv[:2] == ["--message", plan.prompt]  # the loop service's run verb comes first
+    for flag in ("--no-pretty", "--no-gitignore", "--no-analytics", "--no-check-update"):
+        assert flag in argv
+    assert argv[argv.index("--edit-format") + 1] == "diff"
+    assert argv[argv.index("--read") + 1] == str(plan.md_file)
+    assert argv[-2:] == ["--model", "openai/m"]  # the engine's args last: they win
+    settings = Path(argv[argv.index("--model-settings-file") + 1])
+    assert "max_retries: 0" in settings.read_text()
+    assert adapter.environment["COLUMNS"] == "4096" and adapter.environment["BROWSER"] == "true"
+    # aider's own files (its repo-map cache at the root) are ignored, and only once
+    (workdir / ".aider.tags.cache.v4").mkdir()
+    (workdir / ".aider.tags.cache.v4" / "cache.db").write_text("x")
+    adapter.invocation(plan_task(), plan, plan.prompt)
+    assert git(workdir, "status", "--porcelain", "--untracked-files=all") == ""
+    assert (workdir / ".git" / "info" / "exclude").read_text().count(".aider*") == 1
+    assert not (workdir / ".gitignore").exists()
+
+
+def test_outside_a_repository_aider_is_told_there_is_no_git(tmp_path: Path) -> None:
+    plan = plan_in(tmp_path)
+    adapter = AiderAdapter(
+        AgentSpec(id="aider", adapter="aider"), worker_env={}, transcripts=tmp_path
+    )
+    argv = adapter.invocation(plan_task(), plan, plan.prompt)
+    assert "--no-git" in argv and "--no-gitignore" not in argv
+
+
+def test_a_model_settings_file_of_the_engine_s_own_is_left_alone(tmp_path: Path) -> None:
+    plan = plan_in(tmp_path)
+    spec = AgentSpec(id="aider", adapter="aider", args=("--model-settings-file", "mine.yml"))
+    argv = AiderAdapter(spec, worker_env={}, transcripts=tmp_path).invocation(
+        plan_task(), plan, plan.prompt
+    )
+    assert argv.count("--model-settings-file") == 1 and argv[-1] == "mine.yml"
+    env = AiderAdapter(
+        AgentSpec(id="aider", adapter="aider", env={"COLUMNS": "80"}),
+        worker_env={},
+        transcripts=tmp_path,
+    ).environment
+    assert env["COLUMNS"] == "80"  # the engine's env wins
+
+
+def plan_task() -> EngineTask:
+    return EngineTask("build.implement", "demo", 0, "a1", 1, {"item": {"id": "a1"}})
