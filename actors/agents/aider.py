@@ -11,9 +11,13 @@ aider prints human text only. What the flags are for:
   fenced block after a line is a file listing, so the reported ```` ```json ```` block is
   taken for a file and the edits are refused; ``diff`` applies only its marked blocks and
   leaves the JSON block alone, with every model (``args`` may name another format);
+* ``--read PLAN``: the plan's markdown goes into the chat, read-only (aider reads no file a
+  prompt merely names);
 * ``--no-gitignore``: aider would add ``.aider*`` to ``.gitignore``, which lands on the
   integration branch; its files are excluded through the repository's ``info/exclude``
-  instead (never committed), and its chat and input histories go to ``.vibey/aider/``;
+  instead (never committed), and its chat and input histories go to ``.vibey/aider/``.
+  Outside a repository ``--no-git`` instead: aider would offer to make one, and
+  ``--yes-always`` accept;
 * ``--no-analytics``, ``--no-check-update``, ``--no-show-release-notes``,
   ``--no-show-model-warnings``, ``--no-detect-urls``: nothing that asks, or reaches the
   network, in a headless run (``--yes-always`` would answer yes to the analytics question
@@ -27,7 +31,8 @@ aider prints human text only. What the flags are for:
 last ``Tokens: …`` line), or the verdict file. **Its errors** are litellm's exceptions, one
 record each, ``litellm.<Name>Error: <Name>Error: <Provider>Exception - <the provider's
 message>``, wrapped at the console's width (``COLUMNS`` is set wide); classification reads
-those records only, never the model's text, file names or paths:
+those records only (at the start of a line, outside the fenced blocks of a reply), never the
+model's text, file names or paths:
 
 * ``RateLimitError`` "You exceeded your current quota" / ``insufficient_quota``, an
   ``APIError`` "insufficient credits": credits spent (OpenAI sends these as 429 too);
@@ -69,6 +74,7 @@ TOKENS = re.compile(
 APPLIED = re.compile(r"^Applied edit to (.+?)\s*$", re.M)
 RECORD = re.compile(r"^litellm\.(\w+Error|Timeout):\s")
 """The first line of an error record: aider prints ``str(exc)`` of litellm's exception."""
+FENCE = re.compile(r"^\s*```")
 RECORD_END = re.compile(r"^\s*$|^Retrying in [\d.]+ seconds|^The API provider|^litellm\.")
 CREDITS = re.compile(
     r"exceeded your current quota|insufficient_quota|insufficient credits|"
@@ -196,15 +202,19 @@ class _CapacityWatch(threading.Thread):
 def error_records(stdout: str, *, complete: bool = False) -> list[ErrorRecord]:
     """The litellm exceptions aider printed, each unwrapped to one line (a record runs from
     its ``litellm.<Name>Error:`` line to a blank line, aider's own follow-up line or the
-    next record). ``complete``: only records whose end has been printed."""
+    next record); a line inside a fenced block of a reply (an edit quoting such a line) is
+    none. ``complete``: only records whose end has been printed."""
     records: list[ErrorRecord] = []
     lines = stdout.splitlines(keepends=True)
     offsets = [0]
     for line in lines:
         offsets.append(offsets[-1] + len(line))
-    index = 0
+    index, fenced = 0, False
     while index < len(lines):
-        start = RECORD.match(lines[index])
+        line = lines[index]
+        if FENCE.match(line) or TOKENS.match(line):
+            fenced = bool(FENCE.match(line)) and not fenced  # a reply ends at its Tokens line
+        start = None if fenced else RECORD.match(line)
         if start is None:
             index += 1
             continue

@@ -242,3 +242,13 @@ def test_a_model_settings_file_of_the_engine_s_own_is_left_alone(tmp_path: Path)
 
 def plan_task() -> EngineTask:
     return EngineTask("build.implement", "demo", 0, "a1", 1, {"item": {"id": "a1"}})
+
+
+def test_an_edit_that_quotes_an_error_line_is_no_error_record() -> None:
+    quoted = "fixtures/log.txt\n```\n<<<<<<< SEARCH\n=======\n" + QUOTA + ">>>>>>> REPLACE\n```\n"
+    reading = read(quoted + "\nTokens: 1.2k sent, 56 received.\n")
+    assert reading.capacity is None and reading.error is None
+    # after the reply, aider's own records count again
+    assert isinstance(
+        read(quoted + "\nTokens: 1k sent, 5 received.\n" + QUOTA).capacity, CreditsExhausted
+    )
