@@ -23,6 +23,7 @@ from workflows.capacity import (
 from workflows.circuit import (
     ENGINE_FAILURE_THRESHOLD,
     NO_CLAIM,
+    PROBE_IN_FLIGHT,
     AttemptFailed,
     CapacityRejected,
     Circuit,
@@ -218,6 +219,17 @@ def test_a_success_starts_the_back_off_over(before: list[timedelta], reset: time
     assert closed == Circuit("claude")
     again = record(closed, CapacityRejected(WindowExhausted(at + reset)), at)
     assert again.probe == DeadlineProbe(at + reset)
+
+
+def test_a_probe_is_in_flight_from_its_start_until_its_outcome_or_the_longest_lease() -> None:
+    opened = record(Circuit("claude"), CapacityRejected(WindowExhausted(NOW)), NOW)
+    assert not opened.probing(NOW) and not Circuit("claude").probing(NOW)
+    later = NOW + timedelta(hours=5)  # picked long after its probe fell due
+    probing = half_open(opened, later)
+    assert probing.probe == DeadlineProbe(later)
+    assert probing.probing(later + PROBE_IN_FLIGHT - timedelta(seconds=1))
+    assert not probing.probing(later + PROBE_IN_FLIGHT)  # its outcome never came back
+    assert not record(probing, Success(), later).probing(later)
 
 
 def test_a_half_open_engine_failure_reopens_at_once() -> None:

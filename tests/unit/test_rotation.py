@@ -260,65 +260,63 @@ def test_with_every_local_engine_off_or_ineligible_the_remote_ones_rotate() -> N
     assert rotate(LOCAL, RotationState(), forced, on, NOW).considered == ("claude", "codex")
 
 
-# -- closed circuits first -----------------------------------------------------------------
+# -- no step joins a probe in flight -------------------------------------------------------
 
 health_maps = st.dictionaries(
     engine_ids, st.tuples(st.integers(0, 12), st.booleans()), min_size=1, max_size=6
 )
 
 
-def with_circuits(healths: dict[str, tuple[int, bool]]) -> list[Candidate]:
-    """Eligible candidates (a half-open circuit admits work), closed or not."""
+def with_probes(healths: dict[str, tuple[int, bool]]) -> list[Candidate]:
+    """Eligible candidates (a half-open circuit admits work), probing or not."""
     return [
-        Candidate(e, weight=w, authenticated_at=FRESH, circuit_closed=closed)
-        for e, (w, closed) in healths.items()
+        Candidate(e, weight=w, authenticated_at=FRESH, probing=probing)
+        for e, (w, probing) in healths.items()
     ]
 
 
 @given(healths=health_maps, n=st.integers(1, 30))
-def test_a_step_prefers_an_engine_whose_circuit_is_closed(
+def test_a_step_prefers_an_engine_whose_circuit_is_not_half_open(
     healths: dict[str, tuple[int, bool]], n: int
 ) -> None:
-    """While any eligible engine with weight has a closed circuit, no half-open one is picked;
+    """While any eligible engine with weight is not being probed, no half-open one is picked;
     with none, the half-open ones rotate as before."""
-    candidates = with_circuits(healths)
-    closed = {e for e, (w, ok) in healths.items() if ok and w > 0}
+    candidates = with_probes(healths)
+    settled = {e for e, (w, probing) in healths.items() if not probing and w > 0}
     state, chosen = RotationState(), []
     for _ in range(n):
         selection = rotate(candidates, state, BUILD, RotationPolicy(), NOW)
         state = selection.state
         chosen.append(selection.engine_id)
-        if closed:
-            assert set(selection.considered) == closed
-    if closed:
-        assert set(chosen) <= closed
+        if settled:
+            assert set(selection.considered) == settled
+    if settled:
+        assert set(chosen) <= settled
     elif any(w > 0 for w, _ in healths.values()):
         assert None not in chosen
 
 
-@given(weights=weight_maps, half_open=st.sets(engine_ids, max_size=3))
-def test_among_closed_engines_the_round_robin_keeps_its_weights(
-    weights: dict[str, int], half_open: set[str]
+@given(weights=weight_maps, probing=st.sets(engine_ids, max_size=3))
+def test_the_round_robin_keeps_its_weights_over_the_engines_not_probed(
+    weights: dict[str, int], probing: set[str]
 ) -> None:
-    """SWRR's weight fidelity holds over the closed engines whatever half-open ones stand by."""
-    closed = {e: w for e, w in weights.items() if e not in half_open}
-    if not any(closed.values()):
+    """SWRR's weight fidelity holds over the engines not being probed, whatever half-open
+    ones stand by."""
+    settled = {e: w for e, w in weights.items() if e not in probing}
+    if not any(settled.values()):
         return
-    extra = [
-        Candidate(e, weight=3, authenticated_at=FRESH, circuit_closed=False)
-        for e in half_open - set(weights)
-    ]
-    candidates = [*candidates_of(closed), *extra]
+    extra = [Candidate(e, weight=3, authenticated_at=FRESH, probing=True) for e in probing]
+    candidates = [*candidates_of(settled), *extra]
     state, chosen = RotationState(), []
-    for _ in range(sum(closed.values())):
+    for _ in range(sum(settled.values())):
         selection = rotate(candidates, state, BUILD, RotationPolicy(), NOW)
         state = selection.state
         chosen.append(selection.engine_id)
-    assert Counter(chosen) == Counter({e: w for e, w in closed.items() if w > 0})
+    assert Counter(chosen) == Counter({e: w for e, w in settled.items() if w > 0})
 
 
-def test_a_half_open_engine_is_probed_when_no_closed_one_is_eligible() -> None:
-    limited = Candidate("claude", weight=3, authenticated_at=FRESH, circuit_closed=False)
+def test_a_half_open_engine_takes_a_step_only_when_no_other_is_eligible() -> None:
+    limited = Candidate("claude", weight=3, authenticated_at=FRESH, probing=True)
     healthy = Candidate("codex", weight=1, authenticated_at=FRESH)
     both = [limited, healthy]
     assert rotate(both, RotationState(), BUILD, RotationPolicy(), NOW).engine_id == "codex"
@@ -326,8 +324,8 @@ def test_a_half_open_engine_is_probed_when_no_closed_one_is_eligible() -> None:
     assert rotate(both, RotationState(), forced, RotationPolicy(), NOW).engine_id == "claude"
 
 
-def test_a_closed_remote_engine_goes_before_a_half_open_local_one() -> None:
-    local = Candidate("gptossloop", 1, authenticated_at=FRESH, local=True, circuit_closed=False)
+def test_a_remote_engine_goes_before_a_half_open_local_one() -> None:
+    local = Candidate("gptossloop", 1, authenticated_at=FRESH, local=True, probing=True)
     remote = Candidate("codex", weight=1, authenticated_at=FRESH)
     policy = RotationPolicy(local_on=frozenset({"gptossloop"}))
     assert rotate([local, remote], RotationState(), BUILD, policy, NOW).considered == ("codex",)
