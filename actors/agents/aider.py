@@ -41,18 +41,17 @@ model's text, file names or paths:
   (``limits.UNKNOWN_RESET`` when it names none).
 
 aider retries a rate limit itself (0.25 s doubling to 32 s, about 64 s, hard-coded) and then
-exits 0 without the change. A run here is stopped at the first capacity record (its class
-does not change by waiting), and, since aider has been seen to exit 0 without making the
-change, it is judged by the worktree (the shared rule of :mod:`actors.agents.cli`). Its tokens
-and cost come from its "Tokens: 2.3k sent, 1.1k received. Cost: $0.01 message, $0.02
-session." lines.
+exits 0 without the change. A run here is stopped at the first capacity record
+(``Reading.decided``: its class does not change by waiting), and, since aider has been seen to
+exit 0 without making the change, it is judged by the worktree (the shared rule of
+:mod:`actors.agents.cli`). Its tokens and cost come from its "Tokens: 2.3k sent, 1.1k
+received. Cost: $0.01 message, $0.02 session." lines.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -63,7 +62,6 @@ from actors.agents import limits
 from actors.agents.base import EngineTask
 from actors.agents.cli import CliAdapter, Reading
 from actors.agents.plans import Plan
-from actors.agents.process import Exit, run_supervised
 from actors.agents.roster import AgentSpec
 from workflows.capacity import AuthenticationFailed, CreditsExhausted, Exhausted
 
@@ -87,7 +85,6 @@ _UNIT = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 STATE_DIR = "aider"  # under <workdir>/.vibey/
 SETTINGS = "- name: aider/extra_params\n  extra_params:\n    max_retries: 0\n"
-POLL_S = 0.25
 EXTRA_ENV: Mapping[str, str] = {"COLUMNS": "4096", "BROWSER": "true"}
 """Set unless the engine's ``env`` says: a wide console keeps paths and messages on one line,
 and no browser opens for the links of an error."""
@@ -146,6 +143,10 @@ class AiderAdapter(CliAdapter):
         records = error_records(stdout)
         reading.capacity = next((c for c in map(classify, records) if c is not None), None)
         if reading.capacity is not None:
+            # Decided once the record is whole: aider's retries would only wait out a class
+            # that waiting does not change (vibey's circuit does the waiting), so the run stops.
+            whole = error_records(stdout, complete=True)
+            reading.decided = any(classify(record) is not None for record in whole)
             return reading
         if records and (not tokens or records[-1].at > tokens[-1].start()):
             # aider gave up after its retries (and exits 0): the last request failed.
@@ -153,50 +154,6 @@ class AiderAdapter(CliAdapter):
         elif returncode != 0:
             reading.error = stderr.strip()[-300:] or f"exit {returncode}"
         return reading
-
-    def _supervised(self, argv: Any, workdir: Path, out: Any, err: Any, held: Any) -> Exit:
-        """The run, stopped at aider's first capacity record: its own retry loop would only
-        wait out a class that waiting does not change (vibey's circuit does the waiting)."""
-        stop = threading.Event()
-        watch = _CapacityWatch(Path(out.name), stop)
-        watch.start()
-        try:
-            return run_supervised(
-                argv,
-                cwd=workdir,
-                env=self._env,
-                stdout=out,
-                stderr=err,
-                timeout=self.spec.timeout_seconds,
-                grace=self._grace,
-                lock_fd=None if held is None else held.fd,
-                stop=stop,
-                on_start=None if held is None else held.started,
-            )
-        finally:
-            watch.done.set()
-            watch.join(timeout=5)
-
-
-class _CapacityWatch(threading.Thread):
-    """Sets ``stop`` once the transcript holds a capacity record."""
-
-    def __init__(self, transcript: Path, stop: threading.Event) -> None:
-        super().__init__(name="aider-capacity", daemon=True)
-        self._transcript, self._stopping = transcript, stop
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(POLL_S):
-            try:
-                text = self._transcript.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            # A record is complete once aider's next line ("Retrying in …") or more follows.
-            whole = text[: text.rfind("\n") + 1]
-            if any(classify(r) for r in error_records(whole, complete=True)):
-                self._stopping.set()
-                return
 
 
 def error_records(stdout: str, *, complete: bool = False) -> list[ErrorRecord]:

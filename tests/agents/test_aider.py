@@ -252,3 +252,10 @@ def test_an_edit_that_quotes_an_error_line_is_no_error_record() -> None:
     assert isinstance(
         read(quoted + "\nTokens: 1k sent, 5 received.\n" + QUOTA).capacity, CreditsExhausted
     )
+
+
+def test_a_whole_capacity_record_decides_the_run_and_stops_aider_s_retries() -> None:
+    assert read(QUOTA).decided and read(BAD_KEY).decided and read(RATE_LIMIT).decided
+    first_line = QUOTA.splitlines(keepends=True)[0]
+    assert not read(first_line).decided  # its end not printed yet (a wrapped record)
+    assert not read(SERVER_ERROR).decided and not read(SUCCESS).decided
