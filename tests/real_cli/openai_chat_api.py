@@ -13,7 +13,7 @@ repeats):
   answers a build.implement with an aider SEARCH/REPLACE block that creates ``src/<item>.txt``
   (what vibey's scripted engine writes) and every kind with its result as a fenced ``json``
   block at the end of the message; a request that names no plan (aider's reflection after a
-  failed edit, say) gets the result alone;
+  failed edit, say) gets ``{"status": "done"}`` alone;
 * :func:`error` replies the provider's real error: :data:`RATE_LIMIT` (429
   ``rate_limit_exceeded`` with "Please try again in 20s" and the ``x-ratelimit-reset-*``
   headers), :data:`RATE_LIMIT_NO_RESET` (429 with no time), :data:`QUOTA` (429
