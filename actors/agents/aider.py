@@ -85,9 +85,19 @@ _UNIT = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 STATE_DIR = "aider"  # under <workdir>/.vibey/
 SETTINGS = "- name: aider/extra_params\n  extra_params:\n    max_retries: 0\n"
-EXTRA_ENV: Mapping[str, str] = {"COLUMNS": "4096", "BROWSER": "true"}
+EXTRA_ENV: Mapping[str, str] = {
+    "COLUMNS": "4096",
+    "BROWSER": "true",
+    "GIT_CONFIG_COUNT": "2",
+    "GIT_CONFIG_KEY_0": "user.name",
+    "GIT_CONFIG_VALUE_0": "vibey",
+    "GIT_CONFIG_KEY_1": "user.email",
+    "GIT_CONFIG_VALUE_1": "vibey@localhost",
+}
 """Set unless the engine's ``env`` says: a wide console keeps paths and messages on one line,
-and no browser opens for the links of an error."""
+no browser opens for the links of an error, and git names an author (without one aider
+writes "Your Name" into the repository's ``.git/config``, read-only in a confined run, and
+crashes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +116,10 @@ class AiderAdapter(CliAdapter):
     def __init__(self, spec: AgentSpec, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
         # A wide console keeps paths and messages on one line; no browser opens headless.
-        self._env = {**EXTRA_ENV, **self._env}
+        extra = {k: v for k, v in EXTRA_ENV.items() if not k.startswith("GIT_CONFIG")}
+        if "GIT_CONFIG_COUNT" not in self._env:
+            extra = dict(EXTRA_ENV)
+        self._env = {**extra, **self._env}
 
     def invocation(self, task: EngineTask, plan: Plan, prompt: str) -> list[str]:
         state = plan.json_file.parent.parent / STATE_DIR
