@@ -127,6 +127,7 @@ class EngineHealth:
             installed=self.installed,
             authenticated_at=self.authenticated_at,
             circuit_admits=self.circuit.admits(now),
+            probing=self.circuit.probing(now),
             capabilities=self.capabilities,
             local=self.local,
         )

@@ -120,23 +120,36 @@ Probe: TypeAlias = BackoffProbe | DeadlineProbe
 
 PROBE_BACKOFF = BackoffPolicy(base=timedelta(minutes=1), cap=timedelta(hours=1), jitter=0.0)
 """1, 2, 4 … minutes between probes, never more than an hour apart."""
+WINDOW_BACKOFF = BackoffPolicy(base=timedelta(seconds=30), cap=timedelta(minutes=30), jitter=0.0)
+"""A window met again by the probe of the last one (no success in between): at least 30 s,
+1, 2, 4 … minutes from then, never more than half an hour, however short its stated reset."""
 
 
 def schedule_probe(
-    state: CapacityState, now: datetime, attempt: int, policy: BackoffPolicy = PROBE_BACKOFF
+    state: CapacityState,
+    now: datetime,
+    attempt: int,
+    policy: BackoffPolicy = PROBE_BACKOFF,
+    windows: BackoffPolicy = WINDOW_BACKOFF,
 ) -> Probe:
     """When to probe an engine next, given its capacity state and how many probes came before.
 
     A :class:`WindowExhausted` gets a :class:`DeadlineProbe` at its ``resets_at`` (or ``now``
-    if that has passed). Every other state gets a :class:`BackoffProbe`: for credits there is
-    no time to wait for, for a failed login there is a doctor to rerun, and an engine whose
-    capacity is fine but whose circuit opened on engine failures is simply tried again later.
-    ``attempt`` counts from 1.
+    if that has passed) the first time; a window that the probe of the last one met again
+    (``attempt`` > 1: no success in between) is probed no sooner than ``backoff(attempt - 1,
+    windows)`` from ``now``, so an engine that is rate-limited again and again is left alone
+    longer each time, whatever short reset its CLI names (the later of the two). Every other
+    state gets a :class:`BackoffProbe`: for credits there is no time to wait for, for a failed
+    login there is a doctor to rerun, and an engine whose capacity is fine but whose circuit
+    opened on engine failures is simply tried again later. ``attempt`` counts from 1.
     """
     if attempt < 1:
         raise ValueError(f"attempt counts from 1, got {attempt}")
     if isinstance(state, WindowExhausted):
-        return DeadlineProbe(at=max(state.resets_at, now))
+        at = max(state.resets_at, now)
+        if attempt > 1:
+            at = max(at, now + backoff(attempt - 1, windows))
+        return DeadlineProbe(at=at)
     return BackoffProbe(at=now + backoff(attempt, policy), attempt=attempt)
 
 

@@ -16,7 +16,10 @@ One circuit per engine::
   reset time, so it is recorded as :class:`CreditsExhausted`: without evidence of a window,
   nothing waits for a time;
 * only a half-open probe's success closes the circuit; a late success from a run that began
-  before the circuit opened proves nothing about capacity now.
+  before the circuit opened proves nothing about capacity now;
+* a window that the probe of the last one meets again (no success in between) keeps the
+  circuit open longer each time (:func:`workflows.capacity.schedule_probe`), and while a probe
+  is in flight (:meth:`Circuit.probing`) rotation sends other steps to other engines.
 
 :func:`settle_verdict` reads every event a step produced and settles it: any capacity
 rejection makes the outcome a capacity outcome, whatever else the step claimed.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeAlias
 
 from workflows.capacity import (
@@ -47,6 +50,10 @@ from workflows.capacity import (
 from workflows.job import FailureClass
 
 ENGINE_FAILURE_THRESHOLD = 3
+PROBE_IN_FLIGHT = timedelta(hours=2)
+"""How long a half-open circuit's probe counts as running (build.implement's lease, the
+longest a step holds): a probe whose outcome never came back (its worker lost) stops keeping
+steps away after that."""
 AVAILABLE = Available()
 
 
@@ -103,6 +110,13 @@ class Circuit:
     def probe_due(self, now: datetime) -> bool:
         return self.is_open and self.probe is not None and now >= self.probe.at
 
+    def probing(self, now: datetime) -> bool:
+        """Whether a probe is in flight: half-open, its probe started less than
+        :data:`PROBE_IN_FLIGHT` ago (rotation sends other steps elsewhere meanwhile)."""
+        if self.status is not CircuitStatus.HALF_OPEN or self.probe is None:
+            return False
+        return now < self.probe.at + PROBE_IN_FLIGHT
+
     def admits(self, now: datetime) -> bool:
         """Whether rotation may pick this engine: closed, half-open, or open with its probe
         due (picking it is the probe)."""
@@ -123,11 +137,11 @@ def record(circuit: Circuit, outcome: Outcome, now: datetime) -> Circuit:
 
 
 def half_open(circuit: Circuit, now: datetime) -> Circuit:
-    """An open circuit whose probe is due, moved to half-open (the next attempt is the probe);
-    any other circuit unchanged."""
-    if not circuit.probe_due(now):
+    """An open circuit whose probe is due, moved to half-open (the next attempt is the probe,
+    its ``probe.at`` now when it started); any other circuit unchanged."""
+    if not circuit.probe_due(now) or circuit.probe is None:
         return circuit
-    return replace(circuit, status=CircuitStatus.HALF_OPEN)
+    return replace(circuit, status=CircuitStatus.HALF_OPEN, probe=replace(circuit.probe, at=now))
 
 
 def reauthenticated(circuit: Circuit, now: datetime) -> Circuit:

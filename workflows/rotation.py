@@ -7,8 +7,13 @@ An engine is *eligible* when it is installed, authenticated (its doctor passed w
 :attr:`RotationPolicy.doctor_ttl` of ``now``), its circuit admits work (not open, or open with
 its probe due), it has every capability the boundary requires, the phase's allow-list (if the
 phase has one) names it, it is not the engine a forced rotation excludes, and, for a local
-engine, its switch is on. When any eligible local engine has weight, only local engines are
-considered (local first); otherwise every eligible engine is.
+engine, its switch is on. **No step joins a probe in flight**: an engine whose circuit is
+half-open (rotation picked it for its probe, whose outcome is not in yet) is considered only
+when no other eligible engine with weight is, so while a rate-limited engine is being probed
+every other step goes to a healthy one. (An open engine whose probe is due is a candidate like
+any other: picking it is its probe, one step, and a window met again backs off further, see
+:func:`workflows.capacity.schedule_probe`.) Then, when any of those is a local engine with
+weight, only local engines are considered (local first); otherwise all of them are.
 
 Among those, :func:`select` is nginx's smooth weighted round robin: every candidate's current
 weight grows by its weight, the largest current weight wins (ties to the smaller engine id) and
@@ -60,6 +65,8 @@ class Candidate:
     authenticated_at: datetime | None = None
     """When its doctor last passed; ``None``: never, so never eligible."""
     circuit_admits: bool = True
+    probing: bool = False
+    """Its circuit is half-open: a probe is in flight (see :meth:`Circuit.probing`)."""
     capabilities: frozenset[str] = frozenset()
     local: bool = False
 
@@ -166,8 +173,10 @@ def rotate(
             eligible.append(candidate)
         else:
             ineligible.append((candidate.engine_id, why))
-    local = [c for c in eligible if c.local and c.weight > 0]
-    pool = local if policy.prefer_local and local else eligible
+    settled = [c for c in eligible if not c.probing and c.weight > 0]
+    healthy = settled or eligible
+    local = [c for c in healthy if c.local and c.weight > 0]
+    pool = local if policy.prefer_local and local else healthy
     chosen, new_state = select(pool, state)
     return Selection(chosen, new_state, tuple(c.engine_id for c in pool), tuple(ineligible))
 

@@ -60,6 +60,20 @@ from workflows.strict_schema import encode, strict_problem, with_failure_report
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = str(ROOT)  # a confined fake reads vibey from here: its engine's read_allow
 RESET = 1_900_000_000  # 2030-03-17: a reset time the tests can recognise
+AIDER_FLAGS = (
+    "--yes-always",
+    "--no-pretty",
+    "--no-stream",
+    "--no-auto-commits",
+    "--no-dirty-commits",
+    "--no-gitignore",
+    "--no-git",
+    "--no-analytics",
+    "--no-check-update",
+    "--no-show-release-notes",
+    "--no-show-model-warnings",
+    "--no-detect-urls",
+)
 
 
 def install(directory: Path) -> dict[str, Path]:
@@ -103,10 +117,12 @@ def parser(cli: str) -> argparse.ArgumentParser:
         p.add_argument("-m", "--model")
     else:
         p.add_argument("--message", dest="prompt", required=True)
-        p.add_argument("--yes-always", action="store_true")
-        p.add_argument("--no-stream", action="store_true")
-        p.add_argument("--no-auto-commits", action="store_true")
-        p.add_argument("--no-check-update", action="store_true")
+        p.add_argument("--read", action="append")
+        p.add_argument("--edit-format", choices=["diff", "whole", "udiff", "diff-fenced"])
+        for value in ("--chat-history-file", "--input-history-file", "--model-settings-file"):
+            p.add_argument(value)
+        for flag in AIDER_FLAGS:
+            p.add_argument(flag, action="store_true")
         p.add_argument("--model")
     p.add_argument("--version", action="store_true")
     return p
@@ -573,7 +589,11 @@ def _gemini_stats(tokens: int) -> dict[str, Any]:
 
 
 def aider(scenario: str, args: argparse.Namespace) -> None:
-    print("Aider v9.9.9 (fake)\nMain model: fake with diff edit format", flush=True)
+    """aider 0.86 with ``--no-pretty``: its banner, litellm's exception text for an API error
+    (then "Retrying in …" for a retried one; aider exits 0 either way), the reply verbatim,
+    its "Tokens:" line and "Applied edit to" per file."""
+    print(f"Aider v9.9.9 (fake)\nModel: openai/fake with {args.edit_format} edit format")
+    print("Git repo: .git with 1 files\nRepo-map: using 1024 tokens, auto refresh\n", flush=True)
     if scenario in ("hang", "crash"):
         if scenario == "hang":
             time.sleep(600)
@@ -581,19 +601,36 @@ def aider(scenario: str, args: argparse.Namespace) -> None:
     if scenario == "garbage":
         print("\x00\x01 nothing to see", flush=True)
         return
+    exception = "OpenAIException - Error code: 429"
     fail = {
-        "window": "litellm.RateLimitError: rate limit exceeded. Please try again in 60s",
-        "credits": "litellm.BadRequestError: Your credit balance is too low to access the API",
-        "auth": "litellm.AuthenticationError: invalid x-api-key",
+        "window": f"RateLimitError: RateLimitError: {exception} - Rate limit reached for fake "
+        "in organization org-fake on requests per min (RPM): Limit 3, Used 3, Requested 1. "
+        "Please try again in 60s. Visit https://platform.openai.com/account/rate-limits to "
+        "learn more. You can increase your rate limit by adding a payment method to your "
+        "account at https://platform.openai.com/account/billing.",
+        "credits": f"RateLimitError: RateLimitError: {exception} - You exceeded your current "
+        "quota, please check your plan and billing details. For more information on this "
+        "error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.",
+        "auth": "AuthenticationError: AuthenticationError: OpenAIException - Incorrect API key "
+        "provided: sk-fake. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
     }
     if scenario in fail:
-        print(fail[scenario], flush=True)
-        sys.exit(1)
+        print(f"litellm.{fail[scenario]}")
+        if scenario == "auth":
+            print("The API provider is not able to authenticate you. Check your API key.")
+        else:
+            print("The API provider has rate limited you. Try again later or check your quotas.")
+            print("Retrying in 0.2 seconds...")
+        return
     result, files = (
         work(plan_of(args.prompt)) if scenario == "success" else ({"status": "done"}, [])
     )
+    print("I will make the change.\n")
     for path in files:
-        print(f"Applied edit to {path}")
-    pause()
-    print("Tokens: 2.3k sent, 1.1k received. Cost: $0.01 message, $0.02 session.")
+        print(f"{path}\n```\n<<<<<<< SEARCH\n=======\nthe new text\n>>>>>>> REPLACE\n```\n")
     print(fenced(result))
+    print("\nTokens: 2.3k sent, 1.1k received. Cost: $0.01 message, $0.02 session.\n")
+    for path in files:
+        print(f"Applied edit to {path}", flush=True)
+    pause()

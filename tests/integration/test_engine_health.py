@@ -291,3 +291,43 @@ def test_candidates_reflect_the_rows(store: EngineHealthStore) -> None:
     assert store.select(BUILD, POLICY, NOW).engine_id is None  # local, switched off
     on = RotationPolicy(local_on=frozenset({"qwenloop"}))
     assert store.select(BUILD, on, NOW).engine_id == "qwenloop"
+
+
+def test_an_engine_limited_again_and_again_backs_off_and_the_steps_go_to_the_healthy_one(
+    store: EngineHealthStore,
+) -> None:
+    """Two engines, claude (weight 3) rate-limited with a 4 s reset every time it runs: every
+    step goes to codex except claude's probes, one per back-off (4 s, then 30 s, then 60 s:
+    never sooner, however short the reset it names), and none joins a probe in flight; a
+    success starts the back-off over."""
+    ready(store, "claude", weight=3)
+    ready(store, "codex", weight=1)
+    second = timedelta(seconds=1)
+
+    def limited(at: datetime) -> datetime:
+        circuit = store.record_capacity("claude", WindowExhausted(at + 4 * second), at)
+        assert circuit.is_open and circuit.probe is not None
+        return circuit.probe.at
+
+    def steps(start: datetime, end: datetime) -> list[str | None]:
+        """A step a second from ``start`` to ``end`` (excluded)."""
+        count = int((end - start) / second)
+        return [store.select(BUILD, POLICY, start + n * second).engine_id for n in range(count)]
+
+    assert store.select(BUILD, POLICY, NOW).engine_id == "claude"
+    due = limited(NOW)
+    assert due == NOW + 4 * second  # the first window: the CLI's own reset
+    assert set(steps(NOW, due)) == {"codex"}
+    for wait in (30, 60):
+        assert store.select(BUILD, POLICY, due).engine_id == "claude"  # its probe
+        assert store.get("claude").circuit.status is CircuitStatus.HALF_OPEN
+        # the probe runs for 3 s: no other step joins it
+        assert steps(due + second, due + 3 * second) == ["codex", "codex"]
+        at = due + 3 * second
+        due = limited(at)
+        assert due == at + wait * second
+        assert set(steps(at, due)) == {"codex"}  # not re-picked before its back-off passed
+    assert store.select(BUILD, POLICY, due).engine_id == "claude"
+    store.record_outcome("claude", Success(), due)  # the probe that succeeds closes it
+    assert store.get("claude").circuit == Circuit("claude")
+    assert limited(due) == due + 4 * second  # and the back-off starts over

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from workflows.capacity import (
     PROBE_BACKOFF,
+    WINDOW_BACKOFF,
     AuthenticationFailed,
     Available,
     BackoffProbe,
@@ -103,9 +104,49 @@ def test_only_a_window_yields_a_deadline_probe(
 ) -> None:
     probe = schedule_probe(state, now, attempt)
     if isinstance(state, WindowExhausted):
-        assert probe == DeadlineProbe(at=max(state.resets_at, now))
+        assert isinstance(probe, DeadlineProbe) and probe.at >= max(state.resets_at, now)
     else:
         assert isinstance(probe, BackoffProbe)
+
+
+@given(state=st.builds(WindowExhausted, resets_at=aware, detail=details), now=aware)
+def test_a_first_window_is_probed_at_its_reset_exactly(
+    state: WindowExhausted, now: datetime
+) -> None:
+    assert schedule_probe(state, now, 1) == DeadlineProbe(at=max(state.resets_at, now))
+
+
+# -- repeated windows back off -------------------------------------------------------------
+
+
+@given(
+    resets_in=st.timedeltas(min_value=timedelta(0), max_value=timedelta(hours=6)),
+    attempt=attempts,
+)
+def test_a_repeated_window_backs_off_monotonically(resets_in: timedelta, attempt: int) -> None:
+    """Each window the probe of the last one met again waits at least as long as the one
+    before it, and never less than the reset its CLI named."""
+    window = WindowExhausted(NOW + resets_in)
+    this, following = (schedule_probe(window, NOW, n).at for n in (attempt, attempt + 1))
+    assert NOW + resets_in <= this <= following
+
+
+@given(
+    resets_in=st.timedeltas(min_value=timedelta(0), max_value=timedelta(hours=6)),
+    attempt=attempts,
+)
+def test_a_repeated_window_backoff_is_capped(resets_in: timedelta, attempt: int) -> None:
+    """Never later than the cap, unless the CLI itself named a later reset."""
+    probe = schedule_probe(WindowExhausted(NOW + resets_in), NOW, attempt)
+    assert probe.at <= NOW + max(resets_in, WINDOW_BACKOFF.cap)
+
+
+def test_a_short_reset_met_again_and_again_is_left_alone_longer_each_time() -> None:
+    """A 4 s window (a per-minute limit): 4 s, then 30 s, 1, 2, 4 … minutes, at most 30."""
+    window = WindowExhausted(NOW + timedelta(seconds=4))
+    waits = [schedule_probe(window, NOW, n).at - NOW for n in range(1, 10)]
+    seconds = [4, 30, 60, 120, 240, 480, 960, 1800, 1800]
+    assert waits == [timedelta(seconds=s) for s in seconds]
 
 
 @given(resets_in=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=7)))
@@ -116,7 +157,7 @@ def test_a_window_is_probed_at_its_reset(resets_in: timedelta) -> None:
 
 
 def test_a_window_already_reset_is_probed_now() -> None:
-    assert schedule_probe(WindowExhausted(NOW - timedelta(hours=1)), NOW, 4) == DeadlineProbe(NOW)
+    assert schedule_probe(WindowExhausted(NOW - timedelta(hours=1)), NOW, 1) == DeadlineProbe(NOW)
 
 
 @given(state=st.sampled_from([CreditsExhausted(), AuthenticationFailed(), Available()]))

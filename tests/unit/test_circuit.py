@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workflows.capacity import (
+    WINDOW_BACKOFF,
     AuthenticationFailed,
     Available,
     BackoffProbe,
@@ -22,6 +23,7 @@ from workflows.capacity import (
 from workflows.circuit import (
     ENGINE_FAILURE_THRESHOLD,
     NO_CLAIM,
+    PROBE_IN_FLIGHT,
     AttemptFailed,
     CapacityRejected,
     Circuit,
@@ -97,8 +99,10 @@ def test_a_capacity_rejection_opens_the_circuit_at_once(
         opened = record(circuit, CapacityRejected(state), later)
         assert opened.status is CircuitStatus.OPEN
         assert opened.capacity == state
-        # Only a window that has already reset is due for its probe at once.
+        # Only a window that has already reset, the first since the circuit last closed
+        # (a repeated one backs off), is due for its probe at once.
         already_reset = isinstance(state, WindowExhausted) and state.resets_at <= later
+        already_reset = already_reset and opened.probes == 0
         assert opened.admits(later) == already_reset
 
 
@@ -174,6 +178,58 @@ def test_failed_credit_probes_back_off_further_each_time() -> None:
         circuit = record(half_open(circuit, now), CapacityRejected(CreditsExhausted()), now)
     assert waits == [timedelta(minutes=m) for m in (1, 2, 4, 8, 16)]
     assert circuit.probes == 5 and circuit.opened_at == NOW
+
+
+resets = st.timedeltas(min_value=timedelta(0), max_value=timedelta(hours=2))
+
+
+def windows_met_by_their_probes(
+    first: Circuit, start: datetime, resets_in: list[timedelta]
+) -> tuple[Circuit, list[timedelta]]:
+    """Each window's probe (at its due time) meets another window: how long each kept the
+    circuit open."""
+    circuit, now, open_for = first, start, []
+    for reset in resets_in:
+        circuit = record(
+            half_open(circuit, now), CapacityRejected(WindowExhausted(now + reset)), now
+        )
+        assert circuit.probe is not None
+        open_for.append(circuit.probe.at - now)
+        now = circuit.probe.at
+    return circuit, open_for
+
+
+@given(reset=resets, n=st.integers(min_value=2, max_value=20))
+def test_repeated_windows_keep_the_circuit_open_longer_each_time(reset: timedelta, n: int) -> None:
+    _, open_for = windows_met_by_their_probes(Circuit("claude"), NOW, [reset] * n)
+    assert open_for[0] == reset  # the first: the CLI's own reset
+    assert open_for == sorted(open_for)  # monotone
+    assert all(wait >= reset for wait in open_for)  # never before the stated reset
+    assert all(wait <= max(reset, WINDOW_BACKOFF.cap) for wait in open_for)  # capped
+    if reset < WINDOW_BACKOFF.base:
+        assert open_for[1] > reset  # even a short stated reset backs off
+
+
+@given(before=st.lists(resets, min_size=1, max_size=10), reset=resets)
+def test_a_success_starts_the_back_off_over(before: list[timedelta], reset: timedelta) -> None:
+    limited, _ = windows_met_by_their_probes(Circuit("claude"), NOW, before)
+    assert limited.probe is not None
+    at = limited.probe.at
+    closed = record(half_open(limited, at), Success(), at)
+    assert closed == Circuit("claude")
+    again = record(closed, CapacityRejected(WindowExhausted(at + reset)), at)
+    assert again.probe == DeadlineProbe(at + reset)
+
+
+def test_a_probe_is_in_flight_from_its_start_until_its_outcome_or_the_longest_lease() -> None:
+    opened = record(Circuit("claude"), CapacityRejected(WindowExhausted(NOW)), NOW)
+    assert not opened.probing(NOW) and not Circuit("claude").probing(NOW)
+    later = NOW + timedelta(hours=5)  # picked long after its probe fell due
+    probing = half_open(opened, later)
+    assert probing.probe == DeadlineProbe(later)
+    assert probing.probing(later + PROBE_IN_FLIGHT - timedelta(seconds=1))
+    assert not probing.probing(later + PROBE_IN_FLIGHT)  # its outcome never came back
+    assert not record(probing, Success(), later).probing(later)
 
 
 def test_a_half_open_engine_failure_reopens_at_once() -> None:

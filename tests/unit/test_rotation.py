@@ -258,3 +258,74 @@ def test_with_every_local_engine_off_or_ineligible_the_remote_ones_rotate() -> N
     forced = Boundary(Trigger.CAPACITY_REJECTION, Phase.BUILD, rejected_by="gptossloop")
     on = RotationPolicy(local_on=frozenset({"gptossloop"}))
     assert rotate(LOCAL, RotationState(), forced, on, NOW).considered == ("claude", "codex")
+
+
+# -- no step joins a probe in flight -------------------------------------------------------
+
+health_maps = st.dictionaries(
+    engine_ids, st.tuples(st.integers(0, 12), st.booleans()), min_size=1, max_size=6
+)
+
+
+def with_probes(healths: dict[str, tuple[int, bool]]) -> list[Candidate]:
+    """Eligible candidates (a half-open circuit admits work), probing or not."""
+    return [
+        Candidate(e, weight=w, authenticated_at=FRESH, probing=probing)
+        for e, (w, probing) in healths.items()
+    ]
+
+
+@given(healths=health_maps, n=st.integers(1, 30))
+def test_a_step_prefers_an_engine_whose_circuit_is_not_half_open(
+    healths: dict[str, tuple[int, bool]], n: int
+) -> None:
+    """While any eligible engine with weight is not being probed, no half-open one is picked;
+    with none, the half-open ones rotate as before."""
+    candidates = with_probes(healths)
+    settled = {e for e, (w, probing) in healths.items() if not probing and w > 0}
+    state, chosen = RotationState(), []
+    for _ in range(n):
+        selection = rotate(candidates, state, BUILD, RotationPolicy(), NOW)
+        state = selection.state
+        chosen.append(selection.engine_id)
+        if settled:
+            assert set(selection.considered) == settled
+    if settled:
+        assert set(chosen) <= settled
+    elif any(w > 0 for w, _ in healths.values()):
+        assert None not in chosen
+
+
+@given(weights=weight_maps, probing=st.sets(engine_ids, max_size=3))
+def test_the_round_robin_keeps_its_weights_over_the_engines_not_probed(
+    weights: dict[str, int], probing: set[str]
+) -> None:
+    """SWRR's weight fidelity holds over the engines not being probed, whatever half-open
+    ones stand by."""
+    settled = {e: w for e, w in weights.items() if e not in probing}
+    if not any(settled.values()):
+        return
+    extra = [Candidate(e, weight=3, authenticated_at=FRESH, probing=True) for e in probing]
+    candidates = [*candidates_of(settled), *extra]
+    state, chosen = RotationState(), []
+    for _ in range(sum(settled.values())):
+        selection = rotate(candidates, state, BUILD, RotationPolicy(), NOW)
+        state = selection.state
+        chosen.append(selection.engine_id)
+    assert Counter(chosen) == Counter({e: w for e, w in settled.items() if w > 0})
+
+
+def test_a_half_open_engine_takes_a_step_only_when_no_other_is_eligible() -> None:
+    limited = Candidate("claude", weight=3, authenticated_at=FRESH, probing=True)
+    healthy = Candidate("codex", weight=1, authenticated_at=FRESH)
+    both = [limited, healthy]
+    assert rotate(both, RotationState(), BUILD, RotationPolicy(), NOW).engine_id == "codex"
+    forced = Boundary(Trigger.CAPACITY_REJECTION, Phase.BUILD, rejected_by="codex")
+    assert rotate(both, RotationState(), forced, RotationPolicy(), NOW).engine_id == "claude"
+
+
+def test_a_remote_engine_goes_before_a_half_open_local_one() -> None:
+    local = Candidate("gptossloop", 1, authenticated_at=FRESH, local=True, probing=True)
+    remote = Candidate("codex", weight=1, authenticated_at=FRESH)
+    policy = RotationPolicy(local_on=frozenset({"gptossloop"}))
+    assert rotate([local, remote], RotationState(), BUILD, policy, NOW).considered == ("codex",)
