@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.stack import Stack, cooperative, declare_topology, stack
-from tests.agents.fake_cli import install
+from tests.agents.fake_cli import SOURCE, install
 from tests.amqp_fixtures import Amqp
 
 BUDGET = "budget_exhausted"
@@ -125,7 +125,8 @@ def test_a_tokens_only_engine_is_capped_on_tokens_and_shows_no_price(
     config = tmp_path / "vibey.toml"
     config.write_text(
         f'[engines.codex]\nadapter = "codex"\nbinary = "{fakes["codex"]}"\n'
-        'timeout_seconds = 120\nenv = { FAKE_SCENARIO = "success" }\n'
+        f'timeout_seconds = 120\nread_allow = ["{SOURCE}"]\n'
+        'env = { FAKE_SCENARIO = "success" }\n'
     )
     e2e.config = config
     recorded = e2e.vibey("doctor", "--conformance", "--record", "--json", check=False)
