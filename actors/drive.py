@@ -25,8 +25,8 @@ from actors.worker import (
     WorkerConfig,
     event_service,
     handler_context,
+    load_crash_points,
     load_handlers,
-    load_object,
     load_registry,
 )
 from store.dispatch import DispatchRecords
@@ -84,7 +84,7 @@ class PostgresRuntime:
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
-            crash=load_object(config.crash_points) if config.crash_points else None,
+            crash=load_crash_points(config),
             on_result=on_result,
             workflows=self.workflows,
         )

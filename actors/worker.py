@@ -160,6 +160,16 @@ def load_object(path: str) -> Any:
     return getattr(importlib.import_module(module_name), attribute)
 
 
+def load_crash_points(config: WorkerConfig) -> Any:
+    """The chaos tests' crash points (``config.crash_points``): a ``CrashPoints``, or a
+    factory called with the worker's config (what a process forked from a long-lived server
+    learns of its test: not the environment, which the server fixed when it started)."""
+    if not config.crash_points:
+        return None
+    loaded = load_object(config.crash_points)
+    return loaded if hasattr(loaded, "reached") else loaded(config)
+
+
 def load_handlers(path: str, context: Any = None) -> Handlers:
     """A ``Handlers`` mapping, or a factory called with the handlers' context."""
     loaded = load_object(path)
@@ -255,7 +265,7 @@ class Runtime:
             tiers=config.tiers,
             handlers=handlers,
             owner=self.owner,
-            crash=load_object(config.crash_points) if config.crash_points else None,
+            crash=load_crash_points(config),
             on_result=on_result,
             workflows=self.workflows,
             in_place=InPlace(router=router, queues=frozenset(config.queues()), max_steps=n)

@@ -16,7 +16,6 @@ Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -53,7 +52,7 @@ DEADLINE_S = 300.0
 def cut_chains(pool: ConnectionPool, kills: Path) -> list[tuple[UUID, float]]:
     """(job, kill time) of every kill right after a settle that held a next step."""
     found: list[tuple[UUID, float]] = []
-    for log in kills.glob("*.log"):
+    for log in kills.glob("kills-*.log"):
         for line in log.read_text().splitlines():
             job, at = line.split()
             found.append((UUID(job), float(at)))
@@ -93,7 +92,6 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
     seed = chaos_seed("in-place")
     kills = tmp_path / "kills"
     kills.mkdir()
-    os.environ["VIBEY_CHAOS_KILLS"] = str(kills)
     lease = timedelta(seconds=5)
     config = WorkerConfig(
         pg_url=pg_url,
@@ -108,6 +106,7 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
         handlers="tests.chaos.in_place_chaos:HANDLERS",
         crash_points="tests.chaos.in_place_chaos:CRASH",
         in_place_steps=16,
+        tally_dir=str(kills),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
@@ -144,7 +143,6 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
             fleet.join(timeout=120)
             stop.set()
             reconciling.join(timeout=60)
-            del os.environ["VIBEY_CHAOS_KILLS"]
         statuses = {store.get(i).status.value for i in ids}
         cut = cut_chains(pool, kills)
         waits = resumed_after(pool, cut)

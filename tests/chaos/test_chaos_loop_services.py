@@ -227,7 +227,7 @@ def test_sigkilled_loop_services_and_workers_complete_every_workflow_once(
     print(
         f"loop-service chaos tally (seed {seed}): kills={kills} services={service.started} "
         f"runs={sum(s['event'] == 'start' for s in spans)} "
-        f"unended={len({s['pid'] for s in spans}) - sum(s['event'] == 'end' for s in spans)} "
+        f"unended={len({span_key(s) for s in spans}) - sum(s['event'] == 'end' for s in spans)} "
         f"wall={time.monotonic() - began:.1f}s"
     )
     assert set(statuses.values()) == {"completed"}, statuses
