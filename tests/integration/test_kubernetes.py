@@ -363,6 +363,9 @@ def test_keda_scaled_deployments_leave_replicas_to_keda_with_a_fallback(rendered
 
 def test_no_worker_pool_prefetches_more_than_its_threads(rendered):
     overlay, objects = rendered
+    # What the overlay's own vibey.toml asks for (None: as many as the threads).
+    configured = load_fleet(KUBE / "overlays" / overlay / "fleet.toml").settings
+    asked = configured.queue.rabbitmq.prefetch
     for name, deployment in by_kind(objects, "Deployment").items():
         if "-worker-" not in name:
             continue
@@ -371,8 +374,8 @@ def test_no_worker_pool_prefetches_more_than_its_threads(rendered):
         env = {e["name"]: e.get("value") for e in main["env"]}
         if overlay == "postgres":
             assert "VIBEY_QUEUE_PREFETCH" not in env
-        else:
-            assert 1 <= int(env["VIBEY_QUEUE_PREFETCH"]) <= threads, name
+        else:  # the settings' prefetch, cut to the pool's threads
+            assert int(env["VIBEY_QUEUE_PREFETCH"]) == min(asked or threads, threads), name
     if overlay == "production":  # prefetch 4 in vibey.toml; the BUILD pool runs 2 threads
         build = by_kind(objects, "Deployment")["vibey-worker-build"]
         (main,) = build["spec"]["template"]["spec"]["containers"]
