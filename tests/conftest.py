@@ -178,3 +178,6 @@ def pool(pg_url: str) -> Iterator[ConnectionPool]:
 
 
 from tests.amqp_fixtures import *  # noqa: E402, F403
+
+# The chaos tests' figures reach the terminal under xdist too (tests/chaos/figures.py).
+from tests.chaos.figures import pytest_runtest_makereport, pytest_terminal_summary  # noqa: E402, F401
