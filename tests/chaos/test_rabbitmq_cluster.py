@@ -100,6 +100,7 @@ def depths(url: str, queues: list[str]) -> dict[str, int]:
         connection.close()
 
 
+CTL_TIMEOUT_S = 240.0  # rabbitmqctl on a loaded box (60 s ran out, measured)
 PROGRESS = 5  # steps succeeded before each fault
 PROGRESS_WAIT_S = 60.0  # the bound when no step is left to run
 
@@ -121,10 +122,10 @@ def faults(
         log.append(f"restarted {leader.name}")
         at = await_progress(steps_done, PROGRESS, PROGRESS_WAIT_S)
         other = next(node for node in nodes if node is not leader)
-        other.rabbit.ctl("stop_app")
+        other.rabbit.ctl("stop_app", timeout=CTL_TIMEOUT_S)
         log.append(f"stopped {other.name} at {at} steps")
         time.sleep(8)
-        other.rabbit.ctl("start_app")
+        other.rabbit.ctl("start_app", timeout=CTL_TIMEOUT_S)
         log.append(f"started {other.name}")
     finally:
         done.set()
