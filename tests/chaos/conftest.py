@@ -52,6 +52,7 @@ def _rank(item: pytest.Item) -> tuple[int, int]:
     return (1, SLOWEST_LIGHT.index(name) if name in SLOWEST_LIGHT else len(SLOWEST_LIGHT))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The heavy chaos tests in one xdist group, first; then the others, slowest first (in the
     places the chaos tests held: the others stay put)."""
