@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+from tests.chaos.groups import heavy
+
 
 @pytest.fixture(scope="session", autouse=True)
 def chaos_process_seed() -> None:
@@ -17,22 +19,8 @@ def chaos_process_seed() -> None:
     os.environ.setdefault("VIBEY_CHAOS_SEED", str(random.SystemRandom().randrange(2**31)))
 
 
-# The tests whose fleets keep both cores busy on their own (many worker processes respawned,
-# hundreds of workflows, or a CLI called in a loop): they run one after another on one xdist
-# worker (`--dist loadgroup`), beside the tests that mostly wait (on leases, outages, private
-# servers starting), which share the other workers. Three of them at once on two cores
-# starved each other past their deadlines (measured); one at a time they keep their figures.
-HEAVY = (
-    "test_chaos_loop_services.py",
-    "test_chaos_postgres_fleet.py",
-    "test_chaos_rabbitmq.py",
-    "test_chaos_postgres.py",
-    "test_chaos_in_place.py",
-    "test_poison.py",
-    "test_ledger_kills.py",
-    "test_pg_blips.py::test_backend_kills_cost_seconds_not_minutes",
-)
-# Then the slowest of the others first, so that a run does not end waiting on one started last.
+# The heavy ones first (tests/chaos/groups.py: one after another on one xdist worker), then
+# the slowest of the others, so that a run does not end waiting on one started last.
 SLOWEST_LIGHT = (
     "test_chaos_agents.py",
     "test_rabbitmq_cluster.py",
@@ -41,24 +29,17 @@ SLOWEST_LIGHT = (
 )
 
 
-def _heavy(item: pytest.Item) -> bool:
-    return any(item.nodeid.split("/")[-1].startswith(name) for name in HEAVY)
-
-
 def _rank(item: pytest.Item) -> tuple[int, int]:
-    if _heavy(item):
+    if heavy(item.nodeid):
         return (0, 0)
     name = item.path.name
     return (1, SLOWEST_LIGHT.index(name) if name in SLOWEST_LIGHT else len(SLOWEST_LIGHT))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The heavy chaos tests in one xdist group, first; then the others, slowest first (in the
-    places the chaos tests held: the others stay put)."""
+    """The heavy chaos tests first, then the others, slowest first (in the places the chaos
+    tests held: the others stay put)."""
     places = [i for i, item in enumerate(items) if item.get_closest_marker("chaos")]
     ordered = sorted((items[i] for i in places), key=_rank)
     for place, item in zip(places, ordered, strict=True):
         items[place] = item
-        if _heavy(item):
-            item.add_marker(pytest.mark.xdist_group("heavy"))

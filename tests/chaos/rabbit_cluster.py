@@ -35,6 +35,10 @@ from tests.chaos.private_rabbit import (
     node_env,
 )
 
+# rabbitmqctl boots a VM of its own: seconds on a quiet box, over a minute on a loaded one
+# (60 s ran out while other test runs shared the cores).
+CTL_TIMEOUT_S = 240.0
+
 
 @dataclass
 class ClusterNode:
@@ -117,10 +121,10 @@ def rabbit_cluster(size: int = 3) -> Iterator[list[ClusterNode]]:
         for node in nodes:
             node.start()
         for node in nodes[1:]:
-            node.rabbit.ctl("stop_app")
-            node.rabbit.ctl("join_cluster", nodes[0].name)
-            node.rabbit.ctl("start_app")
-        status = nodes[0].rabbit.ctl("cluster_status")
+            node.rabbit.ctl("stop_app", timeout=CTL_TIMEOUT_S)
+            node.rabbit.ctl("join_cluster", nodes[0].name, timeout=CTL_TIMEOUT_S)
+            node.rabbit.ctl("start_app", timeout=CTL_TIMEOUT_S)
+        status = nodes[0].rabbit.ctl("cluster_status", timeout=CTL_TIMEOUT_S)
         for node in nodes:
             assert node.name in status, status
         yield nodes

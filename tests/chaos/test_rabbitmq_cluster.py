@@ -38,7 +38,7 @@ from store.ledger import Ledger
 from store.workflows import WorkflowStore
 from tests.chaos.figures import figure
 from tests.chaos.fleet import await_progress, chaos_seed, count
-from tests.chaos.rabbit_cluster import ClusterNode, rabbit_cluster
+from tests.chaos.rabbit_cluster import CTL_TIMEOUT_S, ClusterNode, rabbit_cluster
 from tests.chaos.test_chaos_rabbitmq import STEPS, unsettled
 from tests.chaos.test_chaos_workflows import SCRIPT, answer_for
 from tests.commit_audit import COMMIT_AUDIT
@@ -100,7 +100,6 @@ def depths(url: str, queues: list[str]) -> dict[str, int]:
         connection.close()
 
 
-CTL_TIMEOUT_S = 240.0  # rabbitmqctl on a loaded box (60 s ran out, measured)
 PROGRESS = 5  # steps succeeded before each fault
 PROGRESS_WAIT_S = 60.0  # the bound when no step is left to run
 
