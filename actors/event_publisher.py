@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from workflows.events import EXCHANGE, VERSION, by_reference, encode
 log = logging.getLogger(__name__)
 
 EVENT_CHANNEL = "vibey_domain_event"  # the NOTIFY channel of migrations/0011_events.sql
+STOP_POLL_S = 0.1  # how soon the service's thread notices stop() between passes
 VERSION_HEADER = "x-vibey-event-version"
 
 
@@ -147,6 +149,12 @@ class EventService:
                 log.warning("events: %s; again in %.1fs", exc, self._interval)
             except Exception:
                 log.exception("events: a pass failed; again in %.1fs", self._interval)
-            if self._stop.is_set():
+            self._wait()
+
+    def _wait(self) -> None:
+        """Until a notification, the interval, or stop(): the wait is cut in short slices, so a
+        stopping process does not sit out the rest of an interval."""
+        deadline = time.monotonic() + self._interval
+        while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self._notifier.wait_for(None, min(left, STOP_POLL_S)):
                 return
-            self._notifier.wait_for(None, self._interval)
