@@ -55,12 +55,14 @@ class PostgresRuntime:
     ) -> None:
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 3)
-        registry = load_registry(config.definitions)
+        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.worker.threads + 3)
+        registry = load_registry(config.workflow.definitions)
         self.jobs = PostgresJobRepository(
-            pool=self.pool, leases=config.leases.resolved(registry.kinds.canonical)
+            pool=self.pool, leases=config.queue.lease.resolved(registry.kinds.canonical)
         )
-        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
+        self.tracer = tracing.step_tracer(
+            config.tracing.otlp_endpoint, service_name=config.tracing.service_name
+        )
         self.workflows = WorkflowStore(
             pool=self.pool,
             jobs=self.jobs,
@@ -69,10 +71,12 @@ class PostgresRuntime:
             events=tracing.event_spans(self.tracer),
         )
         if handlers is None:
-            handlers = load_handlers(config.handlers, handler_context(config, self.pool))
+            handlers = load_handlers(config.worker.handlers, handler_context(config, self.pool))
         handlers = metrics.instrument(handlers, registry.kinds)
         self.operations = OperationsStore(self.pool)
-        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
+        self.retention = WorkflowRetention(
+            self.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
+        )
         claims, handlers, on_result = tracing.hooked(
             self.tracer, DispatchRecords(pool=self.pool, relay_id=self.owner), handlers, self._count
         )
@@ -81,7 +85,7 @@ class PostgresRuntime:
             records=claims,
             broker=None,
             names=config.names,
-            tiers=config.tiers,
+            tiers=config.queue.rabbitmq.wait_tiers,
             handlers=handlers,
             owner=self.owner,
             crash=load_crash_points(config),
@@ -89,7 +93,7 @@ class PostgresRuntime:
             workflows=self.workflows,
         )
         self.work = Work.for_lanes(
-            config.lanes, config.projects or None, build_kinds=build_kinds(registry.kinds)
+            config.worker.lanes, config.projects or None, build_kinds=build_kinds(registry.kinds)
         )
         self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
         self._lock = threading.Lock()
@@ -101,7 +105,7 @@ class PostgresRuntime:
 
     def start(self) -> None:
         self._notifier.listen()  # before the first claim: no notification is missed
-        loops = [(f"drive-{n}", self._drive) for n in range(self.config.threads)]
+        loops = [(f"drive-{n}", self._drive) for n in range(self.config.worker.threads)]
         loops += [("listen", self._listen), ("reap", self._reap)]
         for name, target in loops:
             thread = threading.Thread(target=target, name=f"vibey-{name}", daemon=True)
@@ -140,7 +144,7 @@ class PostgresRuntime:
         return self.runner.run_claimed(jobs[0])
 
     def _drive(self) -> None:
-        idle = self.config.poll_interval.total_seconds()
+        idle = self.config.queue.poll_interval_seconds
         while not self._stop.is_set():
             try:
                 if self.run_one() is not None:
@@ -155,14 +159,14 @@ class PostgresRuntime:
 
     def _listen(self) -> None:
         projects = self.config.projects or None
-        idle = self.config.poll_interval.total_seconds()
+        idle = self.config.queue.poll_interval_seconds
         while not self._stop.is_set():
             if self._notifier.wait_for(projects, timeout=min(idle, 1.0)):
                 with self._wake:
                     self._wake.notify_all()
 
     def _reap(self) -> None:
-        interval = self.config.reconcile_interval.total_seconds()
+        interval = self.config.queue.rabbitmq.reconcile_interval_seconds
         while not self._stop.wait(interval):
             try:
                 reaped = reap_once(self.jobs, self.operations, self.owner, self.retention)

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from actors import amqp, metrics, tracing
@@ -47,11 +48,13 @@ class ReconcileService:
         self.routes: RouteCache | None = None
         self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
-        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
-        registry = load_registry(config.definitions)
+        self.retention = WorkflowRetention(
+            self.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
+        )
+        registry = load_registry(config.workflow.definitions)
         kinds = registry.kinds
-        leases = config.leases.resolved(kinds.canonical)
-        if config.backend == "postgres":
+        leases = config.queue.lease.resolved(kinds.canonical)
+        if config.queue.backend == "postgres":
             self.jobs = PostgresJobRepository(pool=self.pool, leases=leases)
             self.events = self._events(registry)
             return
@@ -61,7 +64,10 @@ class ReconcileService:
             url=config.amqp_url,
             records=records,
             router=Router(
-                names=config.names, tiers=config.tiers, dedicated=self.routes, kinds=kinds
+                names=config.names,
+                tiers=config.queue.rabbitmq.wait_tiers,
+                dedicated=self.routes,
+                kinds=kinds,
             ),
         )
         self.jobs = PostgresJobRepository(
@@ -78,17 +84,17 @@ class ReconcileService:
             relay=self.relay,
             url=config.amqp_url,
             names=config.names,
-            redispatch_after=config.redispatch_after,
-            reclaim_after=config.reclaim_after,
+            redispatch_after=timedelta(seconds=config.queue.rabbitmq.redispatch_after_seconds),
+            reclaim_after=timedelta(seconds=config.queue.rabbitmq.reclaim_after_seconds),
             operations=self.operations,
-            outbox_retention=config.outbox_retention,
+            outbox_retention=timedelta(seconds=config.queue.rabbitmq.outbox_retention_seconds),
             retention=self.retention,
             owner=self.owner,
         )
 
     def _events(self, registry: Registry) -> EventService:
         tracer = tracing.step_tracer(
-            self.config.otlp_endpoint, service_name=self.config.tracing_service
+            self.config.tracing.otlp_endpoint, service_name=self.config.tracing.service_name
         )
         workflows = WorkflowStore(
             pool=self.pool,
@@ -117,11 +123,11 @@ class ReconcileService:
         """Reconcile every interval until ``stop``; returns the passes that failed."""
         failures = 0
         server = None
-        if self.config.metrics_port is not None:
+        if self.config.metrics.port is not None:
             collector = metrics.StoreCollector(
                 self.operations, dead_queue_depth=dead_queue_depth(self.config)
             )
-            server = metrics.MetricsServer(port=self.config.metrics_port, collectors=[collector])
+            server = metrics.MetricsServer(port=self.config.metrics.port, collectors=[collector])
             server.start()
         try:
             if self.relay is not None:
@@ -141,7 +147,7 @@ class ReconcileService:
                 else:
                     if report is not None:
                         report(found)
-                if stop.wait(self.config.reconcile_interval.total_seconds()):
+                if stop.wait(self.config.queue.rabbitmq.reconcile_interval_seconds):
                     return failures
         finally:
             if server is not None:

@@ -437,12 +437,13 @@ def worker(
         The workflow definitions, as module:attribute (default: [workflow] definitions,
         workflows.protocol:DEFINITIONS). Modules are found from the current directory too.
     """
-    from vibey.settings import WorkflowSettings, load_settings
+    from vibey.settings import load_settings
+    from vibey.settings import replace as checked
 
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
     if definitions is not None:
-        workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
-        settings = replace(settings, workflow=workflow)
+        workflow = checked(settings.workflow, definitions=definitions)
+        settings = checked(settings, workflow=workflow)
     from actors.worker import supervise  # Dramatiq: see the module docstring
     from vibey.cli_project import route_at_start
     from vibey.wiring import check_consumer_timeout, worker_config
@@ -458,13 +459,13 @@ def worker(
             "undoes it)",
             flush=True,
         )
-    count = settings.worker.processes
+    count, threads = settings.worker.processes, config.worker.threads
     # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
     logging.getLogger("actors.worker").setLevel(logging.INFO)  # respawns are worth a line
     try:
         print(
-            f"vibey worker: {_count(count, 'process')} of {_count(config.threads, 'thread')} "
+            f"vibey worker: {_count(count, 'process')} of {_count(threads, 'thread')} "
             f"each on {_serves(config)}; SIGTERM or Ctrl-C stops it",
             flush=True,
         )
@@ -478,10 +479,10 @@ def worker(
 def _serves(config: WorkerConfig) -> str:
     from store.pool import redact
 
-    if config.backend == "postgres":
+    if config.queue.backend == "postgres":
         projects = ", ".join(config.projects) or "every project"
         return (
-            f"lanes {', '.join(config.lanes)} of {projects} at {redact(config.pg_url)} "
+            f"lanes {', '.join(config.worker.lanes)} of {projects} at {redact(config.pg_url)} "
             "(postgres backend: SKIP LOCKED claims, LISTEN/NOTIFY wakeups)"
         )
     return f"{', '.join(config.queues())} at {redact(config.amqp_url)}"
@@ -500,6 +501,7 @@ def _with_worker_flags(
 ) -> Settings:
     """The settings with the command line's choices in [worker] (checked like the rest)."""
     from vibey.settings import SettingsError, split_list
+    from vibey.settings import replace as checked
 
     given: dict[str, Any] = {}
     if lanes is not None:
@@ -511,7 +513,7 @@ def _with_worker_flags(
         given["lanes"] = parsed
     flags = {"processes": processes, "threads": threads, "handlers": handlers}
     given.update({name: value for name, value in flags.items() if value is not None})
-    return replace(settings, worker=replace(settings.worker, **given)) if given else settings
+    return checked(settings, worker=checked(settings.worker, **given)) if given else settings
 
 
 @app.command
