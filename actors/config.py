@@ -154,13 +154,19 @@ SecondsList = Annotated[
 
 
 def setting(
-    default: Any, env: str | None, help: str, *, flag: str | None = None, **constraint: Any
+    default: Any,
+    env: str | None,
+    help: str,
+    *,
+    flag: str | None = None,
+    env_item: str | None = None,
+    **constraint: Any,
 ) -> Any:
     """One key's declaration: its default, its variable (None: none), its help, the
-    ``vibey worker`` flag that overrides it, and pydantic's constraints (``gt``, ``le``, ...)."""
-    return Field(
-        default, description=help, json_schema_extra={"env": env, "flag": flag}, **constraint
-    )
+    ``vibey worker`` flag that overrides it, the item of a table the variable sets (when the
+    key is a table), and pydantic's constraints (``gt``, ``le``, ...)."""
+    extra = {"env": env, "flag": flag, "env_item": env_item}
+    return Field(default, description=help, json_schema_extra=extra, **constraint)
 
 
 def _check(problem: Callable[[Any], str | None]) -> AfterValidator:
@@ -364,8 +370,9 @@ class QueueSettings(Section):
     )
     lease_seconds: Annotated[LeaseTable, _check(_leases_problem)] = setting(
         {},
-        "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT",  # sets its "default"
+        "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT",
         "a claim's lease per job kind (or alias), plus default",
+        env_item="default",
     )
     rabbitmq: RabbitMqSettings = RabbitMqSettings()
 
@@ -723,6 +730,10 @@ class Key:
     @property
     def flag(self) -> str | None:
         return _extra(self.field, "flag")
+
+    @property
+    def env_item(self) -> str | None:
+        return _extra(self.field, "env_item")
 
     @property
     def kind(self) -> Kind | None:

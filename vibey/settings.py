@@ -99,7 +99,6 @@ __all__ = [
 ]
 
 CONFIG_FILENAME = "vibey.toml"
-LEASE_DEFAULT_ENV = "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT"
 # Tables read by their own parsers, not declared in actors.config.
 _PARSED_APART = ("engines", "notify")
 
@@ -154,9 +153,7 @@ def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
         except ValueError:
             wanted = key.kind.env_wanted or key.kind.wanted
             raise SettingsError(f"{key.env} must be {wanted}, got {raw!r}") from None
-        path = key.path()
-        if key.env == LEASE_DEFAULT_ENV:  # sets one item of [queue.lease_seconds]
-            path = (*path, "default")
+        path = key.path() if key.env_item is None else (*key.path(), key.env_item)
         table = values
         for part in path[:-1]:
             table = table.setdefault(part, {})

@@ -519,7 +519,7 @@ def test_the_pods_grace_is_the_drain_grace_the_processes_read(rendered):
 
 
 def _with_urls(settings, env):
-    from dataclasses import replace
+    from vibey.settings import replace
 
     database = replace(settings.database, url=env["VIBEY_PG_URL"])
     bus = replace(settings.bus, amqp_url=env["VIBEY_AMQP_URL"])
