@@ -29,6 +29,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     SkipValidation,
     StrictBool,
     StrictFloat,
@@ -165,7 +166,7 @@ def setting(
     """One key's declaration: its default, its variable (None: none), its help, the
     ``vibey worker`` flag that overrides it, the item of a table the variable sets (when the
     key is a table), and pydantic's constraints (``gt``, ``le``, ...)."""
-    extra = {"env": env, "flag": flag, "env_item": env_item}
+    extra: dict[str, JsonValue] = {"env": env, "flag": flag, "env_item": env_item}
     return Field(default, description=help, json_schema_extra=extra, **constraint)
 
 
