@@ -25,7 +25,6 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.config import (
-    BusSettings,
     DatabaseSettings,
     QueueSettings,
     RabbitMqSettings,
@@ -50,7 +49,6 @@ def test_sigkilled_postgres_backend_workers_lose_nothing_and_commit_once(
     seed = chaos_seed("postgres fleet", lease=LEASE)
     config = WorkerConfig(
         database=DatabaseSettings(url=pg_url),
-        bus=BusSettings(amqp_url=""),
         queue=QueueSettings(
             backend="postgres",
             poll_interval_seconds=1,

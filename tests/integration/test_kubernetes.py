@@ -242,7 +242,7 @@ BOTH = '[[fleet.pools]]\nname = "all"\nlanes = ["interactive", "build"]\n'
         (BOTH.replace('"all"', '"All"'), "", "must be a DNS label"),
         (BOTH + "threads = 0\n", "", "threads must be a whole number of at least 1"),
         (BOTH + "replicas = 3\n", "", "unknown key 'replicas'"),
-        (BOTH, "[queue]\nbackend = 'kafka'\n", "unknown queue backend 'kafka'"),
+        (BOTH, "[queue]\nbackend = 'kafka'\n", "backend 'kafka' is not one of rabbitmq, postgres"),
         (BOTH + '[[fleet.pools]]\nname = "f"\nlanes = ["fast"]\n', "", "unknown lane 'fast'"),
     ],
 )

@@ -93,20 +93,17 @@ def test_the_interactive_actor_outranks_the_build_actor() -> None:
 
 def test_a_process_serving_both_lanes_keeps_a_thread_for_the_interactive_one() -> None:
     both = WorkerConfig(
-        database=DatabaseSettings(url=""),
-        bus=BusSettings(amqp_url="", prefix="v"),
+        bus=BusSettings(prefix="v"),
         worker=WorkerSettings(threads=8),
     )
     assert both.prefetch_by_queue() == {"v.jobs.interactive": 8, "v.jobs.build": 7}
     build_only = WorkerConfig(
-        database=DatabaseSettings(url=""),
-        bus=BusSettings(amqp_url="", prefix="v"),
+        bus=BusSettings(prefix="v"),
         worker=WorkerSettings(threads=8, lanes=("build",)),
     )
     assert build_only.prefetch_by_queue() == {"v.jobs.build": 8}
     one = WorkerConfig(
-        database=DatabaseSettings(url=""),
-        bus=BusSettings(amqp_url="", prefix="v"),
+        bus=BusSettings(prefix="v"),
         queue=QueueSettings(rabbitmq=RabbitMqSettings(prefetch=4)),
         worker=WorkerSettings(threads=1),
     )

@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 from actors import outage
 from actors.broker import VibeyBroker
 from actors.capabilities import detect
-from actors.config import BusSettings, DatabaseSettings, QueueSettings, RabbitMqSettings
+from actors.config import BusSettings, QueueSettings, RabbitMqSettings
 from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames
 from actors.worker import WorkerConfig
@@ -325,7 +325,6 @@ def test_a_commit_cut_off_while_postgresql_is_down_hands_its_pointers_on(
 
 def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, amqp: Amqp) -> None:
     config = WorkerConfig(
-        database=DatabaseSettings(url=""),
         bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
         queue=QueueSettings(rabbitmq=RabbitMqSettings(wait_tiers_seconds=TIERS.seconds)),
     )
@@ -371,7 +370,6 @@ def test_a_re_delay_whose_broker_connection_died_reconnects_and_loses_nothing(
     """A thread that waited on PostgreSQL past the broker's heartbeat timeout finds its
     connection gone: the re-delay opens a new one instead of dropping the pointer."""
     config = WorkerConfig(
-        database=DatabaseSettings(url=""),
         bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
         queue=QueueSettings(rabbitmq=RabbitMqSettings(wait_tiers_seconds=TIERS.seconds)),
     )
