@@ -1,54 +1,50 @@
 """The settings, declared once: one field per key, with its type, default, environment
-variable, help and constraint. Everything else is derived from these declarations:
-``vibey.settings`` reads the TOML file and the ``VIBEY_*`` variables into them, ``vibey
-doctor`` shows them in effect, ``docs/settings.md`` lists them (a unit test keeps it equal to
-:func:`table`), and a worker reads them itself (``actors.worker.WorkerConfig`` is a
-:class:`Settings` with its process's choices added).
+variable, constraint and (the docstring below it) its help. Everything else is derived from
+these declarations: ``vibey.settings`` reads the TOML file and the ``VIBEY_*`` variables into
+them, ``vibey doctor`` shows them in effect (:func:`in_effect`), ``docs/settings.md`` lists
+them (a unit test keeps it equal to :func:`table`), and a worker reads them itself
+(``actors.worker.WorkerConfig`` is a :class:`Settings` with its process's choices added).
 
-A setting is ``key: Type = setting(default, "VIBEY_VARIABLE", "help", constraint=...)`` in
-its section's model. The type says how the environment's text is read and what a wrong value
-is told to be (:class:`Kind`); the constraint (pydantic's ``gt``, ``ge``, ``le``, ...) and the
-validators say what is refused. A refusal is one :class:`SettingsError` line naming the key,
-what is wrong and the variable or TOML key to fix (:func:`explain`).
+A setting is ``key: Type = setting(default, "VIBEY_VARIABLE", constraint=...)`` in its
+section's model, then its help as a docstring. The type says how the environment's text is
+read and what a wrong value is told to be; the constraint (pydantic's ``gt``, ``ge``, ``le``,
+...) and the validators say what is refused; a refusal is one :class:`SettingsError` line
+naming the key, what is wrong and the variable or TOML key to fix (``actors.declare``).
 """
 
 from __future__ import annotations
 
-import math
 import re
-import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    JsonValue,
-    SkipValidation,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    model_validator,
-)
-from pydantic.fields import FieldInfo
-from pydantic_core import ErrorDetails
+from pydantic import AfterValidator, BaseModel, SkipValidation, StrictFloat, model_validator
 
 from actors.agents.roster import AgentSpec
+from actors.declare import (
+    Argv,
+    Flag,
+    Int,
+    Key,
+    Kind,
+    Number,
+    Seconds,
+    SecondsList,
+    Section,
+    SettingsError,
+    Text,
+    Words,
+    check,
+    setting,
+)
 from actors.webhooks import WebhookSpec
 from workflows.budget import Budget
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy, valid_kind_name
 
-# The longest interval a setting takes: a year (anything longer is a typo).
-MAX_INTERVAL_SECONDS = 365 * 24 * 3600.0
 # job.lease_ms is a PostgreSQL integer: a lease is at most 2^31-1 ms (about 24.8 days).
 MAX_LEASE_SECONDS = (2**31 - 1) // 1000
 LANES: tuple[str, ...] = tuple(lane.value for lane in Lane)
@@ -71,10 +67,6 @@ _NOT_IN_PREFIX = re.compile(r"[*#\s]")  # every exchange and queue name starts w
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
-class SettingsError(ValueError):
-    """A setting is unreadable, mistyped or out of range; the message names the fix."""
-
-
 class DatabaseNotConfigured(SettingsError):
     def __init__(self) -> None:
         super().__init__(DATABASE_FIX)
@@ -83,125 +75,6 @@ class DatabaseNotConfigured(SettingsError):
 class QueueBackendNotConfigured(SettingsError):
     def __init__(self, message: str = AMQP_FIX) -> None:
         super().__init__(message)
-
-
-# --- the declarative layer --------------------------------------------------------------------
-
-
-class Unreadable(ValueError):
-    """The environment's text cannot be read; the message follows the variable's name."""
-
-
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """How a type of setting is written: what a wrong value is told to be, and how the
-    environment's text becomes a value (``parse`` raises ValueError when it cannot)."""
-
-    wanted: str
-    parse: Callable[[str], Any]
-    env_wanted: str = ""  # what a variable is told to be, when it differs from ``wanted``
-
-
-def split_list(raw: str) -> tuple[str, ...] | None:
-    """The items of a comma-separated list, stripped; None when an item is empty."""
-    items = tuple(item.strip() for item in raw.split(","))
-    return None if any(not item for item in items) else items
-
-
-def _items(raw: str) -> tuple[str, ...]:
-    items = split_list(raw)
-    if items is None:
-        raise Unreadable(f"has an empty item in {raw!r}: separate the values with single commas")
-    return items
-
-
-def _flag(raw: str) -> bool:
-    word = raw.strip().lower()
-    if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(word)
-    return word in ("1", "true", "yes", "on")
-
-
-def _argv(raw: str) -> tuple[str, ...]:
-    try:
-        return tuple(shlex.split(raw))
-    except ValueError as exc:
-        raise Unreadable(f"is not a command line ({exc}): quote it as a shell would") from None
-
-
-def _number(raw: str) -> float:
-    return float(raw.strip())
-
-
-Int = Annotated[StrictInt, Kind("an integer", lambda raw: int(raw.strip()))]
-Number = Annotated[StrictFloat, Kind("a number", _number)]
-Seconds = Annotated[
-    StrictFloat,
-    Field(gt=0, le=MAX_INTERVAL_SECONDS, allow_inf_nan=False),
-    Kind("a number of seconds", _number),
-]
-Text = Annotated[StrictStr, Kind("a string", str)]
-Flag = Annotated[StrictBool, Kind("true or false", _flag, "1 or 0 (true or false)")]
-Words = Annotated[tuple[StrictStr, ...], Kind("a list of strings", _items)]
-Argv = Annotated[tuple[StrictStr, ...], Kind("a list of strings", _argv)]
-SecondsList = Annotated[
-    tuple[StrictFloat, ...],
-    Kind(
-        "a list of numbers of seconds",
-        lambda raw: tuple(_number(item) for item in _items(raw)),
-        "comma-separated seconds (as in 1,5,30)",
-    ),
-]
-
-
-def setting(
-    default: Any,
-    env: str | None,
-    help: str,
-    *,
-    flag: str | None = None,
-    env_item: str | None = None,
-    **constraint: Any,
-) -> Any:
-    """One key's declaration: its default, its variable (None: none), its help, the
-    ``vibey worker`` flag that overrides it, the item of a table the variable sets (when the
-    key is a table), and pydantic's constraints (``gt``, ``le``, ...)."""
-    extra: dict[str, JsonValue] = {"env": env, "flag": flag, "env_item": env_item}
-    return Field(default, description=help, json_schema_extra=extra, **constraint)
-
-
-def _check(problem: Callable[[Any], str | None]) -> AfterValidator:
-    """A validator from a function naming what is wrong with a value (None: nothing)."""
-
-    def validate(value: Any) -> Any:
-        found = problem(value)
-        if found is not None:
-            raise ValueError(found)
-        return value
-
-    return AfterValidator(validate)
-
-
-class Section(BaseModel):
-    """One ``[table]`` of the settings. Constructing one checks it as loading does: a
-    refusal is a :class:`SettingsError` (``replace`` folds the command line's choices in)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-    table: ClassVar[str] = ""
-
-    def __init__(self, **values: Any) -> None:
-        try:
-            super().__init__(**values)
-        except ValidationError as exc:
-            raise explain(exc, type(self)) from None
-
-
-S = TypeVar("S", bound=Section)
-
-
-def replace(section: S, **changes: Any) -> S:
-    """``section`` with ``changes``, checked as loading checks them."""
-    return type(section)(**{**dict(section), **changes})
 
 
 # --- the sections -----------------------------------------------------------------------------
@@ -221,11 +94,12 @@ def _postgres_url(url: str | None) -> str | None:
 
 class DatabaseSettings(Section):
     table: ClassVar[str] = "database"
-    url: Annotated[Text | None, _check(_postgres_url)] = setting(
-        None, "VIBEY_PG_URL", "the PostgreSQL database (postgresql://USER@HOST:5432/DB)"
-    )
-    pool_min: Int = setting(1, "VIBEY_PG_POOL_MIN", "connections a process's pool keeps open")
-    pool_max: Int = setting(10, "VIBEY_PG_POOL_MAX", "connections a process's pool opens at most")
+    url: Annotated[Text | None, check(_postgres_url)] = setting(None, "VIBEY_PG_URL")
+    """the PostgreSQL database (postgresql://USER@HOST:5432/DB)"""
+    pool_min: Int = setting(1, "VIBEY_PG_POOL_MIN")
+    """connections a process's pool keeps open"""
+    pool_max: Int = setting(10, "VIBEY_PG_POOL_MAX")
+    """connections a process's pool opens at most"""
 
     @model_validator(mode="after")
     def _pool_sizes(self) -> DatabaseSettings:
@@ -284,46 +158,30 @@ class RabbitMqSettings(Section):
     """``[queue.rabbitmq]``: the wait tiers, queue arguments and reconcile timings."""
 
     table: ClassVar[str] = "queue.rabbitmq"
-    wait_tiers_seconds: Annotated[SecondsList, _check(_wait_tiers_problem)] = setting(
-        DEFAULT_WAIT_TIERS.seconds,
-        "VIBEY_QUEUE_WAIT_TIERS",
-        "the fixed delays a waiting step is parked on (one delay queue each)",
+    wait_tiers_seconds: Annotated[SecondsList, check(_wait_tiers_problem)] = setting(
+        DEFAULT_WAIT_TIERS.seconds, "VIBEY_QUEUE_WAIT_TIERS"
     )
-    delivery_limit: Int = setting(
-        20, "VIBEY_QUEUE_DELIVERY_LIMIT", "work queues' x-delivery-limit (0: none)", ge=0
+    """the fixed delays a waiting step is parked on (one delay queue each)"""
+    delivery_limit: Int = setting(20, "VIBEY_QUEUE_DELIVERY_LIMIT", ge=0)
+    """work queues' x-delivery-limit (0: none)"""
+    reconcile_interval_seconds: Seconds = setting(30.0, "VIBEY_QUEUE_RECONCILE_INTERVAL")
+    """how often the reconciler runs"""
+    redispatch_after_seconds: Seconds = setting(120.0, "VIBEY_QUEUE_REDISPATCH_AFTER")
+    """a claimable job's lost pointer is re-sent after"""
+    reclaim_after_seconds: Seconds = setting(30.0, "VIBEY_QUEUE_RECLAIM_AFTER")
+    """outbox rows a dead relay held are taken over after"""
+    in_place_steps: Int = setting(16, "VIBEY_QUEUE_IN_PLACE_STEPS", ge=0)
+    """next steps a worker runs itself after a settle, no broker hop (0: none)"""
+    consumer_timeout_seconds: Seconds = setting(21600.0, "VIBEY_QUEUE_CONSUMER_TIMEOUT")
+    """work queues' x-consumer-timeout; above the longest lease"""
+    dedicated_projects: Annotated[Words, check(project_id_problem)] = setting(
+        (), "VIBEY_QUEUE_DEDICATED_PROJECTS"
     )
-    reconcile_interval_seconds: Seconds = setting(
-        30.0, "VIBEY_QUEUE_RECONCILE_INTERVAL", "how often the reconciler runs"
-    )
-    redispatch_after_seconds: Seconds = setting(
-        120.0, "VIBEY_QUEUE_REDISPATCH_AFTER", "a claimable job's lost pointer is re-sent after"
-    )
-    reclaim_after_seconds: Seconds = setting(
-        30.0, "VIBEY_QUEUE_RECLAIM_AFTER", "outbox rows a dead relay held are taken over after"
-    )
-    in_place_steps: Int = setting(
-        16,
-        "VIBEY_QUEUE_IN_PLACE_STEPS",
-        "next steps a worker runs itself after a settle, no broker hop (0: none)",
-        ge=0,
-    )
-    consumer_timeout_seconds: Seconds = setting(
-        21600.0,
-        "VIBEY_QUEUE_CONSUMER_TIMEOUT",
-        "work queues' x-consumer-timeout; above the longest lease",
-    )
-    dedicated_projects: Annotated[Words, _check(project_id_problem)] = setting(
-        (), "VIBEY_QUEUE_DEDICATED_PROJECTS", "projects routed to their own queues at worker start"
-    )
-    prefetch: Int | None = setting(
-        None,
-        "VIBEY_QUEUE_PREFETCH",
-        "deliveries a queue's consumer holds (unset: the threads)",
-        ge=1,
-    )
-    outbox_retention_seconds: Seconds = setting(
-        86400.0, "VIBEY_QUEUE_OUTBOX_RETENTION", "sent outbox rows are pruned after"
-    )
+    """projects routed to their own queues at worker start"""
+    prefetch: Int | None = setting(None, "VIBEY_QUEUE_PREFETCH", ge=1)
+    """deliveries a queue's consumer holds (unset: the threads)"""
+    outbox_retention_seconds: Seconds = setting(86400.0, "VIBEY_QUEUE_OUTBOX_RETENTION")
+    """sent outbox rows are pruned after"""
 
     @property
     def wait_tiers(self) -> WaitTiers:
@@ -357,24 +215,22 @@ def _flat_leases(value: Any) -> Any:
 
 LeaseTable = Annotated[
     Mapping[str, StrictFloat],
-    Kind("a [queue.lease_seconds] table of seconds", _number, "a number of seconds"),
+    Kind("a [queue.lease_seconds] table of seconds", float, "a number of seconds"),
 ]
 
 
 class QueueSettings(Section):
     table: ClassVar[str] = "queue"
     backend: Annotated[QueueBackend, Kind("a string", str)] = setting(
-        "rabbitmq", "VIBEY_QUEUE_BACKEND", "rabbitmq, or postgres (no broker: the drive loop)"
+        "rabbitmq", "VIBEY_QUEUE_BACKEND"
     )
-    poll_interval_seconds: Seconds = setting(
-        5.0, "VIBEY_QUEUE_POLL_INTERVAL", "the postgres backend's idle wakeup backstop"
+    """rabbitmq, or postgres (no broker: the drive loop)"""
+    poll_interval_seconds: Seconds = setting(5.0, "VIBEY_QUEUE_POLL_INTERVAL")
+    """the postgres backend's idle wakeup backstop"""
+    lease_seconds: Annotated[LeaseTable, check(_leases_problem)] = setting(
+        {}, "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT", env_item="default"
     )
-    lease_seconds: Annotated[LeaseTable, _check(_leases_problem)] = setting(
-        {},
-        "VIBEY_QUEUE_LEASE_SECONDS_DEFAULT",
-        "a claim's lease per job kind (or alias), plus default",
-        env_item="default",
-    )
+    """a claim's lease per job kind (or alias), plus default"""
     rabbitmq: RabbitMqSettings = RabbitMqSettings()
 
     @model_validator(mode="before")
@@ -408,15 +264,12 @@ def _prefix(prefix: str) -> str | None:
 
 class BusSettings(Section):
     table: ClassVar[str] = "bus"
-    amqp_url: Annotated[Text | None, _check(_amqp_url)] = setting(
-        None, "VIBEY_AMQP_URL", "RabbitMQ (amqp://USER:PASS@HOST:5672/; ';' between nodes)"
-    )
-    prefix: Annotated[Text, _check(_prefix)] = setting(
-        "vibey", "VIBEY_BUS_PREFIX", "every exchange's and queue's name starts with it"
-    )
-    vhost: Text = setting(
-        "/", "VIBEY_BUS_VHOST", "the vhost of an AMQP URL that names none", min_length=1
-    )
+    amqp_url: Annotated[Text | None, check(_amqp_url)] = setting(None, "VIBEY_AMQP_URL")
+    """RabbitMQ (amqp://USER:PASS@HOST:5672/; ';' between nodes)"""
+    prefix: Annotated[Text, check(_prefix)] = setting("vibey", "VIBEY_BUS_PREFIX")
+    """every exchange's and queue's name starts with it"""
+    vhost: Text = setting("/", "VIBEY_BUS_VHOST", min_length=1)
+    """the vhost of an AMQP URL that names none"""
 
     @model_validator(mode="after")
     def _apply_vhost(self) -> BusSettings:
@@ -457,32 +310,29 @@ def _import_path(what: str, example: str) -> AfterValidator:
             return None
         return f"{what} {path!r} are not an import path module:attribute (as in {example})"
 
-    return _check(problem)
+    return check(problem)
 
 
 class WorkerSettings(Section):
     """``[worker]``: what ``vibey worker`` runs; its flags override these (``replace``)."""
 
     table: ClassVar[str] = "worker"
-    processes: Int = setting(
-        2, "VIBEY_WORKER_PROCESSES", "worker processes", flag="--processes", ge=1
+    processes: Int = setting(2, "VIBEY_WORKER_PROCESSES", flag="--processes", ge=1)
+    """worker processes"""
+    threads: Int = setting(8, "VIBEY_WORKER_THREADS", flag="--threads", ge=1)
+    """threads per process"""
+    lanes: Annotated[Words, check(_lanes_problem)] = setting(
+        LANES, "VIBEY_WORKER_LANES", flag="--lanes"
     )
-    threads: Int = setting(8, "VIBEY_WORKER_THREADS", "threads per process", flag="--threads", ge=1)
-    lanes: Annotated[Words, _check(_lanes_problem)] = setting(
-        LANES, "VIBEY_WORKER_LANES", "the lanes it consumes", flag="--lanes"
-    )
+    """the lanes it consumes"""
     handlers: Annotated[Text, _import_path("the handlers", "actors.handlers:build_handlers")] = (
-        setting(
-            "actors.handlers:build_handlers",
-            "VIBEY_WORKER_HANDLERS",
-            "the step handlers: a registry, or a factory (module:attribute)",
-            flag="--handlers",
-        )
+        setting("actors.handlers:build_handlers", "VIBEY_WORKER_HANDLERS", flag="--handlers")
     )
+    """the step handlers: a registry, or a factory (module:attribute)"""
 
 
 def _blank(what: str) -> AfterValidator:
-    return _check(lambda text: None if text is None or text.strip() else f"{what} is empty")
+    return check(lambda text: None if text is None or text.strip() else f"{what} is empty")
 
 
 class WorkflowSettings(Section):
@@ -492,28 +342,20 @@ class WorkflowSettings(Section):
     table: ClassVar[str] = "workflow"
     definitions: Annotated[
         Text, _import_path("the workflow definitions", "workflows.protocol:DEFINITIONS")
-    ] = setting(
-        "workflows.protocol:DEFINITIONS",
-        "VIBEY_WORKFLOW_DEFINITIONS",
-        "the workflow definitions (module:attribute)",
-    )
+    ] = setting("workflows.protocol:DEFINITIONS", "VIBEY_WORKFLOW_DEFINITIONS")
+    """the workflow definitions (module:attribute)"""
     default_definition: Annotated[Text, _blank("the default workflow definition")] = setting(
-        "vibey-protocol", "VIBEY_WORKFLOW_DEFAULT_DEFINITION", "`workflow start`'s definition"
+        "vibey-protocol", "VIBEY_WORKFLOW_DEFAULT_DEFINITION"
     )
-    archive_after_seconds: Seconds = setting(
-        30 * 86400.0,
-        "VIBEY_WORKFLOW_ARCHIVE_AFTER",
-        "a finished workflow's jobs and gates are deleted, its history archived, after",
-    )
-    review_feedback: Flag = setting(
-        True, "VIBEY_WORKFLOW_REVIEW_FEEDBACK", "REVIEW asks the user (false: unattended)"
-    )
-    budget_dollars: Number | None = setting(
-        None, "VIBEY_WORKFLOW_BUDGET_DOLLARS", "a new workflow's budget (unset: none)", gt=0
-    )
-    budget_tokens: Int | None = setting(
-        None, "VIBEY_WORKFLOW_BUDGET_TOKENS", "a new workflow's token budget (unset: none)", gt=0
-    )
+    """`workflow start`'s definition"""
+    archive_after_seconds: Seconds = setting(30 * 86400.0, "VIBEY_WORKFLOW_ARCHIVE_AFTER")
+    """a finished workflow's jobs and gates are deleted, its history archived, after"""
+    review_feedback: Flag = setting(True, "VIBEY_WORKFLOW_REVIEW_FEEDBACK")
+    """REVIEW asks the user (false: unattended)"""
+    budget_dollars: Number | None = setting(None, "VIBEY_WORKFLOW_BUDGET_DOLLARS", gt=0)
+    """a new workflow's budget (unset: none)"""
+    budget_tokens: Int | None = setting(None, "VIBEY_WORKFLOW_BUDGET_TOKENS", gt=0)
+    """a new workflow's token budget (unset: none)"""
 
     def budget(self) -> Budget | None:
         """The default budget of a new workflow (None: unbounded)."""
@@ -533,12 +375,12 @@ class ProjectSettings(Section):
     """``[project]``: where build.integrate pushes the integrated branch."""
 
     table: ClassVar[str] = "project"
-    push: Annotated[Text | None, _blank("the push remote")] = setting(
-        None, "VIBEY_PROJECT_PUSH", "a git remote, URL or path build.integrate pushes to"
+    push: Annotated[Text | None, _blank("the push remote")] = setting(None, "VIBEY_PROJECT_PUSH")
+    """a git remote, URL or path build.integrate pushes to"""
+    push_branch: Annotated[Text, check(_branch_problem)] = setting(
+        "vibey/{project}", "VIBEY_PROJECT_PUSH_BRANCH"
     )
-    push_branch: Annotated[Text, _check(_branch_problem)] = setting(
-        "vibey/{project}", "VIBEY_PROJECT_PUSH_BRANCH", "the remote branch ({project}: its id)"
-    )
+    """the remote branch ({project}: its id)"""
 
     def branch_for(self, project: str) -> str:
         return self.push_branch.replace("{project}", project)
@@ -550,23 +392,23 @@ class EngineSettings(Section):
 
     table: ClassVar[str] = "engine"
     name: Annotated[Literal["scripted", "command"], Kind("a string", str)] = setting(
-        "scripted", "VIBEY_ENGINE_NAME", "`workflow start`'s engine: scripted or command"
+        "scripted", "VIBEY_ENGINE_NAME"
     )
-    command: Argv = setting((), "VIBEY_ENGINE_COMMAND", "the command engine's argv (shell words)")
-    timeout_seconds: Seconds = setting(7200.0, "VIBEY_ENGINE_TIMEOUT", "the command's time limit")
+    """`workflow start`'s engine: scripted or command"""
+    command: Argv = setting((), "VIBEY_ENGINE_COMMAND")
+    """the command engine's argv (shell words)"""
+    timeout_seconds: Seconds = setting(7200.0, "VIBEY_ENGINE_TIMEOUT")
+    """the command's time limit"""
     workspace: Annotated[Text, _blank("the engine workspace")] = setting(
-        ".vibey/work", "VIBEY_ENGINE_WORKSPACE", "engines' repositories and worktrees"
+        ".vibey/work", "VIBEY_ENGINE_WORKSPACE"
     )
+    """engines' repositories and worktrees"""
     max_dollars: Number | None = setting(
-        None,
-        "VIBEY_ENGINE_MAX_DOLLARS",
-        "a bounded BUILD job's spend cap (unset: none)",
-        gt=0,
-        allow_inf_nan=False,
+        None, "VIBEY_ENGINE_MAX_DOLLARS", gt=0, allow_inf_nan=False
     )
-    max_turns: Int | None = setting(
-        None, "VIBEY_ENGINE_MAX_TURNS", "a bounded BUILD job's turn cap (unset: none)", gt=0
-    )
+    """a bounded BUILD job's spend cap (unset: none)"""
+    max_turns: Int | None = setting(None, "VIBEY_ENGINE_MAX_TURNS", gt=0)
+    """a bounded BUILD job's turn cap (unset: none)"""
 
     @model_validator(mode="after")
     def _command_engine(self) -> EngineSettings:
@@ -582,9 +424,8 @@ class MetricsSettings(Section):
     """``[metrics]``: where a worker, the reconciler or a loop service serves metrics."""
 
     table: ClassVar[str] = "metrics"
-    port: Int | None = setting(
-        None, "VIBEY_METRICS_PORT", "Prometheus /metrics and /healthz (unset: none)", ge=1, le=65535
-    )
+    port: Int | None = setting(None, "VIBEY_METRICS_PORT", ge=1, le=65535)
+    """Prometheus /metrics and /healthz (unset: none)"""
 
 
 def is_loopback(host: str) -> bool:
@@ -604,33 +445,30 @@ class ConsoleSettings(Section):
     ``safety_poll_seconds``; otherwise every ``poll_seconds`` (the slow pace is never faster)."""
 
     table: ClassVar[str] = "console"
-    host: Text = setting(
-        "127.0.0.1", "VIBEY_CONSOLE_HOST", "beyond loopback only with allow_remote"
+    host: Text = setting("127.0.0.1", "VIBEY_CONSOLE_HOST")
+    """beyond loopback only with allow_remote"""
+    port: Int = setting(8377, "VIBEY_CONSOLE_PORT", ge=1, le=65535)
+    """the console's port"""
+    allow_remote: Flag = setting(False, "VIBEY_CONSOLE_ALLOW_REMOTE")
+    """may bind beyond loopback"""
+    username: Text = setting("admin", "VIBEY_CONSOLE_USERNAME")
+    """who signs in with password_hash"""
+    password_hash: Annotated[Text | None, check(_scrypt)] = setting(
+        None, "VIBEY_CONSOLE_PASSWORD_HASH"
     )
-    port: Int = setting(8377, "VIBEY_CONSOLE_PORT", "the console's port", ge=1, le=65535)
-    allow_remote: Flag = setting(False, "VIBEY_CONSOLE_ALLOW_REMOTE", "may bind beyond loopback")
-    username: Text = setting("admin", "VIBEY_CONSOLE_USERNAME", "who signs in with password_hash")
-    password_hash: Annotated[Text | None, _check(_scrypt)] = setting(
-        None, "VIBEY_CONSOLE_PASSWORD_HASH", "`vibey console hash` of the password"
-    )
-    token_hash: Annotated[Text | None, _check(_scrypt)] = setting(
-        None, "VIBEY_CONSOLE_TOKEN_HASH", "a token's hash (sign in with it, or Bearer)"
-    )
-    read_only: Flag = setting(
-        False, "VIBEY_CONSOLE_READ_ONLY", "a shared screen: no form, no write"
-    )
-    anonymous_read: Flag = setting(
-        False, "VIBEY_CONSOLE_ANONYMOUS_READ", "pages without signing in (never writes)"
-    )
-    poll_seconds: Seconds = setting(
-        0.5, "VIBEY_CONSOLE_POLL", "how often it looks for a change without the domain events"
-    )
-    safety_poll_seconds: Seconds = setting(
-        5.0, "VIBEY_CONSOLE_SAFETY_POLL", "... while the domain events arrive"
-    )
-    follow_events: Flag = setting(
-        True, "VIBEY_CONSOLE_FOLLOW_EVENTS", "pages woken by vibey.events (false: the poll alone)"
-    )
+    """`vibey console hash` of the password"""
+    token_hash: Annotated[Text | None, check(_scrypt)] = setting(None, "VIBEY_CONSOLE_TOKEN_HASH")
+    """a token's hash (sign in with it, or Bearer)"""
+    read_only: Flag = setting(False, "VIBEY_CONSOLE_READ_ONLY")
+    """a shared screen: no form, no write"""
+    anonymous_read: Flag = setting(False, "VIBEY_CONSOLE_ANONYMOUS_READ")
+    """pages without signing in (never writes)"""
+    poll_seconds: Seconds = setting(0.5, "VIBEY_CONSOLE_POLL")
+    """how often it looks for a change without the domain events"""
+    safety_poll_seconds: Seconds = setting(5.0, "VIBEY_CONSOLE_SAFETY_POLL")
+    """... while the domain events arrive"""
+    follow_events: Flag = setting(True, "VIBEY_CONSOLE_FOLLOW_EVENTS")
+    """pages woken by vibey.events (false: the poll alone)"""
 
     @model_validator(mode="after")
     def _loopback(self) -> ConsoleSettings:
@@ -658,10 +496,12 @@ class TracingSettings(Section):
     """``[tracing]``: OpenTelemetry traces exported over OTLP/HTTP (``actors/tracing.py``)."""
 
     table: ClassVar[str] = "tracing"
-    otlp_endpoint: Annotated[Text | None, _check(_http)] = setting(
-        None, "VIBEY_TRACING_OTLP_ENDPOINT", "OTLP/HTTP endpoint (unset: no tracing)"
+    otlp_endpoint: Annotated[Text | None, check(_http)] = setting(
+        None, "VIBEY_TRACING_OTLP_ENDPOINT"
     )
-    service_name: Text = setting("vibey", "VIBEY_TRACING_SERVICE_NAME", "the traces' service")
+    """OTLP/HTTP endpoint (unset: no tracing)"""
+    service_name: Text = setting("vibey", "VIBEY_TRACING_SERVICE_NAME")
+    """the traces' service"""
 
 
 class Settings(Section):
@@ -712,65 +552,6 @@ class Settings(Section):
 # --- what is derived from the declarations ----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
-    """One declared setting: where it lives and how it is written."""
-
-    section: type[Section]
-    name: str
-    field: FieldInfo
-
-    @property
-    def table(self) -> str:
-        return self.section.table
-
-    @property
-    def env(self) -> str | None:
-        return _extra(self.field, "env")
-
-    @property
-    def flag(self) -> str | None:
-        return _extra(self.field, "flag")
-
-    @property
-    def env_item(self) -> str | None:
-        return _extra(self.field, "env_item")
-
-    @property
-    def kind(self) -> Kind | None:
-        return _kind(self.field.annotation, self.field.metadata)
-
-    @property
-    def fix(self) -> str:
-        """What a refusal tells the user to fix."""
-        flag = f"{self.flag}, " if self.flag else ""
-        where = f"{self.name} under [{self.table}]"
-        fix = f"fix {flag}{self.env} (or {where})" if self.env else f"fix {where}"
-        return fix + (", or leave it unset" if self.field.default is None else "")
-
-    def path(self) -> tuple[str, ...]:
-        return (*self.table.split("."), self.name)
-
-
-def _extra(field: FieldInfo, name: str) -> str | None:
-    extra = field.json_schema_extra
-    value = extra.get(name) if isinstance(extra, dict) else None
-    return value if isinstance(value, str) else None
-
-
-def _kind(annotation: Any, metadata: Iterable[Any] = ()) -> Kind | None:
-    for item in metadata:
-        if isinstance(item, Kind):
-            return item
-    if get_origin(annotation) is Annotated:
-        return _kind(get_args(annotation)[0], get_args(annotation)[1:])
-    for arg in get_args(annotation) if get_origin(annotation) in (Union, type(int | None)) else ():
-        found = _kind(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def sections(model: type[BaseModel] = Settings) -> Iterator[type[Section]]:
     """Every section ``model`` holds, nested ones after their parent."""
     for field in model.model_fields.values():
@@ -783,8 +564,9 @@ def keys() -> Iterator[Key]:
     """Every declared setting, in declaration order."""
     for section in sections():
         for name, field in section.model_fields.items():
-            if _extra(field, "env") is not None or field.description:
-                yield Key(section, name, field)
+            key = Key(section, name, field)
+            if key.env is not None or field.description:
+                yield key
 
 
 def in_effect(settings: Settings, redact: Callable[[str], str]) -> list[tuple[str, Any]]:
@@ -822,65 +604,3 @@ def _toml(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"`{int(value)}`"
     return f"`{value}`" if not isinstance(value, dict) else "`{}`"
-
-
-# --- refusals, one line each ------------------------------------------------------------------
-
-_PHRASES: Mapping[str, str] = {
-    "greater_than": "more than {gt}",
-    "greater_than_equal": "at least {ge}",
-    "less_than": "less than {lt}",
-    "less_than_equal": "at most {le}",
-    "finite_number": "a finite number",
-    "string_too_short": "non-empty",
-}
-
-
-def _shown(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) and math.isfinite(value) else repr(value)
-
-
-def explain(
-    exc: ValidationError, model: type[BaseModel] = Settings, where: str | None = None
-) -> SettingsError:
-    """The first of ``exc``'s errors as one line naming the key and its fix; ``where`` (the
-    file read) prefixes what only the file can be wrong about. Unknown keys come first."""
-    errors = exc.errors()
-    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    return SettingsError(_explain(error, model, f"{where}: " if where else ""))
-
-
-def _explain(error: ErrorDetails, model: type[BaseModel], where: str) -> str:
-    owner, loc = model, list(error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
-    while loc and isinstance(loc[0], str) and loc[0] in owner.model_fields:
-        field = owner.model_fields[loc[0]]
-        nested = field.annotation
-        if not (isinstance(nested, type) and issubclass(nested, BaseModel)):
-            break
-        if len(loc) == 1 and error["type"] != "value_error":
-            return f"{where}{loc[0]} must be a [{getattr(nested, 'table', loc[0])}] table"
-        owner, loc = nested, loc[1:]
-    table = getattr(owner, "table", "")
-    if not loc:  # a check across a section's keys: its message names them and the fix
-        return message
-    name = str(loc[0])
-    item = f"[{loc[1]!r}]" if len(loc) > 1 else ""
-    if error["type"] == "extra_forbidden":
-        known = ", ".join(owner.model_fields)
-        if not table:
-            return f"{where}unknown section [{name}]; known sections: {known}"
-        return f"{where}unknown key {name!r} in [{table}]; known keys: {known}"
-    key = Key(owner, name, owner.model_fields[name])  # type: ignore[arg-type]
-    value = error["input"]
-    if error["type"] == "value_error":
-        return f"{message}; {key.fix}"
-    if error["type"] == "literal_error":
-        choices = ", ".join(get_args(key.field.annotation))
-        return f"{name} {value!r} is not one of {choices}: {key.fix}"
-    phrase = _PHRASES.get(error["type"])
-    if phrase is not None:
-        shown = phrase.format(**{k: _shown(v) for k, v in (error.get("ctx") or {}).items()})
-        return f"{name}{item} must be {shown}, got {_shown(value)}: {key.fix}"
-    wanted = key.kind.wanted if key.kind else "of another type"
-    return f"{where}[{table}] {name}{item} must be {wanted}, got {value!r}: {key.fix}"

@@ -8,7 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from actors.config import Key, Settings, keys, table
+from actors.config import Settings, keys, table
+from actors.declare import Key
 from vibey.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
