@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, TypeVar, Union, get_args, get_origin
 
@@ -141,13 +142,34 @@ class Section(BaseModel):
     table: ClassVar[str] = ""
 
     def __init__(self, **values: Any) -> None:
+        # pydantic calls this for a nested section too: the outermost one explains
+        outermost = _NESTED.set(True)
         try:
             super().__init__(**values)
         except ValidationError as exc:
+            if outermost.old_value is True:
+                raise
             raise explain(exc, type(self)) from None
+        finally:
+            _NESTED.reset(outermost)
+
+
+_NESTED: ContextVar[bool] = ContextVar("nested", default=False)
+
+
+def validate(model: type[M], values: Mapping[str, Any], where: str) -> M:
+    """``values`` (read from ``where``) checked into ``model``; a refusal is one line."""
+    outermost = _NESTED.set(True)
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise explain(exc, model, where) from None
+    finally:
+        _NESTED.reset(outermost)
 
 
 S = TypeVar("S", bound=Section)
+M = TypeVar("M", bound=BaseModel)
 
 
 def replace(section: S, **changes: Any) -> S:

@@ -30,8 +30,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from actors.config import (
     AMQP_FIX,
     DATABASE_FIX,
@@ -64,9 +62,9 @@ from actors.declare import (
     Section,
     SettingsError,
     Unreadable,
-    explain,
     replace,
     split_list,
+    validate,
 )
 
 __all__ = [
@@ -127,11 +125,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: Path | None = N
     _check_removed(toml, env, where)
     values = _merged(toml, _from_environment(env))
     apart = {name: values.pop(name, {}) for name in _PARSED_APART}
-    try:
-        settings = Settings.model_validate(values)
-    except ValidationError as exc:
-        raise explain(exc, Settings, where) from None
-    return settings.model_copy(
+    return validate(Settings, values, where).model_copy(
         update={
             "engines": _roster(apart["engines"], where),
             "webhooks": _webhooks(apart["notify"], env, where),
@@ -164,12 +158,15 @@ def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over``'s values, table by table."""
+    """``base`` with ``over``'s values, table by table (a file's key that should be a table
+    and is not stays, for the check to name)."""
     merged = dict(base)
     for name, value in over.items():
         below = merged.get(name)
-        both = isinstance(below, dict) and isinstance(value, dict)
-        merged[name] = _merged(below, value) if both else value  # type: ignore[arg-type]
+        if isinstance(value, dict) and isinstance(below, dict):
+            merged[name] = _merged(below, value)
+        elif not isinstance(value, dict) or below is None:
+            merged[name] = value
     return merged
 
 

@@ -285,10 +285,11 @@ def test_settings_are_frozen(empty_dir: Path) -> None:
     ],
 )
 def test_unknown_sections_and_keys_are_errors(tmp_path: Path, body: str, named: str) -> None:
-    write_toml(tmp_path, body)
+    path = write_toml(tmp_path, body)
     message = settings_error({}, tmp_path)
     assert named in message
     assert "known" in message
+    assert message.startswith(f"{path}: ")  # the file it is in
 
 
 def test_invalid_toml_is_an_error(tmp_path: Path) -> None:
