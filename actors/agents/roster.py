@@ -48,18 +48,11 @@ from actors.agents.confine import (
     config_endpoints,
     env_endpoints,
 )
+from workflows.effort import LADDERS, Effort
 
 ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider", "command", "scripted")
-EFFORT_LEVELS: tuple[str, ...] = ("TRIVIAL", "LOW", "STANDARD", "HIGH", "MAX")
-PHASES: tuple[str, ...] = (
-    "design",
-    "visual_design",
-    "build",
-    "review",
-    "deploy_design",
-    "deploy_execute",
-    "deploy_review",
-)
+EFFORT_LEVELS: tuple[str, ...] = tuple(level.name for level in Effort)
+PHASES: tuple[str, ...] = tuple(phase.value for phase in LADDERS)  # the phases engines work in
 DEFAULT_BINARIES = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "aider": "aider"}
 BASE_ENV: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR")
 KEYS: tuple[str, ...] = (
