@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.agents.catalog import ADAPTERS, API_HOSTS, DEFAULT_BINARIES, SERVICE_ADAPTERS
 from actors.agents.confine import (
-    API_HOSTS,
     MODES,
     Confinement,
     ConfinementError,
@@ -50,10 +50,8 @@ from actors.agents.confine import (
 )
 from workflows.effort import LADDERS, Effort
 
-ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider", "command", "scripted")
 EFFORT_LEVELS: tuple[str, ...] = tuple(level.name for level in Effort)
 PHASES: tuple[str, ...] = tuple(phase.value for phase in LADDERS)  # the phases engines work in
-DEFAULT_BINARIES = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "aider": "aider"}
 BASE_ENV: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR")
 KEYS: tuple[str, ...] = (
     "adapter",
@@ -77,7 +75,6 @@ KEYS: tuple[str, ...] = (
     "write_allow",
 )
 INVOCATIONS: tuple[str, ...] = ("subprocess", "service")
-SERVICE_ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider")
 MAX_PREFETCH = 64
 
 
