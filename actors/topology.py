@@ -160,6 +160,26 @@ class QueueSpec:
     bindings: tuple[Binding, ...]
 
 
+CONSUMER_TIMEOUT_FIX = (
+    "raise consumer_timeout_seconds under [queue.rabbitmq] (VIBEY_QUEUE_CONSUMER_TIMEOUT) "
+    "or shorten [queue.lease_seconds]"
+)
+
+
+def consumer_timeout_problem(timeout: timedelta, longest_lease: timedelta) -> str | None:
+    """What is wrong with the work queues' consumer timeout against the longest lease, or
+    None: it must be above it, or a step holding its delivery that long would lose its channel
+    (:data:`CONSUMER_TIMEOUT_FIX` says how to fix it). The one check: ``vibey worker`` refuses
+    to start on it, ``vibey doctor`` reports it."""
+    if timeout > longest_lease:
+        return None
+    return (
+        f"consumer_timeout_seconds ({timeout.total_seconds():g} s) is not above the longest "
+        f"lease ({longest_lease.total_seconds():g} s): a step holding its delivery that long "
+        "would lose its channel"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     """The declared objects for some lanes, wait tiers and dedicated projects."""
