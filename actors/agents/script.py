@@ -16,10 +16,8 @@ from typing import Any
 
 from actors.agents.base import ScriptError
 from workflows.protocol.kinds import BUILD_IMPLEMENT
+from workflows.protocol.results import DEPLOY_FAILURES
 
-DEPLOY_FAILURES: frozenset[str] = frozenset(
-    {"infra", "config", "design", "product", "code", "review"}
-)
 DEFAULT_ITEM: dict[str, str] = {"id": "main", "title": "main"}
 DEFAULT_ENGINE = "scripted"
 Failures = int | tuple[int, ...]

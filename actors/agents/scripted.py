@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.agents.base import EngineTask, EngineVerdict, ScriptError
-from actors.agents.script import DEFAULT_ENGINE, DEPLOY_FAILURES, Script
+from actors.agents.script import DEFAULT_ENGINE, Script
 from actors.worktrees import commit_all, current_branch
 from workflows.capacity import CreditsExhausted, encode_state
 from workflows.ledger import (
@@ -74,6 +74,7 @@ from workflows.protocol.kinds import (
     VISUAL_INVENTORY,
     VISUAL_PLAN,
 )
+from workflows.protocol.results import DEPLOY_FAILURES
 
 ROUTES: Mapping[str | None, str] = {
     None: "done",

@@ -21,7 +21,11 @@ from workflows.schema import problem
 
 JsonObject: TypeAlias = Mapping[str, Any]
 
-DEPLOY_FAILURES: frozenset[str] = frozenset({"infra", "config", "product", "code", "review"})
+DEPLOY_FAILURES: frozenset[str] = frozenset(
+    {"infra", "config", "design", "product", "code", "review"}
+)
+"""What deploy.triage may name: the execution (infra, config), the deployment's design, the
+product's design, the code, or the review. deploy.route sends each where it is mended."""
 ROUTES: tuple[str, ...] = ("done", "deploy_execute", "deploy_design", "design", "build", "review")
 IMPLEMENT_STATUSES: tuple[str, ...] = ("done", "ambiguous")
 DEMO_KEYS: tuple[str, ...] = ("summary", "diff_stat", "how_to_run")
