@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from uuid import UUID
@@ -276,7 +276,7 @@ class MemoryJobRepository:
             priority=job.priority,  # as the outbox trigger copies them (0010_project_routes)
             workflow_id=job.workflow_id,
         )
-        unit.wrote([_row(pointer)])
+        unit.wrote([asdict(pointer)])
         return job
 
     # -- claims and fenced writes ----------------------------------------------------------
@@ -692,17 +692,3 @@ class MemoryJobRepository:
         ]
         return sorted(jobs, key=lambda j: (j.created_at, j.id))
 
-
-def _row(pointer: OutboxRow) -> dict[str, Any]:
-    return {
-        "id": pointer.id,
-        "key": pointer.key,
-        "job_id": pointer.job_id,
-        "project_id": pointer.project_id,
-        "dispatch_seq": pointer.dispatch_seq,
-        "kind": pointer.kind,
-        "not_before": pointer.not_before,
-        "solo": pointer.solo,
-        "priority": pointer.priority,
-        "workflow_id": pointer.workflow_id,
-    }
