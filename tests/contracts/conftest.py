@@ -262,7 +262,7 @@ class RabbitMqBackend(PostgresRecord):
         )
 
     def notifier(self) -> JobReadyNotifier:
-        return _Unowned(self.deliveries)
+        return _Borrowed(self.deliveries)
 
     def stall(self, owner: str) -> None:
         self.workers.stall(owner)
@@ -312,7 +312,7 @@ class MemoryBackend:
             workers=self.workers,
             claims=self.claims,
             producer=self.jobs,
-            leases_on_request=with_lease,
+            prepare=with_lease,
         )
 
     def notifier(self) -> JobReadyNotifier:
@@ -336,8 +336,8 @@ class MemoryBackend:
         return sum(1 for job in self.jobs.state.jobs.values() if job.project_id == project_id)
 
 
-class _Unowned:
-    """A notifier the backend closes (the contract may close it too)."""
+class _Borrowed:
+    """The deliveries as a notifier whose ``close`` leaves them to the backend."""
 
     def __init__(self, deliveries: Deliveries) -> None:
         self._deliveries = deliveries

@@ -6,8 +6,11 @@ delivered pointer on RabbitMQ, ``store.drive.claim_next`` in the drive loop), ha
 :class:`actors.steps.StepRunner`, whose handler returns an outcome, and the runner writes the
 one settle. This driver keeps the contract's words and runs the fleet's path underneath:
 
-* ``claim(project, owner=…)`` takes what the backend's workers took and runs each through the
-  StepRunner of the worker named ``owner``; the job the handler receives is the claim;
+* ``claim(project, owner=…)`` takes jobs the way the backend's workers do and runs each
+  through the StepRunner of the worker named ``owner``; the job the handler receives is the
+  claim. On RabbitMQ a delivered pointer waits in its step actor until a claim names that
+  worker (a worker process has one runner, which takes it at once); the drive loop's
+  ``claim_next`` (and the fake's ``claim``) names the owner itself;
 * ``ack``/``nack``/``defer``/``park`` with a lease a running step holds become that handler's
   outcome (``Success``/``Failure``/``Defer``/``Park``), and the runner's settle is the answer;
   a lease no running step holds (forged, or already settled) goes to the record store's fenced
@@ -28,6 +31,7 @@ from uuid import UUID
 
 from actors.steps import StepResult, StepRunner
 from store.ports import SettlingJobRepository
+from store.unit_of_work import OutboxRow
 from workflows.job import FailureClass, JobState
 from workflows.queue import (
     NOT_APPLIED,
@@ -259,30 +263,41 @@ class Claims(Protocol):
     def reap(self) -> ReapResult: ...
 
 
+class Producer(Protocol):
+    def enqueue(self, request: EnqueueRequest) -> Enqueued: ...
+
+    def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]: ...
+
+
 class FleetRepository:
     """:class:`workflows.queue.JobRepository` over a backend's workers (module docstring).
 
-    ``producer`` enqueues (it carries the lease policy the contract asked for); every other
-    record-store call goes to ``workers.jobs``, the repository the runners settle through."""
+    ``producer`` enqueues (with the lease policy the contract asked for; ``prepare`` adapts
+    each request first); every other record-store call goes to ``workers.jobs``, the
+    repository the runners settle through."""
 
     def __init__(
-        self, *, workers: Workers, claims: Claims, producer: Any, leases_on_request: Any = None
+        self,
+        *,
+        workers: Workers,
+        claims: Claims,
+        producer: Producer,
+        prepare: Callable[[EnqueueRequest], EnqueueRequest] | None = None,
     ) -> None:
         self._workers = workers
         self._claims = claims
         self._producer = producer
         self._jobs = workers.jobs
-        self._request = leases_on_request or (lambda request: request)
+        self._prepare = prepare
 
     def enqueue(self, request: EnqueueRequest) -> Enqueued:
-        enqueued: Enqueued = self._producer.enqueue(self._request(request))
-        return enqueued
+        return self._producer.enqueue(self._prepared(request))
 
     def enqueue_batch(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
-        enqueued: list[Enqueued] = self._producer.enqueue_batch(
-            [self._request(r) for r in requests]
-        )
-        return enqueued
+        return self._producer.enqueue_batch([self._prepared(r) for r in requests])
+
+    def _prepared(self, request: EnqueueRequest) -> EnqueueRequest:
+        return request if self._prepare is None else self._prepare(request)
 
     def claim(
         self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
@@ -488,7 +503,7 @@ class PointerWakeup:
         self._arrived: dict[str, int] = {}
         self._changed = threading.Condition()
 
-    def submit(self, pointers: Sequence[Any]) -> None:
+    def submit(self, pointers: Sequence[OutboxRow]) -> None:
         with self._changed:
             for pointer in pointers:
                 self._arrived[pointer.project_id] = self._arrived.get(pointer.project_id, 0) + 1
