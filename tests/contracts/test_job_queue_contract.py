@@ -207,6 +207,18 @@ def test_heartbeat_extends_the_lease(backend: Backend) -> None:
     assert repo.ack(held.lease).applied  # 0.6 s after the claim, on a 0.3 s lease
 
 
+def test_a_running_worker_keeps_its_lease_however_long_its_step_takes(backend: Backend) -> None:
+    repo = backend.repo(leases=SHORT)
+    repo.enqueue(req("long"))
+    (held,) = claim_n(repo, P, owner="w")
+    time.sleep(SHORT.default.total_seconds() * 3)  # no beat from the test: the worker's own
+    assert repo.reap().requeued == 0
+    job = repo.get(held.id)
+    assert job is not None and job.lease_expires_at is not None
+    assert held.lease_expires_at is not None and job.lease_expires_at > held.lease_expires_at
+    assert repo.ack(held.lease).applied
+
+
 def test_every_fenced_write_refuses_a_wrong_token(backend: Backend) -> None:
     repo = backend.repo()
     repo.enqueue(req("fenced"))
