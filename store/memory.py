@@ -691,4 +691,3 @@ class MemoryJobRepository:
             j for j in self.state.jobs.values() if (j.project_id, j.cycle) == (project_id, cycle)
         ]
         return sorted(jobs, key=lambda j: (j.created_at, j.id))
-
