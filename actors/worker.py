@@ -192,7 +192,7 @@ class Runtime:
     def __init__(
         self, config: WorkerConfig, *, handlers: Handlers | None = None, owner: str | None = None
     ) -> None:
-        """``handlers`` defaults to ``config.handlers`` (a factory gets the handler context)."""
+        """``handlers`` defaults to ``config.worker.handlers`` (a factory gets the handler context)."""
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         names, rabbitmq = config.names, config.queue.rabbitmq

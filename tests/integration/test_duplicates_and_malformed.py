@@ -48,8 +48,8 @@ from actors.config import (
     RabbitMqSettings,
     WorkerSettings,
 )
-from actors.deliveries import REASON_HEADER
 from actors.steps import StepResult
+from actors.topology import REASON_HEADER
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from tests.commit_audit import COMMIT_AUDIT

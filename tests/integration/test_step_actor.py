@@ -20,8 +20,8 @@ from actors.config import (
     RabbitMqSettings,
     WorkerSettings,
 )
-from actors.deliveries import REASON_HEADER
 from actors.steps import StepResult
+from actors.topology import REASON_HEADER
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import DispatchEnvelope, WaitTiers, encode
