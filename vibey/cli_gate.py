@@ -118,8 +118,8 @@ def show(gate: str, /, *, json_output: Json = False) -> ExitCode:
         Print one JSON object.
     """
     wanted = gate_id(gate)
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
@@ -171,8 +171,8 @@ def answer(
     """
     workflow_part, _, name = gate.partition(":")
     wanted = gate_id(workflow_part)
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     from vibey.cli_workflow import whoami

@@ -238,8 +238,8 @@ def start(
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
     from workflows.engine import WorkflowError
 
     settings = load_settings()
@@ -307,8 +307,8 @@ def cost(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     with workflow_client(load_settings()) as client:
         found = client.cost(_project(project))
@@ -338,8 +338,8 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
@@ -548,8 +548,8 @@ def cancel(
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
@@ -586,8 +586,8 @@ def verify(project: str, *, no_block: bool = False, json_output: Json = False) -
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
