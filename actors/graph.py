@@ -1,28 +1,30 @@
 """A process's object graph, assembled here and nowhere else.
 
 pool → dispatch records → (the relay that sends what the stores commit, on the rabbitmq
-backend) → job repository → workflow store → step runner. The constructors of these parts
-are called in this module only; each process kind passes its values, once, at its start:
+backend: its router and project routes) → job repository → workflow store → step runner.
+These constructors are called in this module only; each process kind passes its values,
+once, at its start:
 
 - a worker (:class:`actors.worker.Runtime`): relay, broker, step runner, reconciler;
 - the drive loop (:class:`actors.drive.PostgresRuntime`): step runner, no relay;
 - the reconciler alone (:class:`actors.reconcile_service.ReconcileService`): relay and
   reconciler, or only the reaper on the postgres backend;
-- the client (:class:`vibey.client.Client`; the CLI and ``vibey console`` use one): relay
-  and stores;
+- the client (:class:`vibey.client.Client`; the CLI's commands and ``vibey console`` each
+  hold one): relay and stores;
 - the loop service (:func:`actors.agents.service.build_service`) builds none of it: it
   hosts engine runs and reaches no database.
 
 The three that start from a :class:`actors.worker.WorkerConfig` read it in
-:func:`actors.worker.open_graph`; the client reads its settings. Nothing is started here:
-the process starts (and stops) what it runs.
+:func:`actors.worker.open_graph`; the client reads its settings. The handlers get the pool
+(``actors.handlers.HandlerContext``), not the graph. Nothing is started here, except a
+client's relay (``connect``): the process starts and stops what it runs.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from actors import metrics, tracing
@@ -125,7 +127,12 @@ def _relay(
     if bus is None:
         return None, None, None
     cache = None if bus.listen is None else RouteCache(url=bus.listen, pool=pool)
-    router = route(bus, registry, read_routes(pool) if cache is None else cache)
+    router = Router(
+        names=bus.names,
+        tiers=bus.tiers,
+        dedicated=read_routes(pool) if cache is None else cache,
+        kinds=registry.kinds,
+    )
     relay = Relay(
         url=bus.url,
         records=records,
@@ -144,12 +151,6 @@ def _relay(
             cache.stop()
         return None, None, None
     return relay, router, cache
-
-
-def route(bus: Bus, registry: Registry, routes: Container[str]) -> Router:
-    """How ``bus`` routes pointers: each kind to its lane, each project in ``routes`` to its
-    dedicated queues."""
-    return Router(names=bus.names, tiers=bus.tiers, dedicated=routes, kinds=registry.kinds)
 
 
 def _after_commit(on_commit: Publish | None, relay: Relay | None) -> Publish | None:
