@@ -25,7 +25,8 @@ Exceptions::
     ├── WorkflowFailed       wait(): the workflow failed
     ├── WorkflowCancelled    wait(): the workflow was cancelled
     ├── WaitTimeout          wait(): still running when the timeout ran out (also a TimeoutError)
-    └── AnswerRefused        answer(): unknown gate, answered already, or an invalid answer
+    └── AnswerRefused        answer(): unknown gate, not open yet, answered already, or an
+                             invalid answer (its message is the one refusal vibey prints)
 """
 
 from __future__ import annotations
@@ -51,7 +52,14 @@ from store.db import Pool
 from store.pool import open_pool
 from store.routes import read_routes
 from store.unit_of_work import OutboxRow
-from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
+from store.workflow_reads import (
+    GateAnswerOutcome,
+    HistoryEntry,
+    StartOutcome,
+    Verification,
+    Workflow,
+)
+from vibey.render import answers_text, clock
 from vibey.settings import Settings, load_settings
 from vibey.wiring import load_registry
 from workflows.budget import Budget, budget_of, with_budget
@@ -95,15 +103,42 @@ class WaitTimeout(ClientError, TimeoutError):
 
 
 class AnswerRefused(ClientError):
-    def __init__(self, outcome: GateAnswerOutcome) -> None:
-        why = {
-            AnswerStatus.UNKNOWN_GATE: "no such gate",
-            AnswerStatus.ALREADY_ANSWERED: "the gate is answered already",
-            AnswerStatus.INVALID_ANSWER: outcome.detail or "not an answer to this gate",
-            AnswerStatus.NOT_OPEN: "the workflow has not asked it yet: nothing was recorded",
-        }.get(outcome.status, outcome.status.value)
-        super().__init__(why)
+    """An answer that was not recorded. Its message is the one line every surface shows
+    (`vibey gate answer`, the console, a Python caller); ``outcome`` says why, and
+    :attr:`invalid` whether the answer itself was wrong (the gate takes others)."""
+
+    def __init__(self, outcome: GateAnswerOutcome, gate: str, answer: str) -> None:
+        super().__init__(refusal(outcome, gate, answer))
         self.outcome = outcome
+
+    @property
+    def invalid(self) -> bool:
+        return self.outcome.status is AnswerStatus.INVALID_ANSWER
+
+
+def refusal(outcome: GateAnswerOutcome, gate: str, answer: str) -> str:
+    """The one-line refusal of ``answer`` to ``gate`` (as the caller named it)."""
+    found = outcome.gate
+    if outcome.status is AnswerStatus.UNKNOWN_GATE:
+        return f"no gate {gate}"
+    if outcome.status is AnswerStatus.NOT_OPEN:
+        return (
+            f"gate {gate} is not open yet: the workflow has not asked it, and nothing was "
+            "recorded; answer it once `vibey gate list` shows it"
+        )
+    if outcome.status is AnswerStatus.ALREADY_ANSWERED:
+        if found is None or found.answered_at is None:  # pragma: no cover - the store sets both
+            return f"gate {gate} is already answered; nothing changed"
+        return (
+            f"gate {gate} was already answered by {found.answered_by} at "
+            f"{clock(found.answered_at)} ({found.answer!r}); nothing changed"
+        )
+    if found is not None and found.answers:
+        return f"{answer} is not an answer to gate {gate}; valid: {', '.join(found.answers)}"
+    why = outcome.detail or "the gate does not take it"
+    valid = answers_text(found) if found is not None else "see `vibey gate show`"
+    tail = "" if valid in why else f"; valid: {valid}"  # a pattern's hint says it already
+    return f"{answer} is not an answer to gate {gate} ({why}){tail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +231,21 @@ class Client:
         parks behind a ``budget_exhausted`` gate (default: ``[workflow] budget_dollars`` /
         ``budget_tokens``; none when neither is set). Raises
         :class:`~workflows.budget.BudgetError` for a budget in ``input`` that is not one."""
+        return self.start_outcome(project, definition, input, budget=budget).workflow
+
+    def start_outcome(
+        self,
+        project: str,
+        definition: str | None = None,
+        input: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | None = None,
+    ) -> StartOutcome:
+        """:meth:`start`, saying also whether this call created the workflow (``created``)
+        or found the project's live one (``created`` false: nothing changed)."""
         name = definition or self._default_definition()
         given = self.budgeted(input or {}, budget)
-        return self.store.start(project, definition=name, input=given).workflow
+        return self.store.start(project, definition=name, input=given)
 
     def budgeted(self, given: Mapping[str, Any], budget: Budget | None = None) -> dict[str, Any]:
         """The workflow input ``given`` with its budget: ``budget``, else the one ``given``
@@ -240,8 +287,23 @@ class Client:
             return self.store.get(workflow)
         return self.store.for_project(workflow)
 
+    def describe(self, workflow: Workflow) -> str:
+        """The workflow in one line, as its definition describes it (``vibey workflow
+        status`` prints it under the header)."""
+        return self.store.describe(workflow)
+
+    def steps(self, workflow: UUID) -> list[Mapping[str, Any]]:
+        """The workflow's steps, one dict a step (``step``, ``kind``, ``state``, ...)."""
+        return [dict(row) for row in self.store.steps(workflow)]
+
     def history(self, workflow: UUID) -> list[HistoryEntry]:
         return self.store.history(workflow)
+
+    def verify(self, workflow: UUID, *, block: bool = False) -> Verification:
+        """Replay the workflow's history through the code this process runs and compare the
+        result with the stored state. ``block``: a divergence blocks a running workflow behind
+        a ``workflow_error`` gate (answer it ``retry`` or ``cancel``)."""
+        return self.store.verify(workflow, block=block)
 
     def cancel(self, workflow: UUID, *, by: str, reason: str = "") -> Workflow:
         return self.store.cancel(workflow, by=by, reason=reason)
@@ -281,15 +343,34 @@ class Client:
 
     def list_gates(self, project: str | None = None) -> list[Gate]:
         """The open gates (workflow questions and parked jobs), oldest first."""
-        return [gate for gate, _ in self.store.inbox(project)]
+        return [gate for gate, _ in self.inbox(project)]
+
+    def inbox(self, project: str | None = None) -> list[tuple[Gate, float]]:
+        """:meth:`list_gates`, each with the seconds it has waited by the database's clock."""
+        return self.store.inbox(project)
+
+    def gate(self, gate: UUID) -> Gate | None:
+        """One gate by id, open or answered (who answered it, when and how); None when there
+        is no such gate."""
+        return self.jobs.get_gate(gate)
 
     def answer(self, gate: UUID | str, value: str | int, *, by: str) -> Gate:
-        """Answer an open gate (validated by its kind); the answered gate. Raises
-        :class:`AnswerRefused` for an unknown gate, a second answer or an invalid one."""
-        gate_id = gate if isinstance(gate, UUID) else UUID(gate)
-        outcome = self.store.answer(gate_id, str(value), by=by)
+        """Answer an open gate (validated by its kind); the answered gate.
+
+        ``gate``: its id (a UUID, or its text), or ``"WORKFLOW_ID:NAME"``, a workflow's gate
+        by the name its definition gives it (as a link sent ahead names it). Raises
+        :class:`AnswerRefused` for an unknown gate, one the workflow has not opened yet, a
+        second answer or an invalid one (nothing is recorded), and ValueError for a ``gate``
+        that is neither form."""
+        named = str(gate)
+        workflow, _, name = named.partition(":")
+        gate_id = gate if isinstance(gate, UUID) else UUID(workflow)
+        if name:
+            outcome = self.store.answer_named(gate_id, name, str(value), by=by)
+        else:
+            outcome = self.store.answer(gate_id, str(value), by=by)
         if outcome.status is not AnswerStatus.ANSWERED or outcome.gate is None:
-            raise AnswerRefused(outcome)
+            raise AnswerRefused(outcome, named, str(value))
         return outcome.gate
 
     # -- dispatch and life -------------------------------------------------------------------

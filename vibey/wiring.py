@@ -120,18 +120,14 @@ def check_consumer_timeout(settings: Settings) -> None:
 
 def consumer_timeout_problem(settings: Settings) -> str | None:
     """What is wrong with ``consumer_timeout_seconds`` against the longest lease, or None."""
+    from actors.topology import CONSUMER_TIMEOUT_FIX
+    from actors.topology import consumer_timeout_problem as problem
+
     if settings.queue.backend != "rabbitmq":
         return None
-    timeout = settings.queue.rabbitmq.consumer_timeout_seconds
-    lease = longest_lease(settings).total_seconds()
-    if timeout > lease:
-        return None
-    return (
-        f"consumer_timeout_seconds ({timeout:g} s) is not above the longest lease ({lease:g} s): "
-        "a step holding its delivery that long would lose its channel; raise "
-        "VIBEY_QUEUE_CONSUMER_TIMEOUT (or consumer_timeout_seconds under [queue.rabbitmq]) "
-        "or shorten [queue.lease_seconds]"
-    )
+    timeout = timedelta(seconds=settings.queue.rabbitmq.consumer_timeout_seconds)
+    found = problem(timeout, longest_lease(settings))
+    return None if found is None else f"{found}; {CONSUMER_TIMEOUT_FIX}"
 
 
 def _check_names(config: WorkerConfig) -> None:
