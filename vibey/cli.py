@@ -462,7 +462,7 @@ def worker(
     if definitions is not None:
         workflow = checked(settings.workflow, definitions=definitions)
         settings = checked(settings, workflow=workflow)
-    from actors.worker import supervise  # Dramatiq: see the module docstring
+    from actors.fleet import supervise  # Dramatiq: see the module docstring
     from vibey.cli_project import route_at_start
     from vibey.wiring import check_consumer_timeout, worker_config
 
@@ -480,7 +480,7 @@ def worker(
     count, threads = settings.worker.processes, config.worker.threads
     # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
-    logging.getLogger("actors.worker").setLevel(logging.INFO)  # respawns are worth a line
+    logging.getLogger("actors.fleet").setLevel(logging.INFO)  # respawns are worth a line
     try:
         print(
             f"vibey worker: {_count(count, 'process')} of {_count(threads, 'thread')} "

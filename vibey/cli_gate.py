@@ -117,8 +117,8 @@ def show(gate: str, /, *, json_output: Json = False) -> ExitCode:
         Print one JSON object.
     """
     wanted = gate_id(gate)
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
@@ -170,9 +170,8 @@ def answer(
     """
     gate_id(gate.partition(":")[0])  # a malformed id is a usage error, before any connection
     from vibey.cli_workflow import whoami
-    from vibey.client import AnswerRefused
+    from vibey.client import AnswerRefused, workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:

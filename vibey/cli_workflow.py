@@ -237,8 +237,8 @@ def start(
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
     from workflows.engine import WorkflowError
 
     settings = load_settings()
@@ -310,8 +310,8 @@ def cost(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     with workflow_client(load_settings()) as client:
         found = client.cost(_project(project))
@@ -341,8 +341,8 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
@@ -550,8 +550,8 @@ def cancel(
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
@@ -588,8 +588,8 @@ def verify(project: str, *, no_block: bool = False, json_output: Json = False) -
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:

@@ -37,21 +37,20 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from actors.relay import Relay, Router
+from actors.graph import Bus, assemble
+from actors.relay import Router
 from actors.topology import QueueNames
-from actors.tracing import event_spans, step_tracer
+from actors.tracing import step_tracer
 from store.cost import CostReads, WorkflowCost
 from store.db import Pool
-from store.dispatch import DispatchRecords
-from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
 from store.pool import open_pool
-from store.routes import RouteCache, StaticRoutes, read_routes
+from store.routes import read_routes
 from store.unit_of_work import OutboxRow
 from store.workflow_reads import (
     GateAnswerOutcome,
@@ -60,9 +59,9 @@ from store.workflow_reads import (
     Verification,
     Workflow,
 )
-from store.workflows import WorkflowStore
 from vibey.render import answers_text, clock
 from vibey.settings import Settings, load_settings
+from vibey.wiring import load_registry
 from workflows.budget import Budget, budget_of, with_budget
 from workflows.engine import Registry, Status
 from workflows.queue import AnswerStatus, Gate
@@ -171,81 +170,49 @@ class Client:
         ``name`` prefixes the relay's id (who holds an outbox row it was handed).
         ``listen_routes=False`` reads the project routes once instead of following their
         changes (one CLI command)."""
-        from vibey.wiring import load_registry
-
         self.settings = settings if settings is not None else load_settings()
         self.registry = registry if registry is not None else load_registry(self.settings)
         url = self.settings.require_database_url()
         self._owns_pool = pool is None
         self._pool = pool or open_pool(url, min_size=1, max_size=pool_size, name="vibey-client")
         self._lock = threading.Lock()
-        self._name = name
         self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
-        self._relay: Relay | None = None
-        self._routes: RouteCache | None = None
-        self._records: DispatchRecords | None = None
-        self._tried = False  # whether a relay was tried (an AMQP URL on the rabbitmq backend)
-        self._listen_routes = listen_routes
-        relay_id = self._start_relay() if connect_relay else None
-        self._published_before = 0
-        self.jobs = PostgresJobRepository(
-            pool=self._pool,
-            leases=self.settings.queue.lease.resolved(self.registry.kinds.canonical),
-            dispatch=self.settings.queue.backend == "rabbitmq",
-            relay_id=relay_id,
-            after_commit=self._committed,
-        )
-        tracing_settings = self.settings.tracing
-        tracer = step_tracer(
-            tracing_settings.otlp_endpoint, service_name=tracing_settings.service_name
-        )
-        self.store = WorkflowStore(
-            pool=self._pool,
-            jobs=self.jobs,
+        rabbitmq = self.settings.queue.backend == "rabbitmq"
+        bus = self._bus(listen=url if listen_routes else None) if connect_relay else None
+        self._tried = bus is not None  # whether a relay was tried
+        tracing = self.settings.tracing
+        graph = assemble(
+            self._pool,
             registry=self.registry,
-            ledger=Ledger(self._pool),
-            events=event_spans(tracer),  # a start's, an answer's, a cancel's span
+            leases=self.settings.queue.lease,
+            owner=f"{name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            tracer=step_tracer(tracing.otlp_endpoint, service_name=tracing.service_name),
+            dispatch=rabbitmq,
+            bus=bus,
+            connect=RELAY_CONNECT_SECONDS,
+            on_commit=self._committed,
         )
+        self._relay, self._routes = graph.relay, graph.routes
+        self._records = graph.records
+        self._published_before = 0
+        self.jobs, self.store = graph.jobs, graph.workflows
 
-    def _start_relay(self) -> str | None:
+    def _bus(self, *, listen: str | None) -> Bus | None:
+        """Where this client's relay sends its pointers: none without an AMQP URL, or on the
+        postgres backend (the workers claim the jobs from PostgreSQL)."""
         settings = self.settings
         if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
             return None
-        self._tried = True
-        relay_id = f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        rabbitmq = settings.queue.rabbitmq
-        records = DispatchRecords(pool=self._pool, relay_id=relay_id)
-        routes: RouteCache | StaticRoutes
-        if self._listen_routes:
-            routes = RouteCache(url=settings.require_database_url(), pool=self._pool).start()
-        else:
-            routes = read_routes(self._pool)
-        relay = Relay(
+        return Bus(
             url=settings.bus.amqp_url,
-            records=records,
-            router=Router(
-                names=QueueNames(settings.bus.prefix),
-                tiers=rabbitmq.wait_tiers,
-                dedicated=routes,
-                kinds=self.registry.kinds,
-            ),
+            names=QueueNames(settings.bus.prefix),
+            tiers=settings.queue.rabbitmq.wait_tiers,
+            listen=listen,
         )
-        try:
-            relay.start(timeout=RELAY_CONNECT_SECONDS)
-        except TimeoutError:  # RabbitMQ did not answer: the reconcilers send the pointers
-            relay.stop(timeout=STOP_SECONDS)
-            if isinstance(routes, RouteCache):
-                routes.stop()
-            return None
-        self._relay, self._records = relay, records
-        self._routes = routes if isinstance(routes, RouteCache) else None
-        return relay_id
 
     def _committed(self, rows: Sequence[OutboxRow]) -> None:
         with self._lock:
             self._pending.extend(row.id for row in rows)
-        if self._relay is not None:
-            self._relay.submit(rows)
 
     # -- workflows ---------------------------------------------------------------------------
 
@@ -414,7 +381,7 @@ class Client:
         with self._lock:
             ids = tuple(self._pending)
             self._pending.clear()
-        if self._relay is None or self._records is None:
+        if self._relay is None:
             return Dispatch(len(ids), 0, tried=self._tried)
         if not self._relay.flush(timeout=timeout) or self._relay.returned:
             self._records.release(ids)  # only rows still unsent: back to the reconcilers
@@ -446,3 +413,21 @@ class Client:
         if not names:
             raise ClientError("no workflow definition is registered: fix [workflow] definitions")
         return names[0]
+
+
+@contextmanager
+def workflow_client(settings: Settings) -> Iterator[Client]:
+    """A client for one CLI command, closed on the way out. Checks the database URL, then the
+    definitions, then connects (DatabaseUnavailable if it cannot)."""
+    settings.require_database_url()
+    client = Client(
+        settings,
+        registry=load_registry(settings),
+        pool_size=2,
+        listen_routes=False,
+        name="vibey-cli",
+    )
+    try:
+        yield client
+    finally:
+        client.close()

@@ -88,7 +88,8 @@ from actors.config import (
     RabbitMqSettings,
     WorkerSettings,
 )
-from actors.worker import Runtime, Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import Runtime, WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.migrate import migrate
 from workflows.queue import EnqueueRequest

@@ -27,7 +27,8 @@ from actors.config import (
     RabbitMqSettings,
     WorkerSettings,
 )
-from actors.worker import Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from tests.chaos.fleet import chaos_seed, count, queue_depths

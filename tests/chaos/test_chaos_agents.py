@@ -40,7 +40,8 @@ from actors.config import (
     RabbitMqSettings,
     WorkerSettings,
 )
-from actors.worker import Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore

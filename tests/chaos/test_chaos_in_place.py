@@ -35,8 +35,9 @@ from actors.config import (
     WorkerSettings,
     WorkflowSettings,
 )
+from actors.fleet import Supervisor
 from actors.reconcile_service import ReconcileService
-from actors.worker import Supervisor, WorkerConfig
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.workflows import WorkflowStore
 from tests.amqp_fixtures import Amqp

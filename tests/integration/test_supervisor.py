@@ -7,7 +7,8 @@ import threading
 import time
 
 from actors.config import BusSettings, DatabaseSettings
-from actors.worker import RESPAWN_MAX_S, Supervisor, WorkerConfig
+from actors.fleet import RESPAWN_MAX_S, Supervisor
+from actors.worker import WorkerConfig
 from tests.amqp_fixtures import Amqp
 
 
