@@ -37,11 +37,11 @@ def stack_checks(
 ) -> list[Check]:
     ops = OperationsStore(pool)
     checks: list[Check] = []
-    if config.backend == "rabbitmq":
+    if config.queue.backend == "rabbitmq":
         checks += _broker_checks(config, read_routes(pool).projects)
     stale = stale_after(config)
     checks.append(_heartbeat(ops, stale))
-    if config.backend == "rabbitmq":
+    if config.queue.backend == "rabbitmq":
         checks.append(_outbox(ops, stale))
         checks.append(_consumer_timeout(config, caps, longest_lease))
     checks.append(_dead_letters(ops))

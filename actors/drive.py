@@ -45,16 +45,22 @@ class PostgresRuntime:
     ) -> None:
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        graph = open_graph(config, owner=self.owner, pool_size=config.threads + 3, relay=False)
+        graph = open_graph(
+            config, owner=self.owner, pool_size=config.worker.threads + 3, relay=False
+        )
         self.pool, self.jobs, self.workflows = graph.pool, graph.jobs, graph.workflows
         self.tracer = graph.tracer
         self.operations = OperationsStore(self.pool)
-        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
+        self.retention = WorkflowRetention(
+            self.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
+        )
         self.tally = StepTally(config.tally_dir)
         self.results = self.tally.results
         self.runner = config_runner(config, graph, handlers=handlers, tally=self.tally)
         self.work = Work.for_lanes(
-            config.lanes, config.projects or None, build_kinds=build_kinds(graph.registry.kinds)
+            config.worker.lanes,
+            config.projects or None,
+            build_kinds=build_kinds(graph.registry.kinds),
         )
         self._stop = threading.Event()
         self._wake = threading.Condition()
@@ -64,7 +70,7 @@ class PostgresRuntime:
 
     def start(self) -> None:
         self._notifier.listen()  # before the first claim: no notification is missed
-        loops = [(f"drive-{n}", self._drive) for n in range(self.config.threads)]
+        loops = [(f"drive-{n}", self._drive) for n in range(self.config.worker.threads)]
         loops += [("listen", self._listen), ("reap", self._reap)]
         for name, target in loops:
             thread = threading.Thread(target=target, name=f"vibey-{name}", daemon=True)
@@ -103,7 +109,7 @@ class PostgresRuntime:
         return self.runner.run_claimed(jobs[0])
 
     def _drive(self) -> None:
-        idle = self.config.poll_interval.total_seconds()
+        idle = self.config.queue.poll_interval_seconds
         while not self._stop.is_set():
             try:
                 if self.run_one() is not None:
@@ -118,14 +124,14 @@ class PostgresRuntime:
 
     def _listen(self) -> None:
         projects = self.config.projects or None
-        idle = self.config.poll_interval.total_seconds()
+        idle = self.config.queue.poll_interval_seconds
         while not self._stop.is_set():
             if self._notifier.wait_for(projects, timeout=min(idle, 1.0)):
                 with self._wake:
                     self._wake.notify_all()
 
     def _reap(self) -> None:
-        interval = self.config.reconcile_interval.total_seconds()
+        interval = self.config.queue.rabbitmq.reconcile_interval_seconds
         while not self._stop.wait(interval):
             try:
                 reaped = reap_once(self.jobs, self.operations, self.owner, self.retention)

@@ -37,7 +37,7 @@ def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     runtime: Runtime | PostgresRuntime
-    runtime = PostgresRuntime(config) if config.backend == "postgres" else Runtime(config)
+    runtime = PostgresRuntime(config) if config.queue.backend == "postgres" else Runtime(config)
     runtime.start()
     if ready is not None:
         ready.set()
@@ -73,7 +73,7 @@ class Supervisor:
         self._stopping = threading.Event()
         self.respawns = 0
         self.metrics: metrics.MetricsServer | None = None
-        if config.metrics_port is not None:  # before the forkserver starts: it inherits it
+        if config.metrics.port is not None:  # before the forkserver starts: it inherits it
             metrics.use_multiprocess_dir()
 
     def run(self) -> int:
@@ -93,14 +93,14 @@ class Supervisor:
 
     def _serve_metrics(self) -> Pool | None:
         """The fleet's metrics endpoint (every process's events, the store's state)."""
-        if self._config.metrics_port is None:
+        if self._config.metrics.port is None:
             return None
         pool = open_pool(self._config.pg_url, min_size=1, max_size=2, name="vibey-metrics")
         collector = metrics.StoreCollector(
             OperationsStore(pool), dead_queue_depth=dead_queue_depth(self._config)
         )
         self.metrics = metrics.MetricsServer(
-            port=self._config.metrics_port, collectors=[collector]
+            port=self._config.metrics.port, collectors=[collector]
         ).start()
         return pool
 

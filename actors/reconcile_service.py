@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from actors import amqp, metrics
@@ -37,7 +38,7 @@ class ReconcileService:
     def __init__(self, config: WorkerConfig, *, owner: str | None = None) -> None:
         self.config = config
         self.owner = owner or f"reconcile:{socket.gethostname()}:{os.getpid()}"
-        rabbitmq = config.backend != "postgres"
+        rabbitmq = config.queue.backend != "postgres"
         graph = open_graph(
             config, owner=self.owner, pool_size=3, relay=rabbitmq, name="vibey-reconcile"
         )
@@ -45,7 +46,9 @@ class ReconcileService:
         self.relay, self.routes = graph.relay, graph.routes
         self.last_error: str | None = None
         self.operations = OperationsStore(self.pool)
-        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
+        self.retention = WorkflowRetention(
+            self.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
+        )
         self.reconciler = config_reconciler(config, graph) if rabbitmq else None
         self.events = event_service(config, self.pool, graph.workflows)  # gate deadlines
 
@@ -67,11 +70,11 @@ class ReconcileService:
         """Reconcile every interval until ``stop``; returns the passes that failed."""
         failures = 0
         server = None
-        if self.config.metrics_port is not None:
+        if self.config.metrics.port is not None:
             collector = metrics.StoreCollector(
                 self.operations, dead_queue_depth=dead_queue_depth(self.config)
             )
-            server = metrics.MetricsServer(port=self.config.metrics_port, collectors=[collector])
+            server = metrics.MetricsServer(port=self.config.metrics.port, collectors=[collector])
             server.start()
         try:
             if self.relay is not None:
@@ -91,7 +94,7 @@ class ReconcileService:
                 else:
                     if report is not None:
                         report(found)
-                if stop.wait(self.config.reconcile_interval.total_seconds()):
+                if stop.wait(self.config.queue.rabbitmq.reconcile_interval_seconds):
                     return failures
         finally:
             if server is not None:

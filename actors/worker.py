@@ -27,7 +27,6 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,12 +35,12 @@ import dramatiq
 from dramatiq.common import join_all
 
 from actors import metrics, tracing
-from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
+from actors.config import Settings
 from actors.event_publisher import EventPublisher, EventService
 from actors.graph import Bus, Graph, StepTally, assemble, step_runner
-from actors.in_place import DEFAULT_STEPS, InPlace
+from actors.in_place import InPlace
 from actors.loaders import load_handlers, load_object, load_registry
 from actors.reconcile import Reconciler
 from actors.steps import StepRunner
@@ -53,9 +52,8 @@ from store.operations import OperationsStore
 from store.pool import open_pool
 from store.retention import WorkflowRetention
 from store.workflows import WorkflowStore
-from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
+from workflows.dispatch import Lane
 from workflows.events import exchange_for
-from workflows.job import LeasePolicy
 from workflows.steps import Handlers
 
 log = logging.getLogger(__name__)
@@ -64,42 +62,12 @@ log = logging.getLogger(__name__)
 LANE_PRIORITY: Mapping[str, int] = {Lane.INTERACTIVE.value: 0, Lane.BUILD.value: 10}
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    pg_url: str
-    amqp_url: str
-    prefix: str = "vibey"
-    lanes: tuple[str, ...] = tuple(lane.value for lane in Lane)
+class WorkerConfig(Settings):
+    """A worker's configuration: the settings as loaded (it reads them itself: ``queue``,
+    ``worker``, ``engine``, ...) and what its start adds. Built by ``vibey.wiring.worker_config``,
+    which checks first that the URLs it needs are set."""
+
     projects: tuple[str, ...] = ()  # serve only these projects' dedicated queues
-    dedicated_projects: tuple[str, ...] = ()  # routed to dedicated queues at start (routes)
-    tiers: WaitTiers = DEFAULT_WAIT_TIERS
-    leases: LeasePolicy = field(default_factory=LeasePolicy)
-    threads: int = 8
-    prefetch: int | None = None  # default: threads (low, so a crash redelivers little)
-    delivery_limit: int = 20
-    consumer_timeout: timedelta = timedelta(hours=6)  # work queues' x-consumer-timeout (3.12+)
-    reconcile_interval: timedelta = timedelta(seconds=30)
-    redispatch_after: timedelta = timedelta(minutes=2)
-    reclaim_after: timedelta = timedelta(seconds=30)
-    in_place_steps: int = DEFAULT_STEPS  # steps a worker chains in place after a settle (0: none)
-    handlers: str = "actors.handlers:build_handlers"  # a Handlers mapping, or a factory
-    definitions: str = "workflows.protocol:DEFINITIONS"  # the workflow definitions it runs
-    workspace: str = ".vibey/work"  # engines' git repositories and worktrees
-    engine_command: tuple[str, ...] = ()  # the `command` engine's argv
-    engine_timeout: timedelta = timedelta(hours=2)
-    engines: tuple[AgentSpec, ...] = ()  # the roster ([engines.<id>] tables)
-    agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
-    max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
-    max_turns: int | None = None
-    push_remote: str | None = None  # [project] push: where build.integrate pushes (None: nowhere)
-    push_branch: str = "vibey/{project}"  # the remote branch ({project}: the project id)
-    backend: str = "rabbitmq"  # or "postgres": the drive loop (actors/drive.py), no broker
-    poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
-    metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
-    outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
-    workflow_retention: timedelta = timedelta(days=30)  # finished workflows archived after this
-    otlp_endpoint: str | None = None  # export step traces over OTLP/HTTP (None: no tracing)
-    tracing_service: str = "vibey"
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
     # SIGTERM: running steps get this long to settle (vibey.wiring.drain_grace: the longest
@@ -107,8 +75,17 @@ class WorkerConfig:
     drain_grace: timedelta = timedelta(hours=2)
 
     @property
+    def pg_url(self) -> str:
+        return self.require_database_url()
+
+    @property
+    def amqp_url(self) -> str:
+        """The broker's URL; "" on the postgres backend, which has none."""
+        return "" if self.queue.backend == "postgres" else self.require_amqp_url()
+
+    @property
     def names(self) -> QueueNames:
-        return QueueNames(self.prefix)
+        return QueueNames(self.bus.prefix)
 
     def queues(self) -> list[str]:
         return [queue for _, queue in self.lane_queues()]
@@ -116,32 +93,32 @@ class WorkerConfig:
     def prefetch_by_queue(self) -> dict[str, int]:
         """Each consumed queue's prefetch: ``prefetch`` (default: the threads), but at most
         ``threads - 1`` on a BUILD queue when the process serves the interactive lane too."""
-        prefetch = self.prefetch or self.threads
-        both = Lane.INTERACTIVE.value in self.lanes and len(self.lanes) > 1
-        keep = both and self.threads > 1
+        threads, lanes = self.worker.threads, self.worker.lanes
+        prefetch = self.queue.rabbitmq.prefetch or threads
+        both = Lane.INTERACTIVE.value in lanes and len(lanes) > 1
+        keep = both and threads > 1
         return {
-            queue: min(prefetch, self.threads - 1)
-            if keep and lane == Lane.BUILD.value
-            else prefetch
+            queue: min(prefetch, threads - 1) if keep and lane == Lane.BUILD.value else prefetch
             for lane, queue in self.lane_queues()
         }
 
     def lane_queues(self) -> list[tuple[str, str]]:
         """(lane, queue) for every queue this process consumes."""
+        lanes = self.worker.lanes
         if self.projects:
-            return [
-                (lane, self.names.work_queue(lane, p)) for p in self.projects for lane in self.lanes
-            ]
-        return [(lane, self.names.work_queue(lane)) for lane in self.lanes]
+            return [(lane, self.names.work_queue(lane, p)) for p in self.projects for lane in lanes]
+        return [(lane, self.names.work_queue(lane)) for lane in lanes]
 
     def topology(self) -> Topology:
+        rabbitmq = self.queue.rabbitmq
+        tiers = rabbitmq.wait_tiers
         return Topology(
             self.names,
-            dict(zip(self.tiers.names, self.tiers.tiers, strict=True)),
-            self.lanes,
-            dedicated_projects=tuple(dict.fromkeys((*self.dedicated_projects, *self.projects))),
-            delivery_limit=self.delivery_limit,
-            consumer_timeout=self.consumer_timeout,
+            dict(zip(tiers.names, tiers.tiers, strict=True)),
+            self.worker.lanes,
+            dedicated_projects=tuple(dict.fromkeys((*rabbitmq.dedicated_projects, *self.projects))),
+            delivery_limit=rabbitmq.delivery_limit,
+            consumer_timeout=timedelta(seconds=rabbitmq.consumer_timeout_seconds),
         )
 
 
@@ -159,25 +136,25 @@ def handler_context(config: WorkerConfig, pool: Any) -> Any:
     """What a handlers factory is called with (the engines' workspace, command and caps)."""
     from actors.handlers import HandlerContext  # the handlers pull in the engines
 
-    runs = None
+    engine, runs = config.engine, None
     if config.amqp_url and any(spec.as_service for spec in config.engines):
         from actors.agents.run_client import RunClient
         from actors.runs_topology import RunsTopology
 
         engines = tuple(spec.id for spec in config.engines if spec.as_service)
-        runs = RunClient(config.amqp_url, RunsTopology(config.prefix, engines))
+        runs = RunClient(config.amqp_url, RunsTopology(config.bus.prefix, engines))
     return HandlerContext(
         pool=pool,
-        workspace=Path(config.workspace),
-        command=config.engine_command,
-        command_timeout=config.engine_timeout,
+        workspace=Path(engine.workspace),
+        command=engine.command,
+        command_timeout=timedelta(seconds=engine.timeout_seconds),
         roster=config.engines,
         agent_env=config.agent_env,
-        max_dollars=config.max_dollars,
-        max_turns=config.max_turns,
+        max_dollars=engine.max_dollars,
+        max_turns=engine.max_turns,
         runs=runs,
-        push_remote=config.push_remote,
-        push_branch=config.push_branch,
+        push_remote=config.project.push,
+        push_branch=config.project.push_branch,
     )
 
 
@@ -189,13 +166,20 @@ def open_graph(
     outbox relay and its route cache (the rabbitmq backend), which the process starts."""
     bus = None
     if relay:
-        bus = Bus(url=config.amqp_url, names=config.names, tiers=config.tiers, listen=config.pg_url)
+        bus = Bus(
+            url=config.amqp_url,
+            names=config.names,
+            tiers=config.queue.rabbitmq.wait_tiers,
+            listen=config.pg_url,
+        )
     return assemble(
         open_pool(config.pg_url, min_size=1, max_size=pool_size, name=name),
-        registry=load_registry(config.definitions),
-        leases=config.leases,
+        registry=load_registry(config.workflow.definitions),
+        leases=config.queue.lease,
         owner=owner,
-        tracer=tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service),
+        tracer=tracing.step_tracer(
+            config.tracing.otlp_endpoint, service_name=config.tracing.service_name
+        ),
         dispatch=relay,
         bus=bus,
     )
@@ -211,14 +195,14 @@ def config_runner(
     in_place: InPlace | None = None,
 ) -> StepRunner:
     """The step runner of a process ``config`` starts; ``handlers`` default to
-    ``config.handlers`` (a factory gets the handler context)."""
+    ``config.worker.handlers`` (a factory gets the handler context)."""
     if handlers is None:
-        handlers = load_handlers(config.handlers, handler_context(config, graph.pool))
+        handlers = load_handlers(config.worker.handlers, handler_context(config, graph.pool))
     return step_runner(
         graph,
         handlers=handlers,
         names=config.names,
-        tiers=config.tiers,
+        tiers=config.queue.rabbitmq.wait_tiers,
         on_result=tally.count,
         crash=load_crash_points(config),
         broker=broker,
@@ -236,11 +220,13 @@ def config_reconciler(config: WorkerConfig, graph: Graph) -> Reconciler:
         relay=graph.relay,
         url=config.amqp_url,
         names=config.names,
-        redispatch_after=config.redispatch_after,
-        reclaim_after=config.reclaim_after,
+        redispatch_after=timedelta(seconds=config.queue.rabbitmq.redispatch_after_seconds),
+        reclaim_after=timedelta(seconds=config.queue.rabbitmq.reclaim_after_seconds),
         operations=OperationsStore(graph.pool),
-        outbox_retention=config.outbox_retention,
-        retention=WorkflowRetention(graph.pool, retention=config.workflow_retention),
+        outbox_retention=timedelta(seconds=config.queue.rabbitmq.outbox_retention_seconds),
+        retention=WorkflowRetention(
+            graph.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
+        ),
         owner=graph.owner,
     )
 
@@ -251,10 +237,13 @@ class Runtime:
     def __init__(
         self, config: WorkerConfig, *, handlers: Handlers | None = None, owner: str | None = None
     ) -> None:
-        """``handlers`` defaults to ``config.handlers`` (a factory gets the handler context)."""
+        """``handlers`` defaults to ``config.worker.handlers`` (a factory gets the handler
+        context)."""
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        graph = open_graph(config, owner=self.owner, pool_size=config.threads + 4, relay=True)
+        graph = open_graph(
+            config, owner=self.owner, pool_size=config.worker.threads + 4, relay=True
+        )
         assert graph.relay is not None and graph.router is not None and graph.routes is not None
         self.pool, self.records, self.tracer = graph.pool, graph.records, graph.tracer
         self.jobs, self.workflows = graph.jobs, graph.workflows
@@ -266,7 +255,7 @@ class Runtime:
         )
         self.tally = StepTally(config.tally_dir)
         self.results = self.tally.results
-        n = config.in_place_steps
+        n = config.queue.rabbitmq.in_place_steps
         self.runner = config_runner(
             config,
             graph,
@@ -298,7 +287,7 @@ class Runtime:
             # then wait in its queues until its worker comes.
             routed = sorted(self.routes.projects - set(topology.dedicated_projects))
             for project in dict.fromkeys((*self.config.projects, *routed)):
-                for lane in self.config.lanes:
+                for lane in self.config.worker.lanes:
                     topology.declare_dedicated(channel, caps, lane, project)
 
         return declare
@@ -317,10 +306,12 @@ class Runtime:
         self._worker = LaneWorker(
             self.broker,
             prefetch=self.config.prefetch_by_queue(),
-            worker_threads=self.config.threads,
+            worker_threads=self.config.worker.threads,
         )
         self._worker.start()
-        self.reconciler.start(interval=self.config.reconcile_interval)
+        self.reconciler.start(
+            interval=timedelta(seconds=self.config.queue.rabbitmq.reconcile_interval_seconds)
+        )
         self.events.start()
 
     def stop(self, *, timeout: float | None = None) -> int:
@@ -343,10 +334,10 @@ class Runtime:
 def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> EventService:
     """Publish the domain events (rabbitmq backend) and sweep gate deadlines, every second."""
     publisher = None
-    if config.backend != "postgres":
+    if config.queue.backend != "postgres":
         events = EventLog(pool=pool)
         publisher = EventPublisher(
-            url=config.amqp_url, events=events, exchange=exchange_for(config.prefix)
+            url=config.amqp_url, events=events, exchange=exchange_for(config.bus.prefix)
         )
     deadlines = GateDeadlines(pool=pool, workflows=workflows)
     return EventService(pg_url=config.pg_url, publisher=publisher, sweep=deadlines.sweep)
@@ -433,6 +424,6 @@ def _stop_deliveries(consumer_thread: Any) -> None:
 def dead_queue_depth(config: WorkerConfig) -> metrics.QueueDepth | None:
     """The dead-letter queue's depth, read over one long-lived connection (None on the
     postgres backend)."""
-    if config.backend == "postgres":
+    if config.queue.backend == "postgres":
         return None
     return metrics.QueueDepth(config.amqp_url, config.names.dead_queue)

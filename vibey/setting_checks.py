@@ -9,7 +9,6 @@ silently. Pure: settings (and the longest lease) in, findings out.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from datetime import timedelta
 from typing import Any
 
@@ -72,10 +71,9 @@ def _inert(settings: Settings) -> list[dict[str, Any]]:
         return []
     defaults = RabbitMqSettings()
     changed = [
-        f.name
-        for f in fields(RabbitMqSettings)
-        if f.name not in _BOTH_BACKENDS
-        and getattr(queue.rabbitmq, f.name) != getattr(defaults, f.name)
+        name
+        for name in RabbitMqSettings.model_fields
+        if name not in _BOTH_BACKENDS and getattr(queue.rabbitmq, name) != getattr(defaults, name)
     ]
     if not changed:
         return []

@@ -5,7 +5,7 @@ the one place the object graph is assembled (a worker process started for the fl
 given its :class:`actors.worker.WorkerConfig`, and reads no settings).
 
 Every value comes from :class:`vibey.settings.Settings` (the command line's choices arrive as
-arguments, or already folded into the settings with ``dataclasses.replace``). Whatever cannot
+arguments, or already folded into the settings with ``vibey.settings.replace``). Whatever cannot
 run is a :class:`vibey.settings.SettingsError` here, in the process that was started, before a
 worker process is spawned: a child that fails at start would only be respawned.
 
@@ -15,7 +15,6 @@ parts, so that a CLI command that only reads the store does not load them.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -42,50 +41,15 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     """
     from actors.worker import WorkerConfig
 
-    postgres = settings.queue.backend == "postgres"
-    amqp_url = "" if postgres else settings.require_amqp_url()
-    pg_url = settings.require_database_url()
-    rabbitmq, worker = settings.queue.rabbitmq, settings.worker
-    config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp_url,
-        prefix=settings.bus.prefix,
-        lanes=worker.lanes,
-        projects=check_project_ids(projects, "fix --project"),
-        dedicated_projects=rabbitmq.dedicated_projects,
-        tiers=rabbitmq.wait_tiers,
-        leases=settings.queue.lease,
-        threads=worker.threads,
-        prefetch=rabbitmq.prefetch,
-        delivery_limit=rabbitmq.delivery_limit,
-        consumer_timeout=timedelta(seconds=rabbitmq.consumer_timeout_seconds),
-        reconcile_interval=timedelta(seconds=rabbitmq.reconcile_interval_seconds),
-        redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
-        reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
-        in_place_steps=rabbitmq.in_place_steps,
-        handlers=worker.handlers,
-        definitions=settings.workflow.definitions,
-        workspace=settings.engine.workspace,
-        engine_command=settings.engine.command,
-        engine_timeout=timedelta(seconds=settings.engine.timeout_seconds),
-        engines=settings.engines,
-        agent_env=dict(settings.agent_env),
-        max_dollars=settings.engine.max_dollars,
-        max_turns=settings.engine.max_turns,
-        push_remote=settings.project.push,
-        push_branch=settings.project.push_branch,
-        backend=settings.queue.backend,
-        poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
-        metrics_port=settings.metrics.port,
-        outbox_retention=timedelta(seconds=rabbitmq.outbox_retention_seconds),
-        workflow_retention=timedelta(seconds=settings.workflow.archive_after_seconds),
-        otlp_endpoint=settings.tracing.otlp_endpoint,
-        tracing_service=settings.tracing.service_name,
-    )
+    if settings.queue.backend != "postgres":
+        settings.require_amqp_url()
+    settings.require_database_url()
+    projects = check_project_ids(projects, "fix --project")
+    config = WorkerConfig(**dict(settings), projects=projects)
     _check_names(config)
-    _check_handlers(config.handlers)
+    _check_handlers(config.worker.handlers)
     _check_leases(settings, load_registry(settings))
-    return dataclasses.replace(config, drain_grace=drain_grace(settings))
+    return config.model_copy(update={"drain_grace": drain_grace(settings)})
 
 
 def longest_lease(settings: Settings) -> timedelta:

@@ -81,6 +81,13 @@ from psycopg_pool import ConnectionPool
 
 from actors.broker import PointerConsumer
 from actors.capabilities import detect
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.fleet import Supervisor
 from actors.worker import Runtime, WorkerConfig
 from store.jobs import PostgresJobRepository
@@ -258,7 +265,7 @@ def enqueue(pool: ConnectionPool, config: WorkerConfig, requests: list[EnqueueRe
     """One transaction, dispatching but with no relay (the outbox rows wait for a
     reconciler's drain), then ANALYZE: a deployed database has statistics, and without them
     the plans of the step path's statements differ (and change when autovacuum catches up)."""
-    repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+    repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
     repo.enqueue_batch(requests)
     committed = time.time()
     with pool.connection() as conn:
@@ -873,12 +880,12 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> int:
         url = stack.enter_context(scratch_database(admin, args.database))
         migrate(url)
         config = WorkerConfig(
-            pg_url=url,
-            amqp_url=amqp,
-            prefix=f"vibeybench{token}",
-            threads=args.threads,
-            reconcile_interval=RECONCILE,
-            handlers="bench_handlers:HANDLERS",
+            database=DatabaseSettings(url=url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"vibeybench{token}"),
+            queue=QueueSettings(
+                rabbitmq=RabbitMqSettings(reconcile_interval_seconds=RECONCILE.total_seconds())
+            ),
+            worker=WorkerSettings(threads=args.threads, handlers="bench_handlers:HANDLERS"),
         )
         stack.enter_context(declared_topology(config))
         pool = stack.enter_context(
@@ -890,7 +897,7 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> int:
         os.environ[bench_handlers.ENV] = str(args.steps_dir)
         paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        print(f"vibey bench: scratch database {args.database}, broker prefix {config.prefix}")
+        print(f"vibey bench: scratch database {args.database}, broker prefix {config.bus.prefix}")
         durable = print_durable(args, fleet_run(args, config, admin, pool))
         raw_queue = f"vibeybench{token}_raw"
         stack.callback(

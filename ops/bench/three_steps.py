@@ -36,7 +36,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,15 @@ from steps import (  # noqa: E402
     wait_for_consumers,
 )
 
+from actors.config import (  # noqa: E402
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+    WorkflowSettings,
+)
 from actors.in_place import DEFAULT_STEPS  # noqa: E402
 from actors.worker import WorkerConfig  # noqa: E402
 from store.migrate import migrate  # noqa: E402
@@ -171,22 +179,23 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
     with scratch_database(admin, database) as pg_url, tempfile.TemporaryDirectory() as work:
         migrate(pg_url)
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=amqp,
-            prefix=f"bwf3{token}",
-            threads=args.threads,
-            reconcile_interval=timedelta(seconds=1),
-            definitions="bench_workflow:DEFINITIONS",
-            handlers="bench_workflow:HANDLERS",
-            workspace=work,
-            in_place_steps=args.in_place_steps,
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"bwf3{token}"),
+            queue=QueueSettings(
+                rabbitmq=RabbitMqSettings(
+                    reconcile_interval_seconds=1, in_place_steps=args.in_place_steps
+                )
+            ),
+            worker=WorkerSettings(threads=args.threads, handlers="bench_workflow:HANDLERS"),
+            workflow=WorkflowSettings(definitions="bench_workflow:DEFINITIONS"),
+            engine=EngineSettings(workspace=work),
         )
         paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         env = {
             "VIBEY_PG_URL": pg_url,
             "VIBEY_AMQP_URL": amqp,
-            "VIBEY_BUS_PREFIX": config.prefix,
+            "VIBEY_BUS_PREFIX": config.bus.prefix,
         }
         settings = load_settings(env, Path(work))
         registry = Registry(bench_workflow.DEFINITIONS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 from starlette.testclient import TestClient
@@ -13,7 +12,7 @@ from starlette.testclient import TestClient
 from vibey.console.app import create_app
 from vibey.console.auth import Access, hash_secret, verify_secret
 from vibey.console.fake import FakeData, gate, workflow
-from vibey.settings import ConsoleSettings, SettingsError, load_settings
+from vibey.settings import ConsoleSettings, SettingsError, load_settings, replace
 
 PASSWORD = "correct horse"
 TOKEN = "a-token-for-scripts"
