@@ -372,10 +372,15 @@ class PostgresJobRepository:
         )
         return _settled(fetch_one(unit.conn, Q["defer"], params), unit)
 
+    @retried("park a job", idempotent=False)
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
-        return self._run_one(self.park_txn, lease, gate)
+        """The fenced park, its gate, the gate's domain event and ledger question: one
+        transaction."""
+        with self.units.begin() as unit:
+            return self.park_txn(unit, lease, gate)
 
-    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled:
+    def park_txn(self, unit: UnitOfWork, lease: Lease, gate: GateRequest) -> Settled:
+        conn = unit.conn
         params = _fence(lease) | {
             "gate_id": uuid.uuid4(),
             "kind": gate.kind,

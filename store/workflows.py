@@ -46,6 +46,7 @@ from store.events import emit_txn
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
 from store.retry import retried
+from store.settle import event_facts, is_one_statement, settle_txn
 from store.sql import load
 from store.unit_of_work import UnitOfWork
 from store.workflow_reads import (
@@ -98,6 +99,7 @@ from workflows.queue import (
     JsonObject,
     Settled,
 )
+from workflows.steps import Outcome
 
 Q = load("workflows.sql")
 __all__ = [
@@ -241,28 +243,30 @@ class WorkflowStore(WorkflowReads):
             ),
         )
 
+    def settle(self, job: Job, outcome: Outcome) -> Settled:
+        """A step's settle in a unit of work of its own (:meth:`settle_txn`): one commit. A
+        plain job's nack and defer are one statement, with no BEGIN/COMMIT around it. A
+        commit cut off mid-flight raises ``CommitUnknown``: the caller reads the row."""
+        one = job.workflow_id is None and is_one_statement(outcome)
+        with self._jobs.units.begin(one_statement=one) as unit:
+            return self.settle_txn(unit, job, outcome)
+
     def settle_txn(
-        self,
-        unit: UnitOfWork,
-        job: Job,
-        settle: Callable[[UnitOfWork], Settled],
-        *,
-        result: JsonObject | None = None,
-        failure: tuple[Any, str] | None = None,
-        evidence: JsonObject | None = None,
-        locked: Workflow | None = None,
+        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
     ) -> Settled:
-        """A step's fenced settle and its event, one transaction: lock the workflow (unless
-        the caller did: ``locked``), run ``settle`` (the job repository's ack/nack/defer/park
-        ``*_txn``), and when it applied and finished the step, record
-        ``StepSucceeded``/``TimerFired``/``StepFailed``."""
+        """A step's settle, in the caller's unit of work: the fenced write ``outcome`` asks
+        for (ack, nack, defer, park) and, for a workflow's step, first the workflow's lock
+        (unless the caller took it: ``locked``) and, when the write applied and finished the
+        step, its event (``StepSucceeded``/``TimerFired``/``StepFailed``) with everything
+        it decides."""
         if job.workflow_id is None or job.step is None:
-            return settle(unit)
+            return settle_txn(self._jobs, unit, job, outcome)
         conn = unit.conn
         workflow = locked or self._lock(conn, job.workflow_id)
-        settled = settle(unit)
+        settled = settle_txn(self._jobs, unit, job, outcome)
         if not settled.applied:
             return settled
+        result, failure, evidence = event_facts(outcome)
         settlement = settled_event(
             job.kind, job.step, job.payload, settled.state, result=result, failure=failure
         )
