@@ -85,6 +85,10 @@ class PostgresJobRepository:
         self._backoff = backoff_policy
         self._dispatch = dispatch
         self._relay_id = relay_id if dispatch else None
+        # Who waits for ``vibey_job_ready``: the postgres backend's workers. Where a relay
+        # publishes what a commit released (dispatching, ``after_commit``), the pointer is
+        # the wakeup and nobody listens: no NOTIFY (it would serialise the commits).
+        self._wake = not (dispatch and after_commit is not None)
         self.units = Units(pool=pool, publish=after_commit)
 
     @property
@@ -141,7 +145,7 @@ class PostgresJobRepository:
             if enqueued.created:
                 woken.add(request.project_id)
             results.append(enqueued)
-        for project_id in sorted(woken):
+        for project_id in sorted(woken) if self._wake else ():
             conn.execute(Q["notify_ready"], {"project_id": project_id})
         # Jobs with dependencies wait for them: dispatched once they all succeeded.
         created = [r.job.id for r in results if r.created and r.job.dispatch_seq == 0]
@@ -285,7 +289,10 @@ class PostgresJobRepository:
         its own (generation 0, every dependency succeeded), so after an ack that was refused
         it releases nothing the ack did not. A dependent written by a transaction still open
         is the lost-dispatch sweep's, as it always was."""
-        params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
+        params = _fence(lease) | {
+            "result": None if result is None else Jsonb(dict(result)),
+            "wake": self._wake,
+        }
         if not self._dispatch:
             return _settled(fetch_one(unit.conn, Q["ack"], params))
         with unit.conn.cursor(row_factory=dict_row) as acked:
@@ -483,7 +490,8 @@ class PostgresJobRepository:
             params = {"job_id": gate.job_id, "more": granted + grant_attempts}
             released = fetch_one(conn, Q["release_parked"], params | self._dispatch_params())
             if released is not None:
-                conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
+                if self._wake:
+                    conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
                 unit.wrote_json(released["outbox_rows"])
         return AnswerOutcome(AnswerStatus.ANSWERED, gate_from_row(answered))
 

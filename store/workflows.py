@@ -194,9 +194,6 @@ class WorkflowStore(WorkflowReads):
         self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
     ) -> StartOutcome:
         conn = unit.conn
-        live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
-        if live is not None:
-            return StartOutcome(workflow_from_row(live), created=False)
         chosen = self._registry.latest(definition)
         row = fetch_one(
             conn,
@@ -212,12 +209,14 @@ class WorkflowStore(WorkflowReads):
                 "state": Jsonb(dict(chosen.encode_state(chosen.initial()))),
             },
         )
-        if row is None:  # a concurrent start won the partial unique index
+        if row is None:  # the project has a live workflow (the partial unique index)
             live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
             if live is None:  # pragma: no cover - the conflict guarantees it
                 raise StoreError(f"project {project_id}: workflow start conflicted and vanished")
             return StartOutcome(workflow_from_row(live), created=False)
-        started = self._record(unit, workflow_from_row(row), Started(input=dict(input)))
+        started = self._record(
+            unit, workflow_from_row(row), Started(input=dict(input)), created=True
+        )
         return StartOutcome(started, created=True)
 
     @retried("record a workflow event", idempotent=False)
@@ -390,6 +389,7 @@ class WorkflowStore(WorkflowReads):
         cause: str | None = None,
         job_id: UUID | None = None,
         caused_by: str | None = None,
+        created: bool = False,
     ) -> Workflow:
         """The event recorded (and decided, unless the workflow is blocked); the workflow
         after it. The domain events it reports (``workflows.events``) are written with it;
@@ -397,16 +397,32 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         now = self._clock()
         seq = workflow.last_seq + 1
-        self._emit(conn, workflow, recorded(event), caused_by or cause)
+        facts = recorded(event)
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
+            self._emit(conn, workflow, facts, caused_by or cause)
             self._append(conn, workflow.id, seq, event, None, now)
             return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
+        # The event's own facts go with what its decision implies (one statement) when they
+        # share a causation; else they are written first, outside the decision's savepoint.
+        together = caused_by is None or caused_by == cause
+        if not together:
+            self._emit(conn, workflow, facts, caused_by)
         try:
             with unit.savepoint():  # a failed decision leaves nothing behind
                 return self._decide(
-                    unit, workflow, seq, event, now, pending=False, cause=(cause, job_id)
+                    unit,
+                    workflow,
+                    seq,
+                    event,
+                    now,
+                    pending=False,
+                    cause=(cause, job_id),
+                    facts=facts if together else (),
+                    created=created,
                 )
         except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
+            if together:
+                self._emit(conn, workflow, facts, cause)
             return self._block(conn, workflow, seq, event, now, exc)
 
     def _decide(
@@ -419,7 +435,11 @@ class WorkflowStore(WorkflowReads):
         *,
         pending: bool,
         cause: tuple[str | None, UUID | None] = (None, None),
+        facts: Sequence[Draft] = (),
+        created: bool = False,
     ) -> Workflow:
+        """``facts``: the event's own domain events, written with what the decision implies
+        (one statement). ``created``: this transaction inserted the workflow's row."""
         conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
@@ -440,16 +460,24 @@ class WorkflowStore(WorkflowReads):
             )
         else:
             self._append(conn, workflow.id, seq, event, commands, now)
-        self._emit(conn, workflow, implied(event, workflow.header, header, produced), cause[0])
+        drafts = [*facts, *implied(event, workflow.header, header, produced)]
+        self._emit(conn, workflow, drafts, cause[0])
         self._carry_out(unit, workflow, header, produced, now)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
         # A step's settle does not read the new stamps back (one round trip fewer); the
-        # workflow it returns keeps the old updated_at/finished_at.
-        return self._save(
-            conn, workflow, header, encoded, last_seq=last, applied_seq=seq, read=cause[1] is None
+        # workflow it returns keeps the old updated_at/finished_at. Nor does a start: the row
+        # it inserted carries this transaction's now(), which is what the update stamps.
+        read = cause[1] is None and not created
+        saved = self._save(
+            conn, workflow, header, encoded, last_seq=last, applied_seq=seq, read=read
         )
+        if created:
+            now_of_txn = workflow.updated_at
+            finished = now_of_txn if header.status.finished else None
+            saved = replace(saved, updated_at=now_of_txn, finished_at=finished)
+        return saved
 
     def _write_ledger(
         self,
