@@ -1,10 +1,10 @@
 """The event publisher: drains ``domain_event`` rows to the ``vibey.events`` topic exchange.
 
 A row is written in the transaction of the change it reports; this publisher sends it after
-that commit (it looks every ``publish_every`` seconds, a tenth of a second by default), with
-publisher confirms, under ``<tenant>.<project>.<event_type>``, its payload by reference when
-large (``workflows.events.by_reference``). Rows are locked while they are sent and marked
-published only once the broker confirmed them: a publisher that dies mid-batch leaves them for
+that commit (it looks every ``publish_every`` seconds, a tenth of a second by default), a batch
+in one AMQP transaction, under ``<tenant>.<project>.<event_type>``, its payload by reference
+when large (``workflows.events.by_reference``). Rows are locked while they are sent and marked
+published only once the broker committed them: a publisher that dies mid-batch leaves them for
 the next, so an event may reach the broker twice (consumers dedupe by ``event_id``), never
 zero times. Several publishers at once skip each other's rows.
 
@@ -76,6 +76,7 @@ class EventPublisher:
                             headers={VERSION_HEADER: VERSION},
                         ),
                     )
+                channel.tx_commit()  # the batch's one round trip: the broker holds them all
             except amqp.AMQPError:
                 self.close()  # nothing is marked: the rows wait for the next pass
                 raise
@@ -88,7 +89,9 @@ class EventPublisher:
             self.close()
             self._connection = amqp.connect(self._url)
             channel = self._connection.channel()
-            channel.confirm_delivery()
+            # A transaction per batch, not a confirm per message: pika's blocking channel in
+            # confirm mode waits for each message's confirm before it sends the next.
+            channel.tx_select()
             declare_exchange(channel, self.exchange)
             self._channel = channel
         return self._channel

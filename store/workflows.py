@@ -453,13 +453,15 @@ class WorkflowStore(WorkflowReads):
             header, decision = apply(definition, workflow.header, state, event, now)
             produced, encoded = decision.commands, definition.encode_state(decision.state)
         commands = encode_commands(produced)
+        history: dict[str, Any] | None = None  # written with the workflow's update
         if pending:
             conn.execute(
                 Q["decide_history"],
                 {"workflow_id": workflow.id, "seq": seq, "commands": Jsonb(commands)},
             )
         else:
-            self._append(conn, workflow.id, seq, event, commands, now)
+            event_json = Jsonb(encode_event(event))
+            history = {"seq": seq, "event": event_json, "commands": Jsonb(commands), "at": now}
         drafts = [*facts, *implied(event, workflow.header, header, produced)]
         self._emit(conn, workflow, drafts, cause[0])
         self._carry_out(unit, workflow, header, produced, now)
@@ -471,7 +473,14 @@ class WorkflowStore(WorkflowReads):
         # it inserted carries this transaction's now(), which is what the update stamps.
         read = cause[1] is None and not created
         saved = self._save(
-            conn, workflow, header, encoded, last_seq=last, applied_seq=seq, read=read
+            conn,
+            workflow,
+            header,
+            encoded,
+            last_seq=last,
+            applied_seq=seq,
+            read=read,
+            history=history,
         )
         if created:
             now_of_txn = workflow.updated_at
@@ -710,14 +719,18 @@ class WorkflowStore(WorkflowReads):
         last_seq: int,
         applied_seq: int | None,
         read: bool = True,
+        history: Mapping[str, Any] | None = None,
     ) -> Workflow:
+        """``history``: the event's history row (seq, event, commands, at), written in the
+        same statement."""
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
         run = fetch_one if read else _queued
         stamps = run(
             conn,
-            Q["update_workflow"],
-            {
+            Q["update_workflow" if history is None else "record_and_update_workflow"],
+            dict(history or {})
+            | {
                 "id": workflow.id,
                 "phase": header.phase,
                 "cycle": header.cycle,

@@ -181,7 +181,9 @@ woken AS (
     FROM settled s
     WHERE %(wake)s AND EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id)
 )
-SELECT s.state, (SELECT count(*) FROM woken) AS woken FROM settled s
+SELECT s.state, (SELECT count(*) FROM woken) AS woken,
+       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id) AS dependents
+FROM settled s
 
 -- name: nack
 WITH settled AS (
