@@ -22,7 +22,8 @@ from datetime import timedelta
 from typing import Any
 
 from actors import amqp
-from actors.worker import WorkerConfig, load_registry
+from actors.loaders import load_registry
+from actors.worker import WorkerConfig
 from store.db import Pool
 from store.drive import Work, build_kinds, claimable_count
 from store.operations import OperationsStore

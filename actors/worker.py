@@ -1,9 +1,11 @@
-"""The worker fleet: Dramatiq workers on vibey's lane queues, under a supervisor.
+"""A worker process: Dramatiq workers on vibey's lane queues; its configuration.
 
-:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job repository, the outbox
-relay, the adapted Dramatiq broker, one step actor per consumed queue, the reconciler on
-APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` runs several
-such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
+:class:`WorkerConfig` is what every process started for the fleet is given (a worker, the
+drive loop, the reconciler alone); :func:`open_graph` reads it into the process's object graph
+(:mod:`actors.graph`). :class:`Runtime` is one rabbitmq-backend worker process: that graph
+with the outbox relay, the adapted Dramatiq broker, one step actor per consumed queue, the
+reconciler on APScheduler, and an embedded ``dramatiq.Worker`` (threads). ``actors.fleet``
+runs several such processes under a supervisor.
 
 A process serves the shared lane queues (the default fleet, every project) or, given
 ``projects``, only those projects' dedicated queues. Which projects the relay routes to their
@@ -20,19 +22,15 @@ thread ahead of buffered BUILD steps.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import multiprocessing as mp
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dramatiq
 from dramatiq.common import join_all
@@ -42,30 +40,23 @@ from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.event_publisher import EventPublisher, EventService
+from actors.graph import Bus, Graph, StepTally, assemble, step_runner
 from actors.in_place import DEFAULT_STEPS, InPlace
+from actors.loaders import load_handlers, load_object, load_registry
 from actors.reconcile import Reconciler
-from actors.relay import Relay, Router
-from actors.steps import StepResult, StepRunner
+from actors.steps import StepRunner
+from actors.stub_broker import Publisher
 from actors.topology import QueueNames, Topology
-from store.db import Pool
-from store.dispatch import DispatchRecords
 from store.events import EventLog
 from store.gate_deadlines import GateDeadlines
-from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
 from store.retention import WorkflowRetention
-from store.routes import RouteCache
 from store.workflows import WorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
-from workflows.engine import Registry
 from workflows.events import exchange_for
 from workflows.job import LeasePolicy
 from workflows.steps import Handlers
-
-if TYPE_CHECKING:
-    from actors.drive import PostgresRuntime
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +145,6 @@ class WorkerConfig:
         )
 
 
-def load_object(path: str) -> Any:
-    """``module:attribute`` → the object it names."""
-    module_name, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 def load_crash_points(config: WorkerConfig) -> Any:
     """The chaos tests' crash points (``config.crash_points``): a ``CrashPoints``, or a
     factory called with the worker's config (what a process forked from a long-lived server
@@ -168,19 +153,6 @@ def load_crash_points(config: WorkerConfig) -> Any:
         return None
     loaded = load_object(config.crash_points)
     return loaded if hasattr(loaded, "reached") else loaded(config)
-
-
-def load_handlers(path: str, context: Any = None) -> Handlers:
-    """A ``Handlers`` mapping, or a factory called with the handlers' context."""
-    loaded = load_object(path)
-    if isinstance(loaded, Mapping):
-        return loaded
-    handlers: Handlers = loaded(context)
-    return handlers
-
-
-def load_registry(path: str) -> Registry:
-    return Registry(load_object(path))
 
 
 def handler_context(config: WorkerConfig, pool: Any) -> Any:
@@ -209,6 +181,70 @@ def handler_context(config: WorkerConfig, pool: Any) -> Any:
     )
 
 
+def open_graph(
+    config: WorkerConfig, *, owner: str, pool_size: int, relay: bool, name: str = "vibey"
+) -> Graph:
+    """The graph of a process ``config`` starts (a worker, the drive loop, the reconciler
+    alone) on a pool of ``pool_size`` connections named ``name``; ``relay``: with the
+    outbox relay and its route cache (the rabbitmq backend), which the process starts."""
+    bus = None
+    if relay:
+        bus = Bus(url=config.amqp_url, names=config.names, tiers=config.tiers, listen=config.pg_url)
+    return assemble(
+        open_pool(config.pg_url, min_size=1, max_size=pool_size, name=name),
+        registry=load_registry(config.definitions),
+        leases=config.leases,
+        owner=owner,
+        tracer=tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service),
+        dispatch=relay,
+        bus=bus,
+    )
+
+
+def config_runner(
+    config: WorkerConfig,
+    graph: Graph,
+    *,
+    handlers: Handlers | None,
+    tally: StepTally,
+    broker: Publisher | None = None,
+    in_place: InPlace | None = None,
+) -> StepRunner:
+    """The step runner of a process ``config`` starts; ``handlers`` default to
+    ``config.handlers`` (a factory gets the handler context)."""
+    if handlers is None:
+        handlers = load_handlers(config.handlers, handler_context(config, graph.pool))
+    return step_runner(
+        graph,
+        handlers=handlers,
+        names=config.names,
+        tiers=config.tiers,
+        on_result=tally.count,
+        crash=load_crash_points(config),
+        broker=broker,
+        in_place=in_place,
+    )
+
+
+def config_reconciler(config: WorkerConfig, graph: Graph) -> Reconciler:
+    """The rabbitmq backend's reconciler on ``graph`` (which has a relay)."""
+    if graph.relay is None:
+        raise ValueError("the reconciler drains the outbox through a relay: open_graph(relay=True)")
+    return Reconciler(
+        jobs=graph.jobs,
+        records=graph.records,
+        relay=graph.relay,
+        url=config.amqp_url,
+        names=config.names,
+        redispatch_after=config.redispatch_after,
+        reclaim_after=config.reclaim_after,
+        operations=OperationsStore(graph.pool),
+        outbox_retention=config.outbox_retention,
+        retention=WorkflowRetention(graph.pool, retention=config.workflow_retention),
+        owner=graph.owner,
+    )
+
+
 class Runtime:
     """One worker process's parts, started and stopped together."""
 
@@ -218,76 +254,31 @@ class Runtime:
         """``handlers`` defaults to ``config.handlers`` (a factory gets the handler context)."""
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        names = config.names
-        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 4)
-        self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
-        self.routes = RouteCache(url=config.pg_url, pool=self.pool)
-        registry = load_registry(config.definitions)
-        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
-        router = Router(
-            names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
-        )
-        self.relay = Relay(
-            url=config.amqp_url,
-            records=self.records,
-            router=router,
-            trace_headers=None if self.tracer is None else self.tracer.publish_headers,
-        )
-        self.jobs = PostgresJobRepository(
-            pool=self.pool,
-            leases=config.leases.resolved(registry.kinds.canonical),
-            dispatch=True,
-            relay_id=self.owner,
-            after_commit=self.relay.submit,
-        )
-        self.workflows = WorkflowStore(
-            pool=self.pool,
-            jobs=self.jobs,
-            registry=registry,
-            ledger=Ledger(self.pool),
-            events=tracing.event_spans(self.tracer),
-        )
-        if handlers is None:
-            handlers = load_handlers(config.handlers, self._handler_context())
-        handlers = metrics.instrument(handlers, registry.kinds)
-        topology = config.topology()
+        graph = open_graph(config, owner=self.owner, pool_size=config.threads + 4, relay=True)
+        assert graph.relay is not None and graph.router is not None and graph.routes is not None
+        self.pool, self.records, self.tracer = graph.pool, graph.records, graph.tracer
+        self.jobs, self.workflows = graph.jobs, graph.workflows
+        self.relay, self.routes = graph.relay, graph.routes
         self.broker = VibeyBroker(
-            url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
+            url=config.amqp_url,
+            dead_exchange=config.names.dead_exchange,
+            declare=self._declarer(config.topology()),
         )
-        claims, handlers, on_result = tracing.hooked(
-            self.tracer, self.records, handlers, self._count
-        )
-        self.runner = StepRunner(
-            jobs=self.jobs,
-            records=claims,
-            broker=self.broker,
-            names=names,
-            tiers=config.tiers,
+        self.tally = StepTally(config.tally_dir)
+        self.results = self.tally.results
+        n = config.in_place_steps
+        self.runner = config_runner(
+            config,
+            graph,
             handlers=handlers,
-            owner=self.owner,
-            crash=load_crash_points(config),
-            on_result=on_result,
-            workflows=self.workflows,
-            in_place=InPlace(router=router, queues=frozenset(config.queues()), max_steps=n)
-            if (n := config.in_place_steps)
+            tally=self.tally,
+            broker=self.broker,
+            in_place=InPlace(router=graph.router, queues=frozenset(config.queues()), max_steps=n)
+            if n
             else None,
         )
-        self.reconciler = Reconciler(
-            jobs=self.jobs,
-            records=self.records,
-            relay=self.relay,
-            url=config.amqp_url,
-            names=names,
-            redispatch_after=config.redispatch_after,
-            reclaim_after=config.reclaim_after,
-            operations=OperationsStore(self.pool),
-            outbox_retention=config.outbox_retention,
-            retention=WorkflowRetention(self.pool, retention=config.workflow_retention),
-            owner=self.owner,
-        )
+        self.reconciler = config_reconciler(config, graph)
         self.events = event_service(config, self.pool, self.workflows)
-        self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
-        self._results_lock = threading.Lock()
         for lane, queue in config.lane_queues():
             dramatiq.Actor(
                 self._step,
@@ -298,9 +289,6 @@ class Runtime:
                 options={"max_retries": 0},
             )
         self._worker: LaneWorker | None = None
-
-    def _handler_context(self) -> Any:
-        return handler_context(self.config, self.pool)
 
     def _declarer(self, topology: Topology) -> Any:
         def declare(channel: Any) -> None:
@@ -320,15 +308,6 @@ class Runtime:
         if self.tracer is not None:
             self.tracer.delivered(trace)
         self.runner.run(**pointer)
-
-    def _count(self, result: StepResult) -> None:
-        metrics.STEP_RESULTS.labels(result.value).inc()
-        with self._results_lock:
-            self.results[result] += 1
-        if self.config.tally_dir:  # appended at once: a process killed later keeps its count
-            path = os.path.join(self.config.tally_dir, f"{os.getpid()}.log")
-            with open(path, "a", encoding="utf-8") as out:
-                out.write(f"{result.value}\n")
 
     def start(self) -> None:
         self.routes.start()
@@ -451,152 +430,9 @@ def _stop_deliveries(consumer_thread: Any) -> None:
         log.debug("drain: the consumer of %s is already closed", consumer.queue_name)
 
 
-def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
-    """A worker process: run until SIGTERM or SIGINT, then drain."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(processName)s %(name)s %(message)s"
-    )
-    logging.getLogger("pika").setLevel(logging.WARNING)  # its INFO narrates every close
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    runtime: Runtime | PostgresRuntime
-    if config.backend == "postgres":
-        from actors.drive import PostgresRuntime
-
-        runtime = PostgresRuntime(config)
-    else:
-        runtime = Runtime(config)
-    runtime.start()
-    if ready is not None:
-        ready.set()
-    stop.wait()
-    cut = runtime.stop()
-    log.info("drained%s", f"; {cut} step(s) cut at the grace" if cut else ": every step settled")
-
-
-QUICK_EXIT_S = 10.0  # an error exit this soon after the start backs the respawn off
-RESPAWN_BASE_S = 0.5
-RESPAWN_MAX_S = 30.0
-
-
-class Supervisor:
-    """Runs ``processes`` worker processes and respawns any that dies (by pid), until
-    :meth:`stop`; then stops them all gracefully (SIGTERM: each drains).
-
-    A process killed by a signal (SIGKILL, the OOM killer) is respawned at once. One that
-    exits with an error soon after it started (PostgreSQL down, a bad setting) is respawned
-    after a doubling delay (0.5 s, 1 s, 2 s, … at most 30 s), so a fleet that cannot start
-    does not spin; a process that ran for a while resets its delay."""
-
-    def __init__(self, config: WorkerConfig, *, processes: int) -> None:
-        self._config = config
-        # forkserver: the server imports vibey once, so a respawn is a fork, not a new
-        # interpreter importing Dramatiq, psycopg and pika again.
-        self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["actors.worker"])
-        self._children: list[Any] = [None] * processes
-        self._started = [0.0] * processes
-        self._failures = [0] * processes  # quick error exits in a row, per slot
-        self._due: list[float | None] = [None] * processes  # when a dead slot respawns
-        self._stopping = threading.Event()
-        self.respawns = 0
-        self.metrics: metrics.MetricsServer | None = None
-        if config.metrics_port is not None:  # before the forkserver starts: it inherits it
-            metrics.use_multiprocess_dir()
-
-    def run(self) -> int:
-        pool = self._serve_metrics()
-        try:
-            for slot in range(len(self._children)):
-                self._spawn(slot)
-            while not self._stopping.wait(0.25):
-                self._respawn_dead()
-            self._terminate()
-        finally:
-            if self.metrics is not None:
-                self.metrics.stop()
-            if pool is not None:
-                pool.close()
-        return self.respawns
-
-    def _serve_metrics(self) -> Pool | None:
-        """The fleet's metrics endpoint (every process's events, the store's state)."""
-        if self._config.metrics_port is None:
-            return None
-        pool = open_pool(self._config.pg_url, min_size=1, max_size=2, name="vibey-metrics")
-        collector = metrics.StoreCollector(
-            OperationsStore(pool), dead_queue_depth=dead_queue_depth(self._config)
-        )
-        self.metrics = metrics.MetricsServer(
-            port=self._config.metrics_port, collectors=[collector]
-        ).start()
-        return pool
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    @property
-    def pids(self) -> list[int]:
-        return [child.pid for child in self._children if child is not None]
-
-    def _spawn(self, slot: int) -> None:
-        child = self._ctx.Process(
-            target=run_process, args=(self._config,), name=f"vibey-worker-{slot}"
-        )
-        child.start()
-        self._children[slot] = child
-        self._started[slot] = time.monotonic()
-        self._due[slot] = None
-
-    def _respawn_dead(self) -> None:
-        now = time.monotonic()
-        for slot, child in enumerate(self._children):
-            if child is None or child.is_alive() or self._stopping.is_set():
-                continue
-            if self._due[slot] is None:
-                delay = self._respawn_delay(slot, child.exitcode, now)
-                log.warning(
-                    "worker %s (pid %s) exited %s; respawning%s",
-                    slot,
-                    child.pid,
-                    child.exitcode,
-                    f" in {delay:g} s" if delay else "",
-                )
-                self._due[slot] = now + delay
-            if now >= (self._due[slot] or now):
-                self.respawns += 1
-                self._spawn(slot)
-
-    def _respawn_delay(self, slot: int, exitcode: int | None, now: float) -> float:
-        quick_error = (
-            exitcode is not None and exitcode > 0 and now - self._started[slot] < QUICK_EXIT_S
-        )
-        self._failures[slot] = self._failures[slot] + 1 if quick_error else 0
-        if not quick_error:
-            return 0.0
-        return float(min(RESPAWN_BASE_S * 2 ** (self._failures[slot] - 1), RESPAWN_MAX_S))
-
-    def _terminate(self) -> None:
-        live = [c for c in self._children if c is not None and c.is_alive()]
-        for child in live:
-            os.kill(child.pid, signal.SIGTERM)
-        for child in self._children:
-            if child is not None:
-                child.join()
-
-
 def dead_queue_depth(config: WorkerConfig) -> metrics.QueueDepth | None:
     """The dead-letter queue's depth, read over one long-lived connection (None on the
     postgres backend)."""
     if config.backend == "postgres":
         return None
     return metrics.QueueDepth(config.amqp_url, config.names.dead_queue)
-
-
-def supervise(config: WorkerConfig, *, processes: int) -> int:
-    """Run a supervised fleet until SIGTERM or SIGINT; returns the number of respawns."""
-    supervisor = Supervisor(config, processes=processes)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: supervisor.stop())
-    return supervisor.run()

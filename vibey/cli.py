@@ -443,7 +443,7 @@ def worker(
     if definitions is not None:
         workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
         settings = replace(settings, workflow=workflow)
-    from actors.worker import supervise  # Dramatiq: see the module docstring
+    from actors.fleet import supervise  # Dramatiq: see the module docstring
     from vibey.cli_project import route_at_start
     from vibey.wiring import check_consumer_timeout, worker_config
 
@@ -461,7 +461,7 @@ def worker(
     count = settings.worker.processes
     # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
-    logging.getLogger("actors.worker").setLevel(logging.INFO)  # respawns are worth a line
+    logging.getLogger("actors.fleet").setLevel(logging.INFO)  # respawns are worth a line
     try:
         print(
             f"vibey worker: {_count(count, 'process')} of {_count(config.threads, 'thread')} "

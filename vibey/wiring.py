@@ -1,4 +1,8 @@
-"""The composition root: settings in, the parts' configurations out. It wires; it decides nothing.
+"""Settings in, the parts' configurations out: it translates; it decides nothing.
+
+What the processes build from these configurations, they build through :mod:`actors.graph`,
+the one place the object graph is assembled (a worker process started for the fleet is
+given its :class:`actors.worker.WorkerConfig`, and reads no settings).
 
 Every value comes from :class:`vibey.settings.Settings` (the command line's choices arrive as
 arguments, or already folded into the settings with ``dataclasses.replace``). Whatever cannot
@@ -12,12 +16,11 @@ parts, so that a CLI command that only reads the store does not load them.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from actors.loaders import load_object
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
 from workflows.job import UnknownJobKindError
@@ -25,7 +28,6 @@ from workflows.job import UnknownJobKindError
 if TYPE_CHECKING:
     from actors.agents.roster import AgentSpec
     from actors.worker import WorkerConfig
-    from vibey.client import Client
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
 
@@ -118,18 +120,14 @@ def check_consumer_timeout(settings: Settings) -> None:
 
 def consumer_timeout_problem(settings: Settings) -> str | None:
     """What is wrong with ``consumer_timeout_seconds`` against the longest lease, or None."""
+    from actors.topology import CONSUMER_TIMEOUT_FIX
+    from actors.topology import consumer_timeout_problem as problem
+
     if settings.queue.backend != "rabbitmq":
         return None
-    timeout = settings.queue.rabbitmq.consumer_timeout_seconds
-    lease = longest_lease(settings).total_seconds()
-    if timeout > lease:
-        return None
-    return (
-        f"consumer_timeout_seconds ({timeout:g} s) is not above the longest lease ({lease:g} s): "
-        "a step holding its delivery that long would lose its channel; raise "
-        "VIBEY_QUEUE_CONSUMER_TIMEOUT (or consumer_timeout_seconds under [queue.rabbitmq]) "
-        "or shorten [queue.lease_seconds]"
-    )
+    timeout = timedelta(seconds=settings.queue.rabbitmq.consumer_timeout_seconds)
+    found = problem(timeout, longest_lease(settings))
+    return None if found is None else f"{found}; {CONSUMER_TIMEOUT_FIX}"
 
 
 def _check_names(config: WorkerConfig) -> None:
@@ -144,16 +142,9 @@ def _check_names(config: WorkerConfig) -> None:
         ) from exc
 
 
-def _load_object(path: str) -> Any:
-    """``module:attribute`` → the object it names (as ``actors.worker.load_object``, without
-    importing Dramatiq for a command that only needs the workflow definitions)."""
-    module_name, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 def _check_handlers(path: str) -> None:
     try:
-        _load_object(path)
+        load_object(path)
     except (ImportError, AttributeError) as exc:
         raise SettingsError(
             f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
@@ -176,24 +167,9 @@ def load_registry(settings: Settings) -> Registry:
     """The workflow definitions ``[workflow] definitions`` names (an iterable of them)."""
     path = settings.workflow.definitions
     try:
-        return Registry(_load_object(path))
+        return Registry(load_object(path))
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise SettingsError(
             f"the workflow definitions {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
             + DEFINITIONS_FIX
         ) from exc
-
-
-@contextmanager
-def workflow_client(settings: Settings) -> Iterator[Client]:
-    """A :class:`vibey.client.Client` for one command, closed on the way out. Checks the
-    database URL, then the definitions, then connects (DatabaseUnavailable if it cannot)."""
-    from vibey.client import Client
-
-    settings.require_database_url()
-    registry = load_registry(settings)
-    client = Client(settings, registry=registry, pool_size=2, listen_routes=False, name="vibey-cli")
-    try:
-        yield client
-    finally:
-        client.close()

@@ -81,7 +81,8 @@ from psycopg_pool import ConnectionPool
 
 from actors.broker import PointerConsumer
 from actors.capabilities import detect
-from actors.worker import Runtime, Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import Runtime, WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.migrate import migrate
 from workflows.queue import EnqueueRequest

@@ -27,8 +27,9 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
+from actors.fleet import Supervisor
 from actors.reconcile_service import ReconcileService
-from actors.worker import Supervisor, WorkerConfig
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.workflows import WorkflowStore
 from tests.amqp_fixtures import Amqp

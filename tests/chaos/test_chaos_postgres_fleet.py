@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from psycopg_pool import ConnectionPool
 
-from actors.worker import Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.chaos.fleet import chaos_seed, count
 from tests.chaos.test_chaos_rabbitmq import enqueue_chains, unsettled

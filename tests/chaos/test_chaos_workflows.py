@@ -21,7 +21,8 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore

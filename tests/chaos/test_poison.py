@@ -32,7 +32,8 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from tests.chaos.fleet import count, queue_depths

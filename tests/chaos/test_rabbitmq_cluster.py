@@ -29,7 +29,8 @@ from psycopg_pool import ConnectionPool
 
 from actors.amqp import parameters
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore

@@ -41,8 +41,8 @@ import pika.exceptions
 import pytest
 
 from actors.capabilities import detect
-from actors.deliveries import REASON_HEADER
 from actors.steps import StepResult
+from actors.topology import REASON_HEADER
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from tests.commit_audit import COMMIT_AUDIT

@@ -11,9 +11,9 @@ import pika
 import psycopg
 
 from actors.capabilities import detect
-from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
+from actors.topology import DETAIL_HEADER, REASON_HEADER
 from actors.worker import WorkerConfig
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository

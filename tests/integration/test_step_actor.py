@@ -13,8 +13,8 @@ import pika
 import pytest
 
 from actors.capabilities import detect
-from actors.deliveries import REASON_HEADER
 from actors.steps import StepResult
+from actors.topology import REASON_HEADER
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import DispatchEnvelope, WaitTiers, encode

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from actors.worker import RESPAWN_MAX_S, Supervisor, WorkerConfig
+from actors.fleet import RESPAWN_MAX_S, Supervisor
+from actors.worker import WorkerConfig
 from tests.amqp_fixtures import Amqp
 
 
