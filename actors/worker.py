@@ -340,7 +340,7 @@ def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> 
             url=config.amqp_url, events=events, exchange=exchange_for(config.bus.prefix)
         )
     deadlines = GateDeadlines(pool=pool, workflows=workflows)
-    return EventService(pg_url=config.pg_url, publisher=publisher, sweep=deadlines.sweep)
+    return EventService(publisher=publisher, sweep=deadlines.sweep)
 
 
 class LaneWorker(dramatiq.Worker):

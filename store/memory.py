@@ -483,10 +483,10 @@ class MemoryJobRepository:
         return Settled(True, settled.state)
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
-        with self.units.begin(one_statement=True) as unit:
-            return self.park_txn(unit.conn, lease, gate)
+        with self.units.begin() as unit:
+            return self.park_txn(unit, lease, gate)
 
-    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled:
+    def park_txn(self, unit: UnitOfWork, lease: Lease, gate: GateRequest) -> Settled:
         job = self._fenced(lease)
         if job is None:
             return NOT_APPLIED

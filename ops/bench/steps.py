@@ -835,25 +835,31 @@ def label(func: tuple[str, int, str]) -> str:
 
 
 THREAD_BODIES = frozenset({"_bootstrap", "_bootstrap_inner", "run"})  # of threading.py
+TOP = int(os.environ.get("VIBEY_BENCH_TOP", "12"))
 
 
 def print_profile(args: argparse.Namespace, phase: Phase, stats: pstats.Stats) -> None:
+    print_top(
+        f"profile: the same workload in one Runtime ({args.threads} threads), profiled "
+        f"{phase.tally.rate:,.0f} steps/s; pstats: {args.pstats}",
+        stats,
+        phase.tally.steps,
+    )
+
+
+def print_top(title: str, stats: pstats.Stats, n: int) -> None:
+    """The CPU per step (``n`` steps) of a profile, and its top functions."""
     rows: Any = stats.stats
     total = sum(tt for _cc, _nc, tt, _ct, _callers in rows.values())
-    n = phase.tally.steps
-    print(
-        f"profile: the same workload in one Runtime ({args.threads} threads) under cProfile "
-        f"(CPU time per thread): {total * 1000 / n:.2f} ms CPU per step, profiled "
-        f"{phase.tally.rate:,.0f} steps/s; pstats: {args.pstats}"
-    )
+    print(f"{title} under cProfile (CPU time per thread): {total * 1000 / n:.2f} ms CPU per step")
     entries = [
         (func, nc, tt, ct)
         for func, (_cc, nc, tt, ct, _callers) in rows.items()
         if not (func[0].endswith("threading.py") and func[2] in THREAD_BODIES)
     ]
-    for title, key in (("cumulative", 3), ("self", 2)):
-        print(f"  top 12 by {title} CPU (ms per step, calls per step, function):")
-        for func, nc, tt, ct in sorted(entries, key=lambda e: e[key], reverse=True)[:12]:
+    for heading, key in (("cumulative", 3), ("self", 2)):
+        print(f"  top {TOP} by {heading} CPU (ms per step, calls per step, function):")
+        for func, nc, tt, ct in sorted(entries, key=lambda e: e[key], reverse=True)[:TOP]:
             value = ct if key == 3 else tt
             print(f"    {value * 1000 / n:7.3f} {nc / n:7.2f}  {label(func)}")
 
