@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings, QueueSettings, RabbitMqSettings
 from actors.steps import CrashPoint, StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
@@ -25,9 +26,13 @@ HANDLERS: Handlers = {
 }
 
 
-def runtime_of(pg_url: str, amqp: Amqp, **given: Any) -> Runtime:
+def runtime_of(pg_url: str, amqp: Amqp, in_place_steps: int) -> Runtime:
     """A worker's parts, not started: the test delivers pointers by calling the runner."""
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix, **given)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(in_place_steps=in_place_steps)),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()
