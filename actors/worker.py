@@ -348,7 +348,9 @@ class LaneWorker(dramatiq.Worker):
     hook; dramatiq is pinned to 2.2.*) and a drain bounded by the grace it is given."""
 
     def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
-        super().__init__(broker, queues=set(prefetch), worker_threads=worker_threads)
+        super().__init__(
+            broker, queues=set(prefetch), worker_threads=worker_threads, worker_timeout=WAKE_MS
+        )
         self._prefetch = dict(prefetch)
 
     def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
@@ -397,7 +399,10 @@ class LaneWorker(dramatiq.Worker):
         return cut
 
 
-CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within a second
+# How often an idle worker thread and an idle consumer wake (Dramatiq's worker_timeout, 1 s by
+# default): a drain waits that long for each, so an idle process stops within 2 x WAKE_MS.
+WAKE_MS = 100
+CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within WAKE_MS
 
 
 def _stop_deliveries(consumer_thread: Any) -> None:
