@@ -80,7 +80,7 @@ real-cli *args: venv real-cli-install
 test-fast *args: venv
     .venv/bin/python -m pytest -n 4 -m unit -q {{args}}
 
-# Format check, lint, types and the import-layering contract.
+# Format check, lint, types and the import contracts (the layering, and no import circles).
 check: venv
     .venv/bin/ruff format --check .
     .venv/bin/ruff check .

@@ -21,7 +21,7 @@ neutralised here:
 * **No Retries, Callbacks, Pipelines, Results or AgeLimit**: the middleware list is empty
   unless a caller adds vibey's own.
 
-Only this module (and the relay and deliveries modules beside it) import pika.
+Only this module (and the relay and topology modules beside it) import pika.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from actors.amqp import with_query
-from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.relay import SOLO_HEADER, TRACE_HEADERS
+from actors.topology import DETAIL_HEADER, REASON_HEADER
 from workflows.dispatch import EnvelopeError, decode
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from datetime import timedelta
 from actors import amqp
 from actors.capabilities import BrokerCapabilities
 from actors.queue_stats import PROBE_TIMEOUT_S, expected_queues, stale_after
+from actors.topology import CONSUMER_TIMEOUT_FIX, consumer_timeout_problem
 from actors.worker import WorkerConfig
 from store.db import Pool
 from store.operations import OperationsStore
@@ -36,11 +37,11 @@ def stack_checks(
 ) -> list[Check]:
     ops = OperationsStore(pool)
     checks: list[Check] = []
-    if config.backend == "rabbitmq":
+    if config.queue.backend == "rabbitmq":
         checks += _broker_checks(config, read_routes(pool).projects)
     stale = stale_after(config)
     checks.append(_heartbeat(ops, stale))
-    if config.backend == "rabbitmq":
+    if config.queue.backend == "rabbitmq":
         checks.append(_outbox(ops, stale))
         checks.append(_consumer_timeout(config, caps, longest_lease))
     checks.append(_dead_letters(ops))
@@ -121,15 +122,10 @@ def _consumer_timeout(
     lease_s = longest_lease.total_seconds()
     if caps is not None and caps.per_queue_consumer_timeout:
         queue_timeout = config.topology().consumer_timeout
-        if queue_timeout <= longest_lease:
-            return Check(
-                "consumer_timeout",
-                PROBLEM,
-                f"the work queues' x-consumer-timeout {queue_timeout} is not above the "
-                f"longest lease ({lease_s:.0f} s)",
-                "raise consumer_timeout_seconds under [queue.rabbitmq] or lower the longest "
-                "lease under [queue.lease_seconds]",
-            )
+        wrong = consumer_timeout_problem(queue_timeout, longest_lease)
+        if wrong is not None:
+            detail = f"the work queues' x-consumer-timeout: {wrong}"
+            return Check("consumer_timeout", PROBLEM, detail, CONSUMER_TIMEOUT_FIX)
         return Check(
             "consumer_timeout",
             OK,

@@ -19,26 +19,16 @@ import threading
 import time
 from datetime import timedelta
 
-from actors import metrics, tracing
-from actors.steps import StepResult, StepRunner
-from actors.worker import (
-    WorkerConfig,
-    event_service,
-    handler_context,
-    load_crash_points,
-    load_handlers,
-    load_registry,
-)
-from store.dispatch import DispatchRecords
+from actors import metrics
+from actors.graph import StepTally
+from actors.steps import StepResult
+from actors.worker import WorkerConfig, config_runner, event_service, open_graph
 from store.drive import Work, build_kinds, claim_next
 from store.errors import StoreError
 from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
 from store.notify import PostgresJobReadyNotifier
 from store.operations import OperationsStore
-from store.pool import open_pool
 from store.retention import WorkflowRetention
-from store.workflows import WorkflowStore
 from workflows.queue import ReapResult
 from workflows.steps import Handlers
 
@@ -55,44 +45,23 @@ class PostgresRuntime:
     ) -> None:
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 3)
-        registry = load_registry(config.definitions)
-        self.jobs = PostgresJobRepository(
-            pool=self.pool, leases=config.leases.resolved(registry.kinds.canonical)
+        graph = open_graph(
+            config, owner=self.owner, pool_size=config.worker.threads + 3, relay=False
         )
-        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
-        self.workflows = WorkflowStore(
-            pool=self.pool,
-            jobs=self.jobs,
-            registry=registry,
-            ledger=Ledger(self.pool),
-            events=tracing.event_spans(self.tracer),
-        )
-        if handlers is None:
-            handlers = load_handlers(config.handlers, handler_context(config, self.pool))
-        handlers = metrics.instrument(handlers, registry.kinds)
+        self.pool, self.jobs, self.workflows = graph.pool, graph.jobs, graph.workflows
+        self.tracer = graph.tracer
         self.operations = OperationsStore(self.pool)
-        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
-        claims, handlers, on_result = tracing.hooked(
-            self.tracer, DispatchRecords(pool=self.pool, relay_id=self.owner), handlers, self._count
+        self.retention = WorkflowRetention(
+            self.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
         )
-        self.runner = StepRunner(
-            jobs=self.jobs,
-            records=claims,
-            broker=None,
-            names=config.names,
-            tiers=config.tiers,
-            handlers=handlers,
-            owner=self.owner,
-            crash=load_crash_points(config),
-            on_result=on_result,
-            workflows=self.workflows,
-        )
+        self.tally = StepTally(config.tally_dir)
+        self.results = self.tally.results
+        self.runner = config_runner(config, graph, handlers=handlers, tally=self.tally)
         self.work = Work.for_lanes(
-            config.lanes, config.projects or None, build_kinds=build_kinds(registry.kinds)
+            config.worker.lanes,
+            config.projects or None,
+            build_kinds=build_kinds(graph.registry.kinds),
         )
-        self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._notifier = PostgresJobReadyNotifier(url=config.pg_url)
@@ -101,7 +70,7 @@ class PostgresRuntime:
 
     def start(self) -> None:
         self._notifier.listen()  # before the first claim: no notification is missed
-        loops = [(f"drive-{n}", self._drive) for n in range(self.config.threads)]
+        loops = [(f"drive-{n}", self._drive) for n in range(self.config.worker.threads)]
         loops += [("listen", self._listen), ("reap", self._reap)]
         for name, target in loops:
             thread = threading.Thread(target=target, name=f"vibey-{name}", daemon=True)
@@ -140,7 +109,7 @@ class PostgresRuntime:
         return self.runner.run_claimed(jobs[0])
 
     def _drive(self) -> None:
-        idle = self.config.poll_interval.total_seconds()
+        idle = self.config.queue.poll_interval_seconds
         while not self._stop.is_set():
             try:
                 if self.run_one() is not None:
@@ -155,14 +124,14 @@ class PostgresRuntime:
 
     def _listen(self) -> None:
         projects = self.config.projects or None
-        idle = self.config.poll_interval.total_seconds()
+        idle = self.config.queue.poll_interval_seconds
         while not self._stop.is_set():
             if self._notifier.wait_for(projects, timeout=min(idle, 1.0)):
                 with self._wake:
                     self._wake.notify_all()
 
     def _reap(self) -> None:
-        interval = self.config.reconcile_interval.total_seconds()
+        interval = self.config.queue.rabbitmq.reconcile_interval_seconds
         while not self._stop.wait(interval):
             try:
                 reaped = reap_once(self.jobs, self.operations, self.owner, self.retention)
@@ -172,15 +141,6 @@ class PostgresRuntime:
                 continue
             if reaped.requeued or reaped.parked:
                 log.info("reap: %s", reaped)
-
-    def _count(self, result: StepResult) -> None:
-        metrics.STEP_RESULTS.labels(result.value).inc()
-        with self._lock:
-            self.results[result] += 1
-        if self.config.tally_dir:  # appended at once: a process killed later keeps its count
-            path = os.path.join(self.config.tally_dir, f"{os.getpid()}.log")
-            with open(path, "a", encoding="utf-8") as out:
-                out.write(f"{result.value}\n")
 
 
 def reap_once(

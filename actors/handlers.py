@@ -106,13 +106,17 @@ from workflows.kinds import StepKind
 from workflows.ledger import UnwritableEvent, engine_events
 from workflows.merge_queue import Pass
 from workflows.phases import Phase
-from workflows.protocol.kinds import STEP_KINDS
+from workflows.protocol.kinds import (
+    BUILD_IMPLEMENT,
+    BUILD_INTEGRATE,
+    BUILD_RESOLVE,
+    BUILD_VERIFY,
+    REVIEW_DEMO,
+    STEP_KINDS,
+)
 from workflows.queue import GateRequest, Job
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
-IMPLEMENT, INTEGRATE, VERIFY = "build.implement", "build.integrate", "build.verify"
-RESOLVE = "build.resolve"  # in the item's worktree, like build.implement
-DEMO = "review.demo"  # its result gains the integrated tree's diff stat (the feedback gate's)
 CAPACITY_DELAY = timedelta(seconds=60)
 DETAIL_LIMIT = 2000
 NO_COMMAND = "no engine command configured: set [engine] command in vibey.toml"
@@ -161,7 +165,7 @@ def build_handlers(context: HandlerContext) -> Handlers:
     steps = Steps(context)
     kinds = [name for name in STEP_KINDS if name != TIMER_KIND]
     handlers: dict[str, Handler] = dict.fromkeys(kinds, steps.run)
-    handlers[INTEGRATE] = steps.integrate
+    handlers[BUILD_INTEGRATE] = steps.integrate
     handlers.update({alias: handlers[kind] for alias, kind in STEP_KINDS.aliases.items()})
     return MappingProxyType(handlers)
 
@@ -244,7 +248,11 @@ class Steps:
         try:
             step_input = step_input_of(job)
             engine = self._engine(step_input)
-            worktree = self._worktree(job, step_input) if kind in (IMPLEMENT, RESOLVE) else None
+            worktree = (
+                self._worktree(job, step_input)
+                if kind in (BUILD_IMPLEMENT, BUILD_RESOLVE)
+                else None
+            )
             granted = self._granted(job, step_kind) if bounded else 0
             over = self._over_budget(job) or (self._over_spend_cap(job) if bounded else None)
             if over is not None:
@@ -305,20 +313,20 @@ class Steps:
     def _finished(self, task: EngineTask, verdict: EngineVerdict) -> EngineVerdict:
         """What vibey adds to a success: build.implement's commit on the item's branch,
         build.resolve's merge commit, review.demo's diff stat of the integrated tree."""
-        if task.kind == RESOLVE and task.worktree is not None:
+        if task.kind == BUILD_RESOLVE and task.worktree is not None:
             return _finish_resolution(task.worktree, task, verdict)
         if verdict.status != "ok":
             return verdict
-        if task.kind == IMPLEMENT and task.worktree is not None:
+        if task.kind == BUILD_IMPLEMENT and task.worktree is not None:
             return _finish_implement(task.worktree, task, verdict)
-        if task.kind == DEMO and "diff_stat" not in verdict.result:
+        if task.kind == REVIEW_DEMO and "diff_stat" not in verdict.result:
             stat = self.workspace.diff_stat(task.project_id)
             return replace(verdict, result={**verdict.result, "diff_stat": stat})
         return verdict
 
     def _attempt(self, job: Job, task: EngineTask, engine: Engines) -> EngineVerdict | Outcome:
         kind = STEP_KINDS.get_kind(task.kind)
-        if task.kind == IMPLEMENT or not isinstance(engine, Engine):
+        if task.kind == BUILD_IMPLEMENT or not isinstance(engine, Engine):
             return self.handoffs.run(job, task, engine, phase=Phase(kind.phase or Phase.BUILD))
         verdict = engine.run(task)
         if verdict.status == "capacity":  # ledgered now: a deferral writes no evidence
@@ -333,7 +341,7 @@ class Steps:
         prepared = self._prepare(task)
         if isinstance(prepared, Success):
             return task, prepared
-        tested = self._tests(prepared) if prepared.kind == VERIFY else None
+        tested = self._tests(prepared) if prepared.kind == BUILD_VERIFY else None
         if tested is not None and not tested.passed:
             return prepared, _tests_failed(tested)
         ran = self._attempt(job, prepared, engine)
@@ -345,11 +353,11 @@ class Steps:
         """Before the engine: build.verify's pass of the merge queue (one that met conflicts
         ends the step: the tests wait for a pass that merges every item) and build.resolve's
         merge of the integration branch (one that is clean ends it: nothing to resolve)."""
-        if task.kind == VERIFY:
+        if task.kind == BUILD_VERIFY:
             merged = self._merge_pass(task)
             if merged is not None and merged.conflicts:
                 return _conflicted(merged)
-        if task.kind == RESOLVE:
+        if task.kind == BUILD_RESOLVE:
             files = self._start_resolve(task)
             if not files:
                 return self._resolved_cleanly(task)
@@ -408,7 +416,7 @@ class Steps:
         """What a configured engine's plan adds to the step input: the accepted spec and the
         design answers (the workflow's state), and the result its kind must report."""
         context: dict[str, Any] = {"result_schema": dict(STEP_KINDS.get_kind(task.kind).result)}
-        if task.kind == VERIFY and task.workdir is not None:
+        if task.kind == BUILD_VERIFY and task.workdir is not None:
             project_dir = self.workspace.project_dir(task.project_id)
             command = find_test_command(project_dir, task.workdir)
             context["test_command"] = " ".join(command) if command else None
@@ -434,7 +442,7 @@ class Steps:
     def _workdir(self, project: str, kind: StepKind) -> Path:
         """Where a kind's engine works: build.verify, REVIEW and DEPLOY in the integrated tree
         (the code, not a scratch folder), the others in the project's scratch directory."""
-        if kind.name == VERIFY or kind.phase in INTEGRATED_PHASES:
+        if kind.name == BUILD_VERIFY or kind.phase in INTEGRATED_PHASES:
             return self.workspace.integrated(project)
         scratch = self.workspace.project_dir(project) / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)

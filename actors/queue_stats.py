@@ -22,7 +22,8 @@ from datetime import timedelta
 from typing import Any
 
 from actors import amqp
-from actors.worker import WorkerConfig, load_registry
+from actors.loaders import load_registry
+from actors.worker import WorkerConfig
 from store.db import Pool
 from store.drive import Work, build_kinds, claimable_count
 from store.operations import OperationsStore
@@ -36,7 +37,10 @@ STALE_FLOOR = timedelta(seconds=60)
 
 def stale_after(config: WorkerConfig) -> timedelta:
     """How old a reconcile heartbeat or an unsent outbox row may be before it is a problem."""
-    return max(config.reconcile_interval * STALE_FACTOR, STALE_FLOOR)
+    return max(
+        timedelta(seconds=config.queue.rabbitmq.reconcile_interval_seconds) * STALE_FACTOR,
+        STALE_FLOOR,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +85,14 @@ class QueueStats:
 
 def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
     ops = OperationsStore(pool)
-    building = build_kinds(load_registry(config.definitions).kinds)
-    leased: dict[str, int] = {lane: 0 for lane in config.lanes}
+    building = build_kinds(load_registry(config.workflow.definitions).kinds)
+    leased: dict[str, int] = {lane: 0 for lane in config.worker.lanes}
     for state, kind, n in ops.live_jobs():
         if state == "leased":
             lane = (Lane.BUILD if kind in building else Lane.INTERACTIVE).value
             leased[lane] = leased.get(lane, 0) + n
     routed = sorted(read_routes(pool).projects)
-    if config.backend == "postgres":
+    if config.queue.backend == "postgres":
         queues = _claimable(config, pool, building)
         dead_queue = None
     else:
@@ -96,11 +100,15 @@ def gather(config: WorkerConfig, pool: Pool) -> QueueStats:
     unsent, oldest = ops.outbox_lag()
     oldest_ready = ops.oldest_ready()
     problems = _queue_problems(queues)
-    if config.backend == "rabbitmq" and unsent and oldest > stale_after(config).total_seconds():
+    if (
+        config.queue.backend == "rabbitmq"
+        and unsent
+        and oldest > stale_after(config).total_seconds()
+    ):
         what = f"{unsent} dispatches unsent, the oldest for {oldest:.0f} s (a stale outbox)"
         problems.append(Problem(what, "vibey reconcile --once"))
     return QueueStats(
-        backend=config.backend,
+        backend=config.queue.backend,
         queues=queues,
         leased_by_lane=leased,
         dead_queue=dead_queue,
@@ -134,7 +142,7 @@ def _claimable(config: WorkerConfig, pool: Pool, building: frozenset[str]) -> li
     projects = config.projects or None
     return [
         QueueRow(f"{lane} (claimable rows)", lane, None, True, count, None)
-        for lane in config.lanes
+        for lane in config.worker.lanes
         for count in [claimable_count(pool, Work.for_lanes([lane], projects, build_kinds=building))]
     ]
 
@@ -149,7 +157,7 @@ def expected_queues(
     out = [
         (names.work_queue(lane, project), lane, project)
         for project in dict.fromkeys(projects)
-        for lane in config.lanes
+        for lane in config.worker.lanes
     ]
     return [*out, (names.dead_queue, None, None)]
 

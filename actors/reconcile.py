@@ -23,9 +23,8 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from actors import amqp, metrics
-from actors.deliveries import DETAIL_HEADER, REASON_HEADER
 from actors.relay import Relay
-from actors.topology import QueueNames
+from actors.topology import DETAIL_HEADER, REASON_HEADER, QueueNames
 from store.dispatch import DeadLetterOutcome, DispatchRecords
 from store.jobs import PostgresJobRepository
 from store.operations import OperationsStore

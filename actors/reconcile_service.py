@@ -14,25 +14,22 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from actors import amqp, metrics, tracing
+from actors import amqp, metrics
 from actors.capabilities import detect
 from actors.drive import reap_once
-from actors.event_publisher import EventService
-from actors.reconcile import Reconciler
-from actors.relay import Relay, Router
-from actors.worker import WorkerConfig, dead_queue_depth, event_service, load_registry
-from store.dispatch import DispatchRecords
+from actors.worker import (
+    WorkerConfig,
+    config_reconciler,
+    dead_queue_depth,
+    event_service,
+    open_graph,
+)
 from store.errors import StoreError
-from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
 from store.operations import OperationsStore
-from store.pool import open_pool
 from store.retention import WorkflowRetention
-from store.routes import RouteCache
-from store.workflows import WorkflowStore
-from workflows.engine import Registry
 
 log = logging.getLogger(__name__)
 
@@ -41,63 +38,19 @@ class ReconcileService:
     def __init__(self, config: WorkerConfig, *, owner: str | None = None) -> None:
         self.config = config
         self.owner = owner or f"reconcile:{socket.gethostname()}:{os.getpid()}"
-        self.pool = open_pool(config.pg_url, min_size=1, max_size=3, name="vibey-reconcile")
+        rabbitmq = config.queue.backend != "postgres"
+        graph = open_graph(
+            config, owner=self.owner, pool_size=3, relay=rabbitmq, name="vibey-reconcile"
+        )
+        self.pool, self.jobs = graph.pool, graph.jobs
+        self.relay, self.routes = graph.relay, graph.routes
         self.last_error: str | None = None
-        self.relay: Relay | None = None
-        self.routes: RouteCache | None = None
-        self.reconciler: Reconciler | None = None
         self.operations = OperationsStore(self.pool)
-        self.retention = WorkflowRetention(self.pool, retention=config.workflow_retention)
-        registry = load_registry(config.definitions)
-        kinds = registry.kinds
-        leases = config.leases.resolved(kinds.canonical)
-        if config.backend == "postgres":
-            self.jobs = PostgresJobRepository(pool=self.pool, leases=leases)
-            self.events = self._events(registry)
-            return
-        records = DispatchRecords(pool=self.pool, relay_id=self.owner)
-        self.routes = RouteCache(url=config.pg_url, pool=self.pool)
-        self.relay = Relay(
-            url=config.amqp_url,
-            records=records,
-            router=Router(
-                names=config.names, tiers=config.tiers, dedicated=self.routes, kinds=kinds
-            ),
+        self.retention = WorkflowRetention(
+            self.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
         )
-        self.jobs = PostgresJobRepository(
-            pool=self.pool,
-            leases=leases,
-            dispatch=True,
-            relay_id=self.owner,
-            after_commit=self.relay.submit,
-        )
-        self.events = self._events(registry)
-        self.reconciler = Reconciler(
-            jobs=self.jobs,
-            records=records,
-            relay=self.relay,
-            url=config.amqp_url,
-            names=config.names,
-            redispatch_after=config.redispatch_after,
-            reclaim_after=config.reclaim_after,
-            operations=self.operations,
-            outbox_retention=config.outbox_retention,
-            retention=self.retention,
-            owner=self.owner,
-        )
-
-    def _events(self, registry: Registry) -> EventService:
-        tracer = tracing.step_tracer(
-            self.config.otlp_endpoint, service_name=self.config.tracing_service
-        )
-        workflows = WorkflowStore(
-            pool=self.pool,
-            jobs=self.jobs,
-            registry=registry,
-            ledger=Ledger(self.pool),
-            events=tracing.event_spans(tracer),  # a gate deadline's span
-        )
-        return event_service(self.config, self.pool, workflows)
+        self.reconciler = config_reconciler(config, graph) if rabbitmq else None
+        self.events = event_service(config, self.pool, graph.workflows)  # gate deadlines
 
     def run_once(self) -> Any:
         """One pass; returns what it found (a ReconcileReport, or the reaper's ReapResult)."""
@@ -117,11 +70,11 @@ class ReconcileService:
         """Reconcile every interval until ``stop``; returns the passes that failed."""
         failures = 0
         server = None
-        if self.config.metrics_port is not None:
+        if self.config.metrics.port is not None:
             collector = metrics.StoreCollector(
                 self.operations, dead_queue_depth=dead_queue_depth(self.config)
             )
-            server = metrics.MetricsServer(port=self.config.metrics_port, collectors=[collector])
+            server = metrics.MetricsServer(port=self.config.metrics.port, collectors=[collector])
             server.start()
         try:
             if self.relay is not None:
@@ -141,7 +94,7 @@ class ReconcileService:
                 else:
                     if report is not None:
                         report(found)
-                if stop.wait(self.config.reconcile_interval.total_seconds()):
+                if stop.wait(self.config.queue.rabbitmq.reconcile_interval_seconds):
                     return failures
         finally:
             if server is not None:

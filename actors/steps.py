@@ -19,7 +19,7 @@ import enum
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 from uuid import UUID
 
 from actors import outage
@@ -32,6 +32,7 @@ from actors.topology import QueueNames
 from store.errors import CommitUnknown, DatabaseUnavailable
 from store.ports import PointerClaims, SettlingJobRepository, StepWorkflows
 from store.retry import retrying
+from store.settle import settle, settle_txn
 from store.unit_of_work import UnitOfWork
 from store.workflow_reads import Workflow
 from workflows.dispatch import DispatchEnvelope, WaitTiers
@@ -337,32 +338,29 @@ class StepRunner:
             return Failure(FailureClass.VIBEY, f"{type(exc).__name__}: {exc}"[:2000])
 
     def _settle(self, job: Job, outcome: Outcome) -> StepResult:
-        """The settle, with a commit cut off mid-flight resolved by reading the row."""
-        _, label = _settle_write(self._jobs, job, outcome)
+        """The settle as one store call in a unit of work of its own, with a commit cut off
+        mid-flight resolved by reading the row (``actors.outage``)."""
+        label = _LABELS[type(outcome)]
+        write = self._workflows.settle if self._workflows is not None else self._settle_plain
         result = outage.settle_resolved(
-            self._jobs, job, label, lambda: self._settle_once(job, outcome)
+            self._jobs, job, label, lambda: self._applied(job, label, write(job, outcome))
         )
         return StepResult(result or StepResult.STALE)
 
-    def _settle_once(self, job: Job, outcome: Outcome) -> StepResult:
-        """One unit of work: the fenced settle and, for a workflow's step that finished, the
-        workflow's event with everything it decides (``WorkflowStore.settle_txn``). A plain
-        job's nack, defer and park are one statement each: no BEGIN/COMMIT around them."""
-        one = (self._workflows is None or job.workflow_id is None) and not isinstance(
-            outcome, Success
-        )
-        with self._jobs.units.begin(one_statement=one) as unit:
-            return self._settle_txn(unit, job, outcome, None)
+    def _settle_plain(self, job: Job, outcome: Outcome) -> Settled:
+        return settle(self._jobs, job, outcome)
 
     def _settle_txn(
         self, unit: UnitOfWork, job: Job, outcome: Outcome, workflow: Workflow | None
     ) -> StepResult:
-        settle, label = _settle_write(self._jobs, job, outcome)
-        if self._workflows is not None and job.workflow_id is not None:
-            facts = _event_facts(outcome)
-            settled = self._workflows.settle_txn(unit, job, settle, locked=workflow, **facts)
+        """The settle as one store call in the caller's unit of work (the short path's)."""
+        if self._workflows is not None:
+            settled = self._workflows.settle_txn(unit, job, outcome, locked=workflow)
         else:
-            settled = settle(unit)
+            settled = settle_txn(self._jobs, unit, job, outcome)
+        return self._applied(job, _LABELS[type(outcome)], settled)
+
+    def _applied(self, job: Job, label: StepResult, settled: Settled) -> StepResult:
         if not settled.applied:
             log.warning("job %s: settle refused, the lease was lost (%s)", job.id, label)
             return StepResult.STALE
@@ -387,48 +385,10 @@ class StepRunner:
         return StepResult.REDELAYED
 
 
-SettleWrite = Callable[[UnitOfWork], Settled]
-
-
-def _event_facts(outcome: Outcome) -> dict[str, Any]:
-    """What the workflow's event needs from an outcome: result, failure and evidence."""
-    match outcome:
-        case Success():
-            return {
-                "result": outcome.decided,
-                "failure": None,
-                "evidence": outcome.ledger_evidence or None,
-            }
-        case Failure(failure_class=cls, detail=detail, evidence=evidence):
-            return {"result": {}, "failure": (cls, detail), "evidence": evidence or None}
-        case _:
-            return {"result": {}, "failure": None, "evidence": None}
-
-
-def _settle_write(
-    jobs: SettlingJobRepository, job: Job, outcome: Outcome
-) -> tuple[SettleWrite, StepResult]:
-    """The fenced write an outcome asks for, as a function of the caller's unit of work."""
-    lease = job.lease
-    match outcome:
-        case Success(result=result):
-            return (
-                lambda unit: jobs.ack_txn(unit, lease, result=result),
-                StepResult.SUCCEEDED,
-            )
-        case Failure(failure_class=cls, detail=detail, retry_in=retry_in):
-            return (
-                lambda unit: jobs.nack_txn(
-                    unit, lease, error=detail, failure_class=cls, retry_in=retry_in
-                ),
-                StepResult.FAILED,
-            )
-        case Defer(delay=delay, reason=reason, capacity=capacity):
-            return (
-                lambda unit: jobs.defer_txn(
-                    unit, lease, delay=delay, reason=reason, capacity=capacity
-                ),
-                StepResult.DEFERRED,
-            )
-        case Park(gate=gate):
-            return (lambda unit: jobs.park_txn(unit.conn, lease, gate), StepResult.PARKED)
+# What each outcome is called once its settle applied (outage.settle_resolved's label).
+_LABELS: dict[type[Outcome], StepResult] = {
+    Success: StepResult.SUCCEEDED,
+    Failure: StepResult.FAILED,
+    Defer: StepResult.DEFERRED,
+    Park: StepResult.PARKED,
+}

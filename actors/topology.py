@@ -15,6 +15,9 @@ the connection's. With the default prefix::
     vibey.jobs.dlx                 fanout exchange, durable     poison pointers
     vibey.jobs.dead                quorum queue, binds the DLX  parked by the reconciler
 
+A pointer vibey dead-letters itself (a malformed body) carries why in its headers
+(``REASON_HEADER``, ``DETAIL_HEADER``), which the reconciler keeps when it parks it.
+
 Work queues carry ``x-delivery-limit`` and dead-letter to ``vibey.jobs.dlx`` (at-least-once,
 which needs ``x-overflow=reject-publish``, or RabbitMQ silently falls back to at-most-once).
 Tier queues carry ``x-message-ttl`` and ``x-dead-letter-exchange=vibey.jobs`` and no
@@ -49,6 +52,8 @@ from actors.capabilities import BrokerCapabilities
 _FORBIDDEN = re.compile(r"[.*#\s]")
 _MAX_NAME_BYTES = 255  # AMQP short string
 RESERVED_LANES = frozenset({"dead"})  # vibey.jobs.dead is the dead-letter queue
+REASON_HEADER = "x-vibey-reason"  # why vibey dead-lettered a pointer
+DETAIL_HEADER = "x-vibey-detail"
 
 QUORUM = "quorum"
 AT_LEAST_ONCE = "at-least-once"
@@ -158,6 +163,26 @@ class QueueSpec:
     name: str
     arguments: Mapping[str, Any]
     bindings: tuple[Binding, ...]
+
+
+CONSUMER_TIMEOUT_FIX = (
+    "raise consumer_timeout_seconds under [queue.rabbitmq] (VIBEY_QUEUE_CONSUMER_TIMEOUT) "
+    "or shorten [queue.lease_seconds]"
+)
+
+
+def consumer_timeout_problem(timeout: timedelta, longest_lease: timedelta) -> str | None:
+    """What is wrong with the work queues' consumer timeout against the longest lease, or
+    None: it must be above it, or a step holding its delivery that long would lose its channel
+    (:data:`CONSUMER_TIMEOUT_FIX` says how to fix it). The one check: ``vibey worker`` refuses
+    to start on it, ``vibey doctor`` reports it."""
+    if timeout > longest_lease:
+        return None
+    return (
+        f"consumer_timeout_seconds ({timeout.total_seconds():g} s) is not above the longest "
+        f"lease ({longest_lease.total_seconds():g} s): a step holding its delivery that long "
+        "would lose its channel"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
-"""The worker fleet: Dramatiq workers on vibey's lane queues, under a supervisor.
+"""A worker process: Dramatiq workers on vibey's lane queues; its configuration.
 
-:class:`Runtime` wires one process: a PostgreSQL pool, the dispatching job repository, the outbox
-relay, the adapted Dramatiq broker, one step actor per consumed queue, the reconciler on
-APScheduler, and an embedded ``dramatiq.Worker`` (threads). :func:`supervise` runs several
-such processes and respawns one that dies (Dramatiq's own master exits when a child dies).
+:class:`WorkerConfig` is what every process started for the fleet is given (a worker, the
+drive loop, the reconciler alone); :func:`open_graph` reads it into the process's object graph
+(:mod:`actors.graph`). :class:`Runtime` is one rabbitmq-backend worker process: that graph
+with the outbox relay, the adapted Dramatiq broker, one step actor per consumed queue, the
+reconciler on APScheduler, and an embedded ``dramatiq.Worker`` (threads). ``actors.fleet``
+runs several such processes under a supervisor.
 
 A process serves the shared lane queues (the default fleet, every project) or, given
 ``projects``, only those projects' dedicated queues. Which projects the relay routes to their
@@ -20,52 +22,39 @@ thread ahead of buffered BUILD steps.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import multiprocessing as mp
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dramatiq
 from dramatiq.common import join_all
 
 from actors import metrics, tracing
-from actors.agents.roster import AgentSpec
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
+from actors.config import Settings
 from actors.event_publisher import EventPublisher, EventService
-from actors.in_place import DEFAULT_STEPS, InPlace
+from actors.graph import Bus, Graph, StepTally, assemble, step_runner
+from actors.in_place import InPlace
+from actors.loaders import load_handlers, load_object, load_registry
 from actors.reconcile import Reconciler
-from actors.relay import Relay, Router
-from actors.steps import StepResult, StepRunner
+from actors.steps import StepRunner
+from actors.stub_broker import Publisher
 from actors.topology import QueueNames, Topology
-from store.db import Pool
-from store.dispatch import DispatchRecords
 from store.events import EventLog
 from store.gate_deadlines import GateDeadlines
-from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
 from store.operations import OperationsStore
 from store.pool import open_pool
 from store.retention import WorkflowRetention
-from store.routes import RouteCache
 from store.workflows import WorkflowStore
-from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane, WaitTiers
-from workflows.engine import Registry
+from workflows.dispatch import Lane
 from workflows.events import exchange_for
-from workflows.job import LeasePolicy
 from workflows.steps import Handlers
-
-if TYPE_CHECKING:
-    from actors.drive import PostgresRuntime
 
 log = logging.getLogger(__name__)
 
@@ -73,42 +62,12 @@ log = logging.getLogger(__name__)
 LANE_PRIORITY: Mapping[str, int] = {Lane.INTERACTIVE.value: 0, Lane.BUILD.value: 10}
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    pg_url: str
-    amqp_url: str
-    prefix: str = "vibey"
-    lanes: tuple[str, ...] = tuple(lane.value for lane in Lane)
+class WorkerConfig(Settings):
+    """A worker's configuration: the settings as loaded (it reads them itself: ``queue``,
+    ``worker``, ``engine``, ...) and what its start adds. Built by ``vibey.wiring.worker_config``,
+    which checks first that the URLs it needs are set."""
+
     projects: tuple[str, ...] = ()  # serve only these projects' dedicated queues
-    dedicated_projects: tuple[str, ...] = ()  # routed to dedicated queues at start (routes)
-    tiers: WaitTiers = DEFAULT_WAIT_TIERS
-    leases: LeasePolicy = field(default_factory=LeasePolicy)
-    threads: int = 8
-    prefetch: int | None = None  # default: threads (low, so a crash redelivers little)
-    delivery_limit: int = 20
-    consumer_timeout: timedelta = timedelta(hours=6)  # work queues' x-consumer-timeout (3.12+)
-    reconcile_interval: timedelta = timedelta(seconds=30)
-    redispatch_after: timedelta = timedelta(minutes=2)
-    reclaim_after: timedelta = timedelta(seconds=30)
-    in_place_steps: int = DEFAULT_STEPS  # steps a worker chains in place after a settle (0: none)
-    handlers: str = "actors.handlers:build_handlers"  # a Handlers mapping, or a factory
-    definitions: str = "workflows.protocol:DEFINITIONS"  # the workflow definitions it runs
-    workspace: str = ".vibey/work"  # engines' git repositories and worktrees
-    engine_command: tuple[str, ...] = ()  # the `command` engine's argv
-    engine_timeout: timedelta = timedelta(hours=2)
-    engines: tuple[AgentSpec, ...] = ()  # the roster ([engines.<id>] tables)
-    agent_env: Mapping[str, str] = field(default_factory=dict)  # the base engines get
-    max_dollars: float | None = None  # spend caps of a bounded BUILD job (None: no cap)
-    max_turns: int | None = None
-    push_remote: str | None = None  # [project] push: where build.integrate pushes (None: nowhere)
-    push_branch: str = "vibey/{project}"  # the remote branch ({project}: the project id)
-    backend: str = "rabbitmq"  # or "postgres": the drive loop (actors/drive.py), no broker
-    poll_interval: timedelta = timedelta(seconds=5)  # postgres: the idle wakeup backstop
-    metrics_port: int | None = None  # serve Prometheus metrics (and /healthz) on this port
-    outbox_retention: timedelta = timedelta(days=1)  # sent outbox rows are pruned after this
-    workflow_retention: timedelta = timedelta(days=30)  # finished workflows archived after this
-    otlp_endpoint: str | None = None  # export step traces over OTLP/HTTP (None: no tracing)
-    tracing_service: str = "vibey"
     crash_points: str | None = None  # chaos tests only: "module:attribute" of a CrashPoints
     tally_dir: str | None = None  # chaos tests only: each process appends its step results here
     # SIGTERM: running steps get this long to settle (vibey.wiring.drain_grace: the longest
@@ -116,8 +75,17 @@ class WorkerConfig:
     drain_grace: timedelta = timedelta(hours=2)
 
     @property
+    def pg_url(self) -> str:
+        return self.require_database_url()
+
+    @property
+    def amqp_url(self) -> str:
+        """The broker's URL; "" on the postgres backend, which has none."""
+        return "" if self.queue.backend == "postgres" else self.require_amqp_url()
+
+    @property
     def names(self) -> QueueNames:
-        return QueueNames(self.prefix)
+        return QueueNames(self.bus.prefix)
 
     def queues(self) -> list[str]:
         return [queue for _, queue in self.lane_queues()]
@@ -125,39 +93,33 @@ class WorkerConfig:
     def prefetch_by_queue(self) -> dict[str, int]:
         """Each consumed queue's prefetch: ``prefetch`` (default: the threads), but at most
         ``threads - 1`` on a BUILD queue when the process serves the interactive lane too."""
-        prefetch = self.prefetch or self.threads
-        both = Lane.INTERACTIVE.value in self.lanes and len(self.lanes) > 1
-        keep = both and self.threads > 1
+        threads, lanes = self.worker.threads, self.worker.lanes
+        prefetch = self.queue.rabbitmq.prefetch or threads
+        both = Lane.INTERACTIVE.value in lanes and len(lanes) > 1
+        keep = both and threads > 1
         return {
-            queue: min(prefetch, self.threads - 1)
-            if keep and lane == Lane.BUILD.value
-            else prefetch
+            queue: min(prefetch, threads - 1) if keep and lane == Lane.BUILD.value else prefetch
             for lane, queue in self.lane_queues()
         }
 
     def lane_queues(self) -> list[tuple[str, str]]:
         """(lane, queue) for every queue this process consumes."""
+        lanes = self.worker.lanes
         if self.projects:
-            return [
-                (lane, self.names.work_queue(lane, p)) for p in self.projects for lane in self.lanes
-            ]
-        return [(lane, self.names.work_queue(lane)) for lane in self.lanes]
+            return [(lane, self.names.work_queue(lane, p)) for p in self.projects for lane in lanes]
+        return [(lane, self.names.work_queue(lane)) for lane in lanes]
 
     def topology(self) -> Topology:
+        rabbitmq = self.queue.rabbitmq
+        tiers = rabbitmq.wait_tiers
         return Topology(
             self.names,
-            dict(zip(self.tiers.names, self.tiers.tiers, strict=True)),
-            self.lanes,
-            dedicated_projects=tuple(dict.fromkeys((*self.dedicated_projects, *self.projects))),
-            delivery_limit=self.delivery_limit,
-            consumer_timeout=self.consumer_timeout,
+            dict(zip(tiers.names, tiers.tiers, strict=True)),
+            self.worker.lanes,
+            dedicated_projects=tuple(dict.fromkeys((*rabbitmq.dedicated_projects, *self.projects))),
+            delivery_limit=rabbitmq.delivery_limit,
+            consumer_timeout=timedelta(seconds=rabbitmq.consumer_timeout_seconds),
         )
-
-
-def load_object(path: str) -> Any:
-    """``module:attribute`` → the object it names."""
-    module_name, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
 
 
 def load_crash_points(config: WorkerConfig) -> Any:
@@ -170,42 +132,102 @@ def load_crash_points(config: WorkerConfig) -> Any:
     return loaded if hasattr(loaded, "reached") else loaded(config)
 
 
-def load_handlers(path: str, context: Any = None) -> Handlers:
-    """A ``Handlers`` mapping, or a factory called with the handlers' context."""
-    loaded = load_object(path)
-    if isinstance(loaded, Mapping):
-        return loaded
-    handlers: Handlers = loaded(context)
-    return handlers
-
-
-def load_registry(path: str) -> Registry:
-    return Registry(load_object(path))
-
-
 def handler_context(config: WorkerConfig, pool: Any) -> Any:
     """What a handlers factory is called with (the engines' workspace, command and caps)."""
     from actors.handlers import HandlerContext  # the handlers pull in the engines
 
-    runs = None
+    engine, runs = config.engine, None
     if config.amqp_url and any(spec.as_service for spec in config.engines):
         from actors.agents.run_client import RunClient
         from actors.runs_topology import RunsTopology
 
         engines = tuple(spec.id for spec in config.engines if spec.as_service)
-        runs = RunClient(config.amqp_url, RunsTopology(config.prefix, engines))
+        runs = RunClient(config.amqp_url, RunsTopology(config.bus.prefix, engines))
     return HandlerContext(
         pool=pool,
-        workspace=Path(config.workspace),
-        command=config.engine_command,
-        command_timeout=config.engine_timeout,
+        workspace=Path(engine.workspace),
+        command=engine.command,
+        command_timeout=timedelta(seconds=engine.timeout_seconds),
         roster=config.engines,
         agent_env=config.agent_env,
-        max_dollars=config.max_dollars,
-        max_turns=config.max_turns,
+        max_dollars=engine.max_dollars,
+        max_turns=engine.max_turns,
         runs=runs,
-        push_remote=config.push_remote,
-        push_branch=config.push_branch,
+        push_remote=config.project.push,
+        push_branch=config.project.push_branch,
+    )
+
+
+def open_graph(
+    config: WorkerConfig, *, owner: str, pool_size: int, relay: bool, name: str = "vibey"
+) -> Graph:
+    """The graph of a process ``config`` starts (a worker, the drive loop, the reconciler
+    alone) on a pool of ``pool_size`` connections named ``name``; ``relay``: with the
+    outbox relay and its route cache (the rabbitmq backend), which the process starts."""
+    bus = None
+    if relay:
+        bus = Bus(
+            url=config.amqp_url,
+            names=config.names,
+            tiers=config.queue.rabbitmq.wait_tiers,
+            listen=config.pg_url,
+        )
+    return assemble(
+        open_pool(config.pg_url, min_size=1, max_size=pool_size, name=name),
+        registry=load_registry(config.workflow.definitions),
+        leases=config.queue.lease,
+        owner=owner,
+        tracer=tracing.step_tracer(
+            config.tracing.otlp_endpoint, service_name=config.tracing.service_name
+        ),
+        dispatch=relay,
+        bus=bus,
+    )
+
+
+def config_runner(
+    config: WorkerConfig,
+    graph: Graph,
+    *,
+    handlers: Handlers | None,
+    tally: StepTally,
+    broker: Publisher | None = None,
+    in_place: InPlace | None = None,
+) -> StepRunner:
+    """The step runner of a process ``config`` starts; ``handlers`` default to
+    ``config.worker.handlers`` (a factory gets the handler context)."""
+    if handlers is None:
+        handlers = load_handlers(config.worker.handlers, handler_context(config, graph.pool))
+    return step_runner(
+        graph,
+        handlers=handlers,
+        names=config.names,
+        tiers=config.queue.rabbitmq.wait_tiers,
+        on_result=tally.count,
+        crash=load_crash_points(config),
+        broker=broker,
+        in_place=in_place,
+    )
+
+
+def config_reconciler(config: WorkerConfig, graph: Graph) -> Reconciler:
+    """The rabbitmq backend's reconciler on ``graph`` (which has a relay)."""
+    if graph.relay is None:
+        raise ValueError("the reconciler drains the outbox through a relay: open_graph(relay=True)")
+    return Reconciler(
+        jobs=graph.jobs,
+        records=graph.records,
+        relay=graph.relay,
+        url=config.amqp_url,
+        names=config.names,
+        redispatch_after=timedelta(seconds=config.queue.rabbitmq.redispatch_after_seconds),
+        reclaim_after=timedelta(seconds=config.queue.rabbitmq.reclaim_after_seconds),
+        operations=OperationsStore(graph.pool),
+        outbox_retention=timedelta(seconds=config.queue.rabbitmq.outbox_retention_seconds),
+        retention=WorkflowRetention(
+            graph.pool, retention=timedelta(seconds=config.workflow.archive_after_seconds)
+        ),
+        owner=graph.owner,
     )
 
 
@@ -215,79 +237,37 @@ class Runtime:
     def __init__(
         self, config: WorkerConfig, *, handlers: Handlers | None = None, owner: str | None = None
     ) -> None:
-        """``handlers`` defaults to ``config.handlers`` (a factory gets the handler context)."""
+        """``handlers`` defaults to ``config.worker.handlers`` (a factory gets the handler
+        context)."""
         self.config = config
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        names = config.names
-        self.pool = open_pool(config.pg_url, min_size=1, max_size=config.threads + 4)
-        self.records = DispatchRecords(pool=self.pool, relay_id=self.owner)
-        self.routes = RouteCache(url=config.pg_url, pool=self.pool)
-        registry = load_registry(config.definitions)
-        self.tracer = tracing.step_tracer(config.otlp_endpoint, service_name=config.tracing_service)
-        router = Router(
-            names=names, tiers=config.tiers, dedicated=self.routes, kinds=registry.kinds
+        graph = open_graph(
+            config, owner=self.owner, pool_size=config.worker.threads + 4, relay=True
         )
-        self.relay = Relay(
-            url=config.amqp_url,
-            records=self.records,
-            router=router,
-            trace_headers=None if self.tracer is None else self.tracer.publish_headers,
-        )
-        self.jobs = PostgresJobRepository(
-            pool=self.pool,
-            leases=config.leases.resolved(registry.kinds.canonical),
-            dispatch=True,
-            relay_id=self.owner,
-            after_commit=self.relay.submit,
-        )
-        self.workflows = WorkflowStore(
-            pool=self.pool,
-            jobs=self.jobs,
-            registry=registry,
-            ledger=Ledger(self.pool),
-            events=tracing.event_spans(self.tracer),
-        )
-        if handlers is None:
-            handlers = load_handlers(config.handlers, self._handler_context())
-        handlers = metrics.instrument(handlers, registry.kinds)
-        topology = config.topology()
+        assert graph.relay is not None and graph.router is not None and graph.routes is not None
+        self.pool, self.records, self.tracer = graph.pool, graph.records, graph.tracer
+        self.jobs, self.workflows = graph.jobs, graph.workflows
+        self.relay, self.routes = graph.relay, graph.routes
         self.broker = VibeyBroker(
-            url=config.amqp_url, dead_exchange=names.dead_exchange, declare=self._declarer(topology)
+            url=config.amqp_url,
+            dead_exchange=config.names.dead_exchange,
+            declare=self._declarer(config.topology()),
         )
-        claims, handlers, on_result = tracing.hooked(
-            self.tracer, self.records, handlers, self._count
-        )
-        self.runner = StepRunner(
-            jobs=self.jobs,
-            records=claims,
-            broker=self.broker,
-            names=names,
-            tiers=config.tiers,
+        self.tally = StepTally(config.tally_dir)
+        self.results = self.tally.results
+        n = config.queue.rabbitmq.in_place_steps
+        self.runner = config_runner(
+            config,
+            graph,
             handlers=handlers,
-            owner=self.owner,
-            crash=load_crash_points(config),
-            on_result=on_result,
-            workflows=self.workflows,
-            in_place=InPlace(router=router, queues=frozenset(config.queues()), max_steps=n)
-            if (n := config.in_place_steps)
+            tally=self.tally,
+            broker=self.broker,
+            in_place=InPlace(router=graph.router, queues=frozenset(config.queues()), max_steps=n)
+            if n
             else None,
         )
-        self.reconciler = Reconciler(
-            jobs=self.jobs,
-            records=self.records,
-            relay=self.relay,
-            url=config.amqp_url,
-            names=names,
-            redispatch_after=config.redispatch_after,
-            reclaim_after=config.reclaim_after,
-            operations=OperationsStore(self.pool),
-            outbox_retention=config.outbox_retention,
-            retention=WorkflowRetention(self.pool, retention=config.workflow_retention),
-            owner=self.owner,
-        )
+        self.reconciler = config_reconciler(config, graph)
         self.events = event_service(config, self.pool, self.workflows)
-        self.results: dict[StepResult, int] = dict.fromkeys(StepResult, 0)
-        self._results_lock = threading.Lock()
         for lane, queue in config.lane_queues():
             dramatiq.Actor(
                 self._step,
@@ -299,9 +279,6 @@ class Runtime:
             )
         self._worker: LaneWorker | None = None
 
-    def _handler_context(self) -> Any:
-        return handler_context(self.config, self.pool)
-
     def _declarer(self, topology: Topology) -> Any:
         def declare(channel: Any) -> None:
             caps = detect(channel.connection)
@@ -310,7 +287,7 @@ class Runtime:
             # then wait in its queues until its worker comes.
             routed = sorted(self.routes.projects - set(topology.dedicated_projects))
             for project in dict.fromkeys((*self.config.projects, *routed)):
-                for lane in self.config.lanes:
+                for lane in self.config.worker.lanes:
                     topology.declare_dedicated(channel, caps, lane, project)
 
         return declare
@@ -321,15 +298,6 @@ class Runtime:
             self.tracer.delivered(trace)
         self.runner.run(**pointer)
 
-    def _count(self, result: StepResult) -> None:
-        metrics.STEP_RESULTS.labels(result.value).inc()
-        with self._results_lock:
-            self.results[result] += 1
-        if self.config.tally_dir:  # appended at once: a process killed later keeps its count
-            path = os.path.join(self.config.tally_dir, f"{os.getpid()}.log")
-            with open(path, "a", encoding="utf-8") as out:
-                out.write(f"{result.value}\n")
-
     def start(self) -> None:
         self.routes.start()
         self.relay.start()
@@ -338,10 +306,12 @@ class Runtime:
         self._worker = LaneWorker(
             self.broker,
             prefetch=self.config.prefetch_by_queue(),
-            worker_threads=self.config.threads,
+            worker_threads=self.config.worker.threads,
         )
         self._worker.start()
-        self.reconciler.start(interval=self.config.reconcile_interval)
+        self.reconciler.start(
+            interval=timedelta(seconds=self.config.queue.rabbitmq.reconcile_interval_seconds)
+        )
         self.events.start()
 
     def stop(self, *, timeout: float | None = None) -> int:
@@ -364,13 +334,13 @@ class Runtime:
 def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> EventService:
     """Publish the domain events (rabbitmq backend) and sweep gate deadlines, every second."""
     publisher = None
-    if config.backend != "postgres":
+    if config.queue.backend != "postgres":
         events = EventLog(pool=pool)
         publisher = EventPublisher(
-            url=config.amqp_url, events=events, exchange=exchange_for(config.prefix)
+            url=config.amqp_url, events=events, exchange=exchange_for(config.bus.prefix)
         )
     deadlines = GateDeadlines(pool=pool, workflows=workflows)
-    return EventService(pg_url=config.pg_url, publisher=publisher, sweep=deadlines.sweep)
+    return EventService(publisher=publisher, sweep=deadlines.sweep)
 
 
 class LaneWorker(dramatiq.Worker):
@@ -378,7 +348,9 @@ class LaneWorker(dramatiq.Worker):
     hook; dramatiq is pinned to 2.2.*) and a drain bounded by the grace it is given."""
 
     def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
-        super().__init__(broker, queues=set(prefetch), worker_threads=worker_threads)
+        super().__init__(
+            broker, queues=set(prefetch), worker_threads=worker_threads, worker_timeout=WAKE_MS
+        )
         self._prefetch = dict(prefetch)
 
     def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
@@ -427,7 +399,10 @@ class LaneWorker(dramatiq.Worker):
         return cut
 
 
-CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within a second
+# How often an idle worker thread and an idle consumer wake (Dramatiq's worker_timeout, 1 s by
+# default): a drain waits that long for each, so an idle process stops within 2 x WAKE_MS.
+WAKE_MS = 100
+CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within WAKE_MS
 
 
 def _stop_deliveries(consumer_thread: Any) -> None:
@@ -451,152 +426,9 @@ def _stop_deliveries(consumer_thread: Any) -> None:
         log.debug("drain: the consumer of %s is already closed", consumer.queue_name)
 
 
-def run_process(config: WorkerConfig, *, ready: Any = None) -> None:
-    """A worker process: run until SIGTERM or SIGINT, then drain."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(processName)s %(name)s %(message)s"
-    )
-    logging.getLogger("pika").setLevel(logging.WARNING)  # its INFO narrates every close
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    runtime: Runtime | PostgresRuntime
-    if config.backend == "postgres":
-        from actors.drive import PostgresRuntime
-
-        runtime = PostgresRuntime(config)
-    else:
-        runtime = Runtime(config)
-    runtime.start()
-    if ready is not None:
-        ready.set()
-    stop.wait()
-    cut = runtime.stop()
-    log.info("drained%s", f"; {cut} step(s) cut at the grace" if cut else ": every step settled")
-
-
-QUICK_EXIT_S = 10.0  # an error exit this soon after the start backs the respawn off
-RESPAWN_BASE_S = 0.5
-RESPAWN_MAX_S = 30.0
-
-
-class Supervisor:
-    """Runs ``processes`` worker processes and respawns any that dies (by pid), until
-    :meth:`stop`; then stops them all gracefully (SIGTERM: each drains).
-
-    A process killed by a signal (SIGKILL, the OOM killer) is respawned at once. One that
-    exits with an error soon after it started (PostgreSQL down, a bad setting) is respawned
-    after a doubling delay (0.5 s, 1 s, 2 s, … at most 30 s), so a fleet that cannot start
-    does not spin; a process that ran for a while resets its delay."""
-
-    def __init__(self, config: WorkerConfig, *, processes: int) -> None:
-        self._config = config
-        # forkserver: the server imports vibey once, so a respawn is a fork, not a new
-        # interpreter importing Dramatiq, psycopg and pika again.
-        self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["actors.worker"])
-        self._children: list[Any] = [None] * processes
-        self._started = [0.0] * processes
-        self._failures = [0] * processes  # quick error exits in a row, per slot
-        self._due: list[float | None] = [None] * processes  # when a dead slot respawns
-        self._stopping = threading.Event()
-        self.respawns = 0
-        self.metrics: metrics.MetricsServer | None = None
-        if config.metrics_port is not None:  # before the forkserver starts: it inherits it
-            metrics.use_multiprocess_dir()
-
-    def run(self) -> int:
-        pool = self._serve_metrics()
-        try:
-            for slot in range(len(self._children)):
-                self._spawn(slot)
-            while not self._stopping.wait(0.25):
-                self._respawn_dead()
-            self._terminate()
-        finally:
-            if self.metrics is not None:
-                self.metrics.stop()
-            if pool is not None:
-                pool.close()
-        return self.respawns
-
-    def _serve_metrics(self) -> Pool | None:
-        """The fleet's metrics endpoint (every process's events, the store's state)."""
-        if self._config.metrics_port is None:
-            return None
-        pool = open_pool(self._config.pg_url, min_size=1, max_size=2, name="vibey-metrics")
-        collector = metrics.StoreCollector(
-            OperationsStore(pool), dead_queue_depth=dead_queue_depth(self._config)
-        )
-        self.metrics = metrics.MetricsServer(
-            port=self._config.metrics_port, collectors=[collector]
-        ).start()
-        return pool
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    @property
-    def pids(self) -> list[int]:
-        return [child.pid for child in self._children if child is not None]
-
-    def _spawn(self, slot: int) -> None:
-        child = self._ctx.Process(
-            target=run_process, args=(self._config,), name=f"vibey-worker-{slot}"
-        )
-        child.start()
-        self._children[slot] = child
-        self._started[slot] = time.monotonic()
-        self._due[slot] = None
-
-    def _respawn_dead(self) -> None:
-        now = time.monotonic()
-        for slot, child in enumerate(self._children):
-            if child is None or child.is_alive() or self._stopping.is_set():
-                continue
-            if self._due[slot] is None:
-                delay = self._respawn_delay(slot, child.exitcode, now)
-                log.warning(
-                    "worker %s (pid %s) exited %s; respawning%s",
-                    slot,
-                    child.pid,
-                    child.exitcode,
-                    f" in {delay:g} s" if delay else "",
-                )
-                self._due[slot] = now + delay
-            if now >= (self._due[slot] or now):
-                self.respawns += 1
-                self._spawn(slot)
-
-    def _respawn_delay(self, slot: int, exitcode: int | None, now: float) -> float:
-        quick_error = (
-            exitcode is not None and exitcode > 0 and now - self._started[slot] < QUICK_EXIT_S
-        )
-        self._failures[slot] = self._failures[slot] + 1 if quick_error else 0
-        if not quick_error:
-            return 0.0
-        return float(min(RESPAWN_BASE_S * 2 ** (self._failures[slot] - 1), RESPAWN_MAX_S))
-
-    def _terminate(self) -> None:
-        live = [c for c in self._children if c is not None and c.is_alive()]
-        for child in live:
-            os.kill(child.pid, signal.SIGTERM)
-        for child in self._children:
-            if child is not None:
-                child.join()
-
-
 def dead_queue_depth(config: WorkerConfig) -> metrics.QueueDepth | None:
     """The dead-letter queue's depth, read over one long-lived connection (None on the
     postgres backend)."""
-    if config.backend == "postgres":
+    if config.queue.backend == "postgres":
         return None
     return metrics.QueueDepth(config.amqp_url, config.names.dead_queue)
-
-
-def supervise(config: WorkerConfig, *, processes: int) -> int:
-    """Run a supervised fleet until SIGTERM or SIGINT; returns the number of respawns."""
-    supervisor = Supervisor(config, processes=processes)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: supervisor.stop())
-    return supervisor.run()

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
@@ -85,6 +85,10 @@ class PostgresJobRepository:
         self._backoff = backoff_policy
         self._dispatch = dispatch
         self._relay_id = relay_id if dispatch else None
+        # Who waits for ``vibey_job_ready``: the postgres backend's workers. Where a relay
+        # publishes what a commit released (dispatching, ``after_commit``), the pointer is
+        # the wakeup and nobody listens: no NOTIFY (it would serialise the commits).
+        self._wake = not (dispatch and after_commit is not None)
         self.units = Units(pool=pool, publish=after_commit)
 
     @property
@@ -141,7 +145,7 @@ class PostgresJobRepository:
             if enqueued.created:
                 woken.add(request.project_id)
             results.append(enqueued)
-        for project_id in sorted(woken):
+        for project_id in sorted(woken) if self._wake else ():
             conn.execute(Q["notify_ready"], {"project_id": project_id})
         # Jobs with dependencies wait for them: dispatched once they all succeeded.
         created = [r.job.id for r in results if r.created and r.job.dispatch_seq == 0]
@@ -280,19 +284,19 @@ class PostgresJobRepository:
     def ack_txn(
         self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
     ) -> Settled:
-        """Dispatching, the ack, the lock on the job's dependents and their release are sent
-        together and read once (one round trip in a pipelined unit): the release is fenced on
-        its own (generation 0, every dependency succeeded), so after an ack that was refused
-        it releases nothing the ack did not. A dependent written by a transaction still open
-        is the lost-dispatch sweep's, as it always was."""
-        params = _fence(lease) | {"result": None if result is None else Jsonb(dict(result))}
-        if not self._dispatch:
-            return _settled(fetch_one(unit.conn, Q["ack"], params))
-        with unit.conn.cursor(row_factory=dict_row) as acked:
-            acked.execute(Q["ack"].encode(), params)
+        """Dispatching, an ack that says the job has dependents is followed by the lock on
+        them and their release (a workflow's step seldom has any: two statements fewer). The
+        release is fenced on its own (generation 0, every dependency succeeded). A dependent
+        written by a transaction still open is the lost-dispatch sweep's, as it always was."""
+        params = _fence(lease) | {
+            "result": None if result is None else Jsonb(dict(result)),
+            "wake": self._wake,
+        }
+        row = fetch_one(unit.conn, Q["ack"], params)
+        if self._dispatch and row is not None and row["dependents"]:
             unit.conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
             self._dispatch_released(unit, parent=lease.job_id)
-            return _settled(acked.fetchone())
+        return _settled(row)
 
     @retried("nack a job", idempotent=False)
     def nack(
@@ -372,10 +376,15 @@ class PostgresJobRepository:
         )
         return _settled(fetch_one(unit.conn, Q["defer"], params), unit)
 
+    @retried("park a job", idempotent=False)
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
-        return self._run_one(self.park_txn, lease, gate)
+        """The fenced park, its gate, the gate's domain event and ledger question: one
+        transaction."""
+        with self.units.begin() as unit:
+            return self.park_txn(unit, lease, gate)
 
-    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled:
+    def park_txn(self, unit: UnitOfWork, lease: Lease, gate: GateRequest) -> Settled:
+        conn = unit.conn
         params = _fence(lease) | {
             "gate_id": uuid.uuid4(),
             "kind": gate.kind,
@@ -478,7 +487,8 @@ class PostgresJobRepository:
             params = {"job_id": gate.job_id, "more": granted + grant_attempts}
             released = fetch_one(conn, Q["release_parked"], params | self._dispatch_params())
             if released is not None:
-                conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
+                if self._wake:
+                    conn.execute(Q["notify_ready"], {"project_id": released["project_id"]})
                 unit.wrote_json(released["outbox_rows"])
         return AnswerOutcome(AnswerStatus.ANSWERED, gate_from_row(answered))
 

@@ -5,15 +5,17 @@ PostgreSQL.
 :class:`MemoryJobRepository` implements :class:`store.ports.SettlingJobRepository` (the
 :class:`workflows.queue.JobRepository` contract and the ``*_txn`` settles) with the arithmetic
 of ``store/sql/jobs.sql``: fenced writes, attempts counted by claims and given back by defers,
-backoff on a nack, dependencies, gates and the reaper. Its clock is a function (``clock``; a
-:class:`ManualClock` a test moves instead of sleeping). With ``dispatch`` on it numbers dispatch
-generations and hands each unit's pointers to ``after_commit``, as the real units do. The fakes
-of the smaller seams (pointer claims, a workflow step's settle, what the handlers read) are in
-:mod:`store.memory_records`.
+backoff on a nack, dependencies, gates and the reaper, and what a gate writes beside it (the
+``gate.opened`` domain event and the ledger's ``QuestionAsked``; an answer's ``AnswerGiven``),
+kept in :attr:`MemoryJobRepository.ledger` and :attr:`MemoryJobRepository.events`. Its clock
+is a function (``clock``; a :class:`ManualClock` a test moves instead of sleeping). With
+``dispatch`` on it numbers dispatch generations and hands each unit's pointers to
+``after_commit``, as the real units do. The fakes of the smaller seams (pointer claims, a
+workflow step's settle, what the handlers read) are in :mod:`store.memory_records`.
 
 A unit of work is all or nothing here too: an exception inside ``units.begin()`` restores what
-the repository held when the unit began. A fake is never what a contract test runs on: the
-contract suite runs on the real backends.
+the repository held when the unit began. The contract suite (``tests/contracts``) runs on this
+fake beside the real backends, so where the fake and the SQL disagree, a test says so.
 
 This module is past 600 lines because it mirrors the job repository's statements one method
 each, as ``store/jobs.py`` does; splitting it would split one contract in two.
@@ -26,13 +28,14 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from uuid import UUID
 
 from store.db import Conn
 from store.unit_of_work import OutboxRow, Publish, UnitOfWork
+from workflows.events import EventType
 from workflows.gates import ENGINE_GATES
 from workflows.job import (
     DEFAULT_BACKOFF,
@@ -43,6 +46,7 @@ from workflows.job import (
     backoff,
     jitter_fraction,
 )
+from workflows.ledger import NewEvent, job_gate_answered, job_gate_asked
 from workflows.queue import (
     DELIVERY_EXHAUSTED,
     DELIVERY_EXHAUSTED_PROMPT,
@@ -93,12 +97,31 @@ class ManualClock:
         return self.now
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A ledger event the fake appended for a job (``ledger_event``'s kind and payload)."""
+
+    job_id: UUID
+    kind: str
+    payload: JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class EventEntry:
+    """A domain event the fake emitted (``domain_event``'s type and payload)."""
+
+    type: str
+    payload: JsonObject
+
+
 @dataclass
 class _State:
     jobs: dict[UUID, Job] = field(default_factory=dict)
     deps: dict[UUID, tuple[UUID, ...]] = field(default_factory=dict)
     keys: dict[tuple[str, str], UUID] = field(default_factory=dict)
     gates: dict[UUID, Gate] = field(default_factory=dict)
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    events: list[EventEntry] = field(default_factory=list)
 
 
 class MemoryUnits:
@@ -114,6 +137,7 @@ class MemoryUnits:
             kept = copy.copy(self._repo.state)
             kept.jobs, kept.deps = dict(kept.jobs), dict(kept.deps)
             kept.keys, kept.gates = dict(kept.keys), dict(kept.gates)
+            kept.ledger, kept.events = list(kept.ledger), list(kept.events)
             unit = UnitOfWork(DETACHED)
             try:
                 yield unit
@@ -150,6 +174,16 @@ class MemoryJobRepository:
     @property
     def dispatching(self) -> bool:
         return self._dispatch
+
+    @property
+    def ledger(self) -> tuple[LedgerEntry, ...]:
+        """The ledger events appended, in order."""
+        return tuple(self.state.ledger)
+
+    @property
+    def events(self) -> tuple[EventEntry, ...]:
+        """The domain events emitted, in order."""
+        return tuple(self.state.events)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -242,7 +276,7 @@ class MemoryJobRepository:
             priority=job.priority,  # as the outbox trigger copies them (0010_project_routes)
             workflow_id=job.workflow_id,
         )
-        unit.wrote([_row(pointer)])
+        unit.wrote([asdict(pointer)])
         return job
 
     # -- claims and fenced writes ----------------------------------------------------------
@@ -449,10 +483,10 @@ class MemoryJobRepository:
         return Settled(True, settled.state)
 
     def park(self, lease: Lease, gate: GateRequest) -> Settled:
-        with self.units.begin(one_statement=True) as unit:
-            return self.park_txn(unit.conn, lease, gate)
+        with self.units.begin() as unit:
+            return self.park_txn(unit, lease, gate)
 
-    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled:
+    def park_txn(self, unit: UnitOfWork, lease: Lease, gate: GateRequest) -> Settled:
         job = self._fenced(lease)
         if job is None:
             return NOT_APPLIED
@@ -493,7 +527,22 @@ class MemoryJobRepository:
             schema=dict(schema or {}),
         )
         self.state.gates[gate.id] = gate
+        opened = {
+            "gate_id": str(gate.id),
+            "gate": None,
+            "kind": kind,
+            "question": prompt,
+            "answers": list(answers),
+            "job_id": str(job.id),
+            "deadline_at": None,
+            "on_deadline": None,
+        }
+        self.state.events.append(EventEntry(EventType.GATE_OPENED.value, opened))
+        self._ledgered(job.id, job_gate_asked(gate.id, kind, prompt, answers, job.id))
         return gate
+
+    def _ledgered(self, job_id: UUID, event: NewEvent) -> None:
+        self.state.ledger.append(LedgerEntry(job_id, event.kind.value, dict(event.payload)))
 
     def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
         with self.lock:
@@ -541,6 +590,8 @@ class MemoryJobRepository:
             return AnswerOutcome(AnswerStatus.INVALID_ANSWER, gate)
         answered = replace(gate, answer=answer, answered_by=answered_by, answered_at=self.clock())
         self.state.gates[gate_id] = answered
+        if gate.job_id is not None:
+            self._ledgered(gate.job_id, job_gate_answered(gate_id, answer, answered_by))
         job = None if gate.job_id is None else self.state.jobs.get(gate.job_id)
         if job is not None and job.state is JobState.AWAITING_HUMAN:
             kind = ENGINE_GATES.get(gate.kind)
@@ -640,18 +691,3 @@ class MemoryJobRepository:
             j for j in self.state.jobs.values() if (j.project_id, j.cycle) == (project_id, cycle)
         ]
         return sorted(jobs, key=lambda j: (j.created_at, j.id))
-
-
-def _row(pointer: OutboxRow) -> dict[str, Any]:
-    return {
-        "id": pointer.id,
-        "key": pointer.key,
-        "job_id": pointer.job_id,
-        "project_id": pointer.project_id,
-        "dispatch_seq": pointer.dispatch_seq,
-        "kind": pointer.kind,
-        "not_before": pointer.not_before,
-        "solo": pointer.solo,
-        "priority": pointer.priority,
-        "workflow_id": pointer.workflow_id,
-    }

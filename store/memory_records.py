@@ -24,11 +24,13 @@ from store.cost import BudgetState
 from store.db import Conn
 from store.dispatch import PointerRow
 from store.memory import MemoryJobRepository
+from store.settle import event_facts, is_one_statement, settle_txn
 from store.step_records import GateAnswer, PlanContext, Spent
 from store.unit_of_work import UnitOfWork
 from store.workflow_reads import Workflow
 from workflows.job import JobState
 from workflows.queue import Job, JsonObject, Settled
+from workflows.steps import Outcome
 
 
 class MemoryDispatchRecords:
@@ -90,10 +92,14 @@ class StepEvent:
 
 
 class MemoryWorkflowStore:
-    """The workflow side of a step's settle, in memory: the settle runs, and each step that
-    it settled is kept as a :class:`StepEvent` (``events``)."""
+    """The workflow side of a step's settle, in memory: the fenced write the outcome asks for
+    runs on ``jobs`` (``store.settle``), and each step that it settled is kept as a
+    :class:`StepEvent` (``events``)."""
 
-    def __init__(self, workflows: Mapping[UUID, Workflow] | None = None) -> None:
+    def __init__(
+        self, jobs: MemoryJobRepository, workflows: Mapping[UUID, Workflow] | None = None
+    ) -> None:
+        self._jobs = jobs
         self.workflows = dict(workflows or {})
         self.events: list[StepEvent] = []
         self.locked: list[UUID] = []
@@ -102,19 +108,17 @@ class MemoryWorkflowStore:
         self.locked.append(job_id)
         return lambda: None
 
+    def settle(self, job: Job, outcome: Outcome) -> Settled:
+        one = job.workflow_id is None and is_one_statement(outcome)
+        with self._jobs.units.begin(one_statement=one) as unit:
+            return self.settle_txn(unit, job, outcome)
+
     def settle_txn(
-        self,
-        unit: UnitOfWork,
-        job: Job,
-        settle: Callable[[UnitOfWork], Settled],
-        *,
-        result: JsonObject | None = None,
-        failure: tuple[Any, str] | None = None,
-        evidence: JsonObject | None = None,
-        locked: Workflow | None = None,
+        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
     ) -> Settled:
-        settled = settle(unit)
-        if settled.applied:
+        settled = settle_txn(self._jobs, unit, job, outcome)
+        if settled.applied and job.workflow_id is not None and job.step is not None:
+            result, failure, evidence = event_facts(outcome)
             event = StepEvent(job.id, job.step, settled.state, result, failure, evidence)
             self.events.append(event)
         return settled

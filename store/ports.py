@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 from uuid import UUID
 
 from store.db import Conn
@@ -25,6 +25,7 @@ from store.unit_of_work import UnitOfWork
 from store.workflow_reads import Workflow
 from workflows.job import FailureClass
 from workflows.queue import GateRequest, Job, JobRepository, JsonObject, Lease, Settled
+from workflows.steps import Outcome
 
 
 class UnitsOfWork(Protocol):
@@ -64,7 +65,7 @@ class SettlingJobRepository(JobRepository, Protocol):
         solo: bool = False,
     ) -> Settled: ...
 
-    def park_txn(self, conn: Conn, lease: Lease, gate: GateRequest) -> Settled: ...
+    def park_txn(self, unit: UnitOfWork, lease: Lease, gate: GateRequest) -> Settled: ...
 
 
 class PointerClaims(Protocol):
@@ -82,19 +83,15 @@ class PointerClaims(Protocol):
 
 
 class StepWorkflows(Protocol):
-    """A workflow step's settle: the workflow locked first, then the job's settle and the
-    event it implies, in the caller's unit of work."""
+    """A step's settle as one call that takes its outcome: for a workflow's step, the
+    workflow locked first, then the job's fenced write and the event it implies, in one unit
+    of work (the caller's: ``settle_txn``; its own: ``settle``). A plain job's settle is the
+    fenced write alone."""
 
     def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]: ...
 
     def settle_txn(
-        self,
-        unit: UnitOfWork,
-        job: Job,
-        settle: Callable[[UnitOfWork], Settled],
-        *,
-        result: JsonObject | None = None,
-        failure: tuple[Any, str] | None = None,
-        evidence: JsonObject | None = None,
-        locked: Workflow | None = None,
+        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
     ) -> Settled: ...
+
+    def settle(self, job: Job, outcome: Outcome) -> Settled: ...

@@ -46,6 +46,7 @@ from store.events import emit_txn
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
 from store.retry import retried
+from store.settle import event_facts, is_one_statement, settle_txn
 from store.sql import load
 from store.unit_of_work import UnitOfWork
 from store.workflow_reads import (
@@ -98,6 +99,7 @@ from workflows.queue import (
     JsonObject,
     Settled,
 )
+from workflows.steps import Outcome
 
 Q = load("workflows.sql")
 __all__ = [
@@ -192,9 +194,6 @@ class WorkflowStore(WorkflowReads):
         self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
     ) -> StartOutcome:
         conn = unit.conn
-        live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
-        if live is not None:
-            return StartOutcome(workflow_from_row(live), created=False)
         chosen = self._registry.latest(definition)
         row = fetch_one(
             conn,
@@ -210,12 +209,14 @@ class WorkflowStore(WorkflowReads):
                 "state": Jsonb(dict(chosen.encode_state(chosen.initial()))),
             },
         )
-        if row is None:  # a concurrent start won the partial unique index
+        if row is None:  # the project has a live workflow (the partial unique index)
             live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
             if live is None:  # pragma: no cover - the conflict guarantees it
                 raise StoreError(f"project {project_id}: workflow start conflicted and vanished")
             return StartOutcome(workflow_from_row(live), created=False)
-        started = self._record(unit, workflow_from_row(row), Started(input=dict(input)))
+        started = self._record(
+            unit, workflow_from_row(row), Started(input=dict(input)), created=True
+        )
         return StartOutcome(started, created=True)
 
     @retried("record a workflow event", idempotent=False)
@@ -241,28 +242,30 @@ class WorkflowStore(WorkflowReads):
             ),
         )
 
+    def settle(self, job: Job, outcome: Outcome) -> Settled:
+        """A step's settle in a unit of work of its own (:meth:`settle_txn`): one commit. A
+        plain job's nack and defer are one statement, with no BEGIN/COMMIT around it. A
+        commit cut off mid-flight raises ``CommitUnknown``: the caller reads the row."""
+        one = job.workflow_id is None and is_one_statement(outcome)
+        with self._jobs.units.begin(one_statement=one) as unit:
+            return self.settle_txn(unit, job, outcome)
+
     def settle_txn(
-        self,
-        unit: UnitOfWork,
-        job: Job,
-        settle: Callable[[UnitOfWork], Settled],
-        *,
-        result: JsonObject | None = None,
-        failure: tuple[Any, str] | None = None,
-        evidence: JsonObject | None = None,
-        locked: Workflow | None = None,
+        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
     ) -> Settled:
-        """A step's fenced settle and its event, one transaction: lock the workflow (unless
-        the caller did: ``locked``), run ``settle`` (the job repository's ack/nack/defer/park
-        ``*_txn``), and when it applied and finished the step, record
-        ``StepSucceeded``/``TimerFired``/``StepFailed``."""
+        """A step's settle, in the caller's unit of work: the fenced write ``outcome`` asks
+        for (ack, nack, defer, park) and, for a workflow's step, first the workflow's lock
+        (unless the caller took it: ``locked``) and, when the write applied and finished the
+        step, its event (``StepSucceeded``/``TimerFired``/``StepFailed``) with everything
+        it decides."""
         if job.workflow_id is None or job.step is None:
-            return settle(unit)
+            return settle_txn(self._jobs, unit, job, outcome)
         conn = unit.conn
         workflow = locked or self._lock(conn, job.workflow_id)
-        settled = settle(unit)
+        settled = settle_txn(self._jobs, unit, job, outcome)
         if not settled.applied:
             return settled
+        result, failure, evidence = event_facts(outcome)
         settlement = settled_event(
             job.kind, job.step, job.payload, settled.state, result=result, failure=failure
         )
@@ -386,6 +389,7 @@ class WorkflowStore(WorkflowReads):
         cause: str | None = None,
         job_id: UUID | None = None,
         caused_by: str | None = None,
+        created: bool = False,
     ) -> Workflow:
         """The event recorded (and decided, unless the workflow is blocked); the workflow
         after it. The domain events it reports (``workflows.events``) are written with it;
@@ -393,16 +397,32 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         now = self._clock()
         seq = workflow.last_seq + 1
-        self._emit(conn, workflow, recorded(event), caused_by or cause)
+        facts = recorded(event)
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
+            self._emit(conn, workflow, facts, caused_by or cause)
             self._append(conn, workflow.id, seq, event, None, now)
             return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
+        # The event's own facts go with what its decision implies (one statement) when they
+        # share a causation; else they are written first, outside the decision's savepoint.
+        together = caused_by is None or caused_by == cause
+        if not together:
+            self._emit(conn, workflow, facts, caused_by)
         try:
             with unit.savepoint():  # a failed decision leaves nothing behind
                 return self._decide(
-                    unit, workflow, seq, event, now, pending=False, cause=(cause, job_id)
+                    unit,
+                    workflow,
+                    seq,
+                    event,
+                    now,
+                    pending=False,
+                    cause=(cause, job_id),
+                    facts=facts if together else (),
+                    created=created,
                 )
         except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
+            if together:
+                self._emit(conn, workflow, facts, cause)
             return self._block(conn, workflow, seq, event, now, exc)
 
     def _decide(
@@ -415,7 +435,11 @@ class WorkflowStore(WorkflowReads):
         *,
         pending: bool,
         cause: tuple[str | None, UUID | None] = (None, None),
+        facts: Sequence[Draft] = (),
+        created: bool = False,
     ) -> Workflow:
+        """``facts``: the event's own domain events, written with what the decision implies
+        (one statement). ``created``: this transaction inserted the workflow's row."""
         conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
@@ -429,23 +453,40 @@ class WorkflowStore(WorkflowReads):
             header, decision = apply(definition, workflow.header, state, event, now)
             produced, encoded = decision.commands, definition.encode_state(decision.state)
         commands = encode_commands(produced)
+        history: dict[str, Any] | None = None  # written with the workflow's update
         if pending:
             conn.execute(
                 Q["decide_history"],
                 {"workflow_id": workflow.id, "seq": seq, "commands": Jsonb(commands)},
             )
         else:
-            self._append(conn, workflow.id, seq, event, commands, now)
-        self._emit(conn, workflow, implied(event, workflow.header, header, produced), cause[0])
+            event_json = Jsonb(encode_event(event))
+            history = {"seq": seq, "event": event_json, "commands": Jsonb(commands), "at": now}
+        drafts = [*facts, *implied(event, workflow.header, header, produced)]
+        self._emit(conn, workflow, drafts, cause[0])
         self._carry_out(unit, workflow, header, produced, now)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
         # A step's settle does not read the new stamps back (one round trip fewer); the
-        # workflow it returns keeps the old updated_at/finished_at.
-        return self._save(
-            conn, workflow, header, encoded, last_seq=last, applied_seq=seq, read=cause[1] is None
+        # workflow it returns keeps the old updated_at/finished_at. Nor does a start: the row
+        # it inserted carries this transaction's now(), which is what the update stamps.
+        read = cause[1] is None and not created
+        saved = self._save(
+            conn,
+            workflow,
+            header,
+            encoded,
+            last_seq=last,
+            applied_seq=seq,
+            read=read,
+            history=history,
         )
+        if created:
+            now_of_txn = workflow.updated_at
+            finished = now_of_txn if header.status.finished else None
+            saved = replace(saved, updated_at=now_of_txn, finished_at=finished)
+        return saved
 
     def _write_ledger(
         self,
@@ -678,14 +719,18 @@ class WorkflowStore(WorkflowReads):
         last_seq: int,
         applied_seq: int | None,
         read: bool = True,
+        history: Mapping[str, Any] | None = None,
     ) -> Workflow:
+        """``history``: the event's history row (seq, event, commands, at), written in the
+        same statement."""
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
         run = fetch_one if read else _queued
         stamps = run(
             conn,
-            Q["update_workflow"],
-            {
+            Q["update_workflow" if history is None else "record_and_update_workflow"],
+            dict(history or {})
+            | {
                 "id": workflow.id,
                 "phase": header.phase,
                 "cycle": header.cycle,

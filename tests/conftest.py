@@ -7,15 +7,20 @@ otherwise every test that needs it fails with the line that fixes it. Nothing is
 Each test gets its own database, cloned from a migrated template
 (``CREATE DATABASE … TEMPLATE …``), so tests run in parallel under xdist. The template is named
 after the checksum of the shipped migrations, built once under an advisory lock and reused by
-every worker and every later run until a migration changes.
+every worker and every later run until a migration changes. A clone costs PostgreSQL a second or
+more when the box is busy (the template is copied through the WAL and flushed), and so does a
+drop: each pytest process clones one database ahead and drops behind, on a thread of its own
+(:class:`Databases`), so a test neither waits for its database nor for the last one's drop.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -32,6 +37,13 @@ PG_FIX = (
 )
 
 TEMPLATE_LOCK_KEY = 0x7669626579  # "vibey"
+
+# pytest rewrites the asserts of every test module on import and keeps the result beside it as
+# bytecode, unless Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, set on some
+# machines): then every pytest process (each xdist worker, each tier) rewrites all of them
+# again, about 7 s of CPU a process. The cache (__pycache__, ignored by git) is written here
+# whatever that variable says; nothing else changes.
+sys.dont_write_bytecode = False
 
 
 # The tier of each test folder (a marker each; chaos and real_cli mark themselves).
@@ -148,14 +160,61 @@ def drop_database(pg_admin_url: str, name: str) -> None:
         )
 
 
+class Databases:
+    """Clones of the template for one pytest process, made one ahead and dropped behind on a
+    thread of their own. Every test still gets a fresh clone that no other test touched; a
+    failed clone or drop fails the next :meth:`take` (or the session's end)."""
+
+    def __init__(self, admin_url: str, template: str) -> None:
+        self._admin_url, self._template = admin_url, template
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-databases")
+        self._ahead: Future[tuple[str, str]] | None = None
+        self._drops: list[Future[None]] = []
+
+    def _clone(self) -> Future[tuple[str, str]]:
+        return self._thread.submit(create_database, self._admin_url, template=self._template)
+
+    def take(self) -> tuple[str, str]:
+        """A fresh clone (name, URL); the next one starts at once."""
+        self._raise_failed_drops()
+        ahead = self._ahead or self._clone()
+        self._ahead = self._clone()
+        return ahead.result()
+
+    def drop(self, name: str) -> None:
+        self._drops.append(self._thread.submit(drop_database, self._admin_url, name))
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            name, _ = self._ahead.result()
+            self.drop(name)
+        self._thread.shutdown(wait=True)
+        self._raise_failed_drops()
+
+    def _raise_failed_drops(self) -> None:
+        done = [drop for drop in self._drops if drop.done()]
+        self._drops = [drop for drop in self._drops if not drop.done()]
+        for drop in done:
+            drop.result()
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_admin_url: str, pg_template: str) -> Iterator[Databases]:
+    databases = Databases(pg_admin_url, pg_template)
+    try:
+        yield databases
+    finally:
+        databases.close()
+
+
 @pytest.fixture
-def pg_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
+def pg_url(pg_databases: Databases) -> Iterator[str]:
     """A migrated database of this test's own."""
-    name, url = create_database(pg_admin_url, template=pg_template)
+    name, url = pg_databases.take()
     try:
         yield url
     finally:
-        drop_database(pg_admin_url, name)
+        pg_databases.drop(name)
 
 
 @pytest.fixture

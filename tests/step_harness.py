@@ -90,7 +90,7 @@ def harness() -> Harness:
     clock = ManualClock()
     broker = StubPublisher()
     jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
-    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(), [])
+    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(jobs), [])
 
 
 def ok(job: Job) -> Outcome:

@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -177,7 +177,9 @@ class DoctorReport:
     ``{"name", "status" (ok|problem|info), "detail", "fix"}``; ``settings`` lists, in the same
     shape, every setting that is inert in this configuration or contradicts another
     (``vibey.setting_checks``; run whether or not healthy); ``next_command`` is the fix of the
-    first problem of either (null when there is none).
+    first problem of either (null when there is none). ``in_effect`` maps every setting,
+    ``"section.key"`` (docs/settings.md), to its value in effect: URLs without their password,
+    a console hash as ``"<set>"``.
     """
 
     version: str
@@ -202,6 +204,7 @@ class DoctorReport:
     stack: list[dict[str, Any]]
     settings: list[dict[str, Any]]
     next_command: str | None
+    in_effect: dict[str, Any]
 
 
 @app.command
@@ -288,6 +291,7 @@ def _capability_map(caps: BrokerCapabilities) -> dict[str, bool]:
 def _diagnose(
     settings: Settings, *, stack: bool = True
 ) -> tuple[DoctorReport, BrokerCapabilities | None]:
+    from actors.config import in_effect
     from store import migrate as migrations
     from store.errors import DatabaseUnavailable, MigrationError
     from store.pool import redact
@@ -328,6 +332,7 @@ def _diagnose(
         stack=[],
         settings=_setting_checks(settings),
         next_command=None,
+        in_effect=dict(in_effect(settings, redact)),
     )
     stack_found: list[dict[str, Any]] = []
     if stack and report.healthy:
@@ -370,12 +375,25 @@ def _print_report(report: DoctorReport, caps: BrokerCapabilities | None) -> None
         print(f"{label + ':':<15} {value}")
     for label, value in caps.as_table()[1:] if caps is not None else ():
         print(f"  {label}: {value}")
+    _print_in_effect(report.in_effect)
     for check in [*report.settings, *report.stack]:
         mark = {"ok": "ok", "problem": "PROBLEM", "info": "note"}[check["status"]]
         print(f"{check['name'] + ':':<15} {mark}: {check['detail']}")
     if report.next_command is not None:
         print(f"next: {report.next_command}")
     print("healthy" if report.healthy else "not healthy")
+
+
+def _print_in_effect(values: Mapping[str, Any]) -> None:
+    """The settings not at their default (the JSON report lists every one)."""
+    from actors.config import Settings, in_effect
+
+    defaults = dict(in_effect(Settings(), lambda url: url))
+    changed = {key: value for key, value in values.items() if value != defaults[key]}
+    at_default = len(values) - len(changed)
+    print(f"{'in effect:':<15} {at_default} settings at their default, {len(changed)} set here")
+    for key, value in changed.items():
+        print(f"  {key} = {json.dumps(value)}")
 
 
 def _rabbitmq_line(report: DoctorReport) -> str:
@@ -437,13 +455,14 @@ def worker(
         The workflow definitions, as module:attribute (default: [workflow] definitions,
         workflows.protocol:DEFINITIONS). Modules are found from the current directory too.
     """
-    from vibey.settings import WorkflowSettings, load_settings
+    from vibey.settings import load_settings
+    from vibey.settings import replace as checked
 
     settings = _with_worker_flags(load_settings(), processes, threads, lanes, handlers)
     if definitions is not None:
-        workflow = WorkflowSettings(definitions, settings.workflow.default_definition)
-        settings = replace(settings, workflow=workflow)
-    from actors.worker import supervise  # Dramatiq: see the module docstring
+        workflow = checked(settings.workflow, definitions=definitions)
+        settings = checked(settings, workflow=workflow)
+    from actors.fleet import supervise  # Dramatiq: see the module docstring
     from vibey.cli_project import route_at_start
     from vibey.wiring import check_consumer_timeout, worker_config
 
@@ -458,13 +477,13 @@ def worker(
             "undoes it)",
             flush=True,
         )
-    count = settings.worker.processes
+    count, threads = settings.worker.processes, config.worker.threads
     # A SIGTERM before the supervisor takes the signals over ends here, like a SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
-    logging.getLogger("actors.worker").setLevel(logging.INFO)  # respawns are worth a line
+    logging.getLogger("actors.fleet").setLevel(logging.INFO)  # respawns are worth a line
     try:
         print(
-            f"vibey worker: {_count(count, 'process')} of {_count(config.threads, 'thread')} "
+            f"vibey worker: {_count(count, 'process')} of {_count(threads, 'thread')} "
             f"each on {_serves(config)}; SIGTERM or Ctrl-C stops it",
             flush=True,
         )
@@ -478,10 +497,10 @@ def worker(
 def _serves(config: WorkerConfig) -> str:
     from store.pool import redact
 
-    if config.backend == "postgres":
+    if config.queue.backend == "postgres":
         projects = ", ".join(config.projects) or "every project"
         return (
-            f"lanes {', '.join(config.lanes)} of {projects} at {redact(config.pg_url)} "
+            f"lanes {', '.join(config.worker.lanes)} of {projects} at {redact(config.pg_url)} "
             "(postgres backend: SKIP LOCKED claims, LISTEN/NOTIFY wakeups)"
         )
     return f"{', '.join(config.queues())} at {redact(config.amqp_url)}"
@@ -500,6 +519,7 @@ def _with_worker_flags(
 ) -> Settings:
     """The settings with the command line's choices in [worker] (checked like the rest)."""
     from vibey.settings import SettingsError, split_list
+    from vibey.settings import replace as checked
 
     given: dict[str, Any] = {}
     if lanes is not None:
@@ -511,7 +531,7 @@ def _with_worker_flags(
         given["lanes"] = parsed
     flags = {"processes": processes, "threads": threads, "handlers": handlers}
     given.update({name: value for name, value in flags.items() if value is not None})
-    return replace(settings, worker=replace(settings.worker, **given)) if given else settings
+    return checked(settings, worker=checked(settings.worker, **given)) if given else settings
 
 
 @app.command

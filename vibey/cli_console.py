@@ -8,7 +8,6 @@ import os
 import secrets
 import socket
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
 
 from cyclopts import App, Parameter
@@ -58,7 +57,7 @@ def serve(
     from vibey.client import Client
     from vibey.console.app import create_app
     from vibey.console.data import StoreData
-    from vibey.settings import load_settings
+    from vibey.settings import load_settings, replace
     from vibey.wiring import load_registry
 
     settings = load_settings()

@@ -21,7 +21,6 @@ from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjs
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from store.workflow_reads import GateAnswerOutcome
     from workflows.queue import Gate
 
 gate_app = App(name="gate", help=help_of("gate"))
@@ -118,12 +117,12 @@ def show(gate: str, /, *, json_output: Json = False) -> ExitCode:
         Print one JSON object.
     """
     wanted = gate_id(gate)
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
-        found = client.jobs.get_gate(wanted)
+        found = client.gate(wanted)
     if found is None:
         raise CommandError(f"no gate {wanted}")
     waited_s = render.waited(found, datetime.now(UTC))
@@ -169,28 +168,23 @@ def answer(
     json_output
         Print one JSON object.
     """
-    workflow_part, _, name = gate.partition(":")
-    wanted = gate_id(workflow_part)
+    gate_id(gate.partition(":")[0])  # a malformed id is a usage error, before any connection
+    from vibey.cli_workflow import whoami
+    from vibey.client import AnswerRefused, workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
-    from vibey.cli_workflow import whoami
-
-    who = by or whoami()
     with workflow_client(settings) as client:
-        if name:
-            outcome = client.store.answer_named(wanted, name, answer, by=who)
-        else:
-            outcome = client.store.answer(wanted, answer, by=who)
-        _refuse(outcome, gate, answer)
+        try:
+            answered = client.answer(gate, answer, by=by or whoami())
+        except AnswerRefused as refused:
+            code = ExitCode.USAGE if refused.invalid else ExitCode.FAILURE
+            raise CommandError(str(refused), code) from None
         dispatch = client.publish()
-        answered = outcome.gate
-        assert answered is not None  # an answered outcome carries its gate
         workflow, describe = None, ""
         if answered.workflow_id is not None:
-            workflow = client.store.get(answered.workflow_id)
-            describe = client.store.describe(workflow)
+            workflow = client.status(answered.workflow_id)
+            describe = client.describe(workflow)
     waited_s = render.waited(answered, datetime.now(UTC))
     if json_output:
         render.dump(
@@ -213,35 +207,3 @@ def answer(
 
 def _label(gate: Gate) -> str:
     return f"gate {gate.id} ({gate.name})" if gate.name else f"gate {gate.id}"
-
-
-def _refuse(outcome: GateAnswerOutcome, wanted: str, answer: str) -> None:
-    """Raise the one-line refusal for anything but an answer that was taken."""
-    from workflows.queue import AnswerStatus
-
-    if outcome.status is AnswerStatus.ANSWERED:
-        return
-    if outcome.status is AnswerStatus.UNKNOWN_GATE:
-        raise CommandError(f"no gate {wanted}")
-    if outcome.status is AnswerStatus.NOT_OPEN:
-        raise CommandError(
-            f"gate {wanted} is not open yet: the workflow has not asked it, and nothing was "
-            "recorded; answer it once `vibey gate list` shows it"
-        )
-    gate = outcome.gate
-    if outcome.status is AnswerStatus.ALREADY_ANSWERED:
-        if gate is None or gate.answered_at is None:  # pragma: no cover - the store sets both
-            raise CommandError(f"gate {wanted} is already answered; nothing changed")
-        raise CommandError(
-            f"gate {wanted} was already answered by {gate.answered_by} at "
-            f"{render.clock(gate.answered_at)} ({gate.answer!r}); nothing changed"
-        )
-    if gate is not None and gate.answers:
-        raise CommandError(
-            f"{answer} is not an answer to gate {wanted}; valid: {', '.join(gate.answers)}",
-            ExitCode.USAGE,
-        )
-    why = outcome.detail or "the gate does not take it"
-    valid = render.answers_text(gate) if gate is not None else "see `vibey gate show`"
-    tail = "" if valid in why else f"; valid: {valid}"  # a pattern's hint says it already
-    raise CommandError(f"{answer} is not an answer to gate {wanted} ({why}){tail}", ExitCode.USAGE)

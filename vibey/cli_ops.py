@@ -47,10 +47,10 @@ def reconcile(*, once: Annotated[bool, Parameter(name="--once", negative=())] = 
             signal.signal(signum, lambda *_: stop.set())
         from store.pool import redact
 
-        where = redact(config.pg_url if config.backend == "postgres" else config.amqp_url)
+        where = redact(config.pg_url if config.queue.backend == "postgres" else config.amqp_url)
         print(
-            f"vibey reconcile: every {config.reconcile_interval.total_seconds():g} s "
-            f"({config.backend} backend, {where}); SIGTERM or Ctrl-C stops it",
+            f"vibey reconcile: every {config.queue.rabbitmq.reconcile_interval_seconds:g} s "
+            f"({config.queue.backend} backend, {where}); SIGTERM or Ctrl-C stops it",
             flush=True,
         )
     failures = service.run(stop, report=_report if once else _log_findings)

@@ -157,8 +157,10 @@ def route_at_start(config: WorkerConfig) -> list[str]:
     settings) to their dedicated queues; the ones that were not routed before."""
     from store.routes import dedicate as write
 
-    wanted: Sequence[str] = tuple(dict.fromkeys((*config.projects, *config.dedicated_projects)))
-    if config.backend != "rabbitmq" or not wanted:
+    wanted: Sequence[str] = tuple(
+        dict.fromkeys((*config.projects, *config.queue.rabbitmq.dedicated_projects))
+    )
+    if config.queue.backend != "rabbitmq" or not wanted:
         return []
     by = f"vibey worker@{socket.gethostname()}"
 

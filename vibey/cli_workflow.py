@@ -22,8 +22,7 @@ from vibey.render import CommandError, ExitCode
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from store.workflow_reads import Workflow
-    from store.workflows import WorkflowStore
+    from store.workflow_reads import StartOutcome, Workflow
     from vibey.client import Client
     from vibey.settings import Settings
 
@@ -175,8 +174,8 @@ def prepare_project(
         raise CommandError(f"{what}: {exc}", ExitCode.USAGE) from exc
 
 
-def _live(store: WorkflowStore, project: str) -> Workflow:
-    workflow = store.for_project(project)
+def _live(client: Client, project: str) -> Workflow:
+    workflow = client.status(project)
     if workflow.status.finished:
         raise CommandError(
             f"project {project!r} has no live workflow (its latest, {workflow.id}, is "
@@ -238,8 +237,8 @@ def start(
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
     from workflows.engine import WorkflowError
 
     settings = load_settings()
@@ -251,13 +250,12 @@ def start(
 
     with workflow_client(settings) as client:
         try:
-            client.store.registry.latest(name)
+            client.registry.latest(name)
         except WorkflowError as exc:
             raise CommandError(f"{exc}: fix --definition", ExitCode.USAGE) from exc
-        given = _budgeted(client, given, budget_dollars, budget_tokens)
-        outcome = client.store.start(project, definition=name, input=given)
+        outcome = _started(client, project, name, given, budget_dollars, budget_tokens)
         dispatch = client.publish()
-        workflow, describe = outcome.workflow, client.store.describe(outcome.workflow)
+        workflow, describe = outcome.workflow, client.describe(outcome.workflow)
     if json_output:
         render.dump(
             {"workflow": render.workflow_json(workflow, describe), "created": outcome.created}
@@ -272,15 +270,20 @@ def start(
     return ExitCode.OK
 
 
-def _budgeted(
-    client: Client, given: dict[str, Any], dollars: float | None, tokens: int | None
-) -> dict[str, Any]:
-    """The input with the workflow's budget: the flags', else the input's, else the settings'."""
+def _started(
+    client: Client,
+    project: str,
+    name: str,
+    given: dict[str, Any],
+    dollars: float | None,
+    tokens: int | None,
+) -> StartOutcome:
+    """Start with the workflow's budget: the flags', else the input's, else the settings'."""
     from workflows.budget import Budget, BudgetError
 
     try:
         budget = None if dollars is None and tokens is None else Budget(dollars, tokens)
-        return client.budgeted(given, budget)
+        return client.start_outcome(project, name, given, budget=budget)
     except BudgetError as exc:
         raise CommandError(f"{exc}: fix --budget-dollars/--budget-tokens", ExitCode.USAGE) from exc
 
@@ -307,8 +310,8 @@ def cost(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     with workflow_client(load_settings()) as client:
         found = client.cost(_project(project))
@@ -338,18 +341,17 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
-        store = client.store
-        workflow = store.for_project(_project(project))
-        describe = store.describe(workflow)
+        workflow = client.status(_project(project))
+        describe = client.describe(workflow)
         gates = [
-            (g, w) for g, w in store.inbox(workflow.project_id) if g.workflow_id == workflow.id
+            (g, w) for g, w in client.inbox(workflow.project_id) if g.workflow_id == workflow.id
         ]
-        steps = store.steps(workflow.id)
+        steps = client.steps(workflow.id)
         waiting = _unserved(settings, client, workflow.project_id, steps)
     if json_output:
         render.dump(
@@ -548,14 +550,14 @@ def cancel(
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
-        workflow = _live(client.store, _project(project))
-        cancelled = client.store.cancel(workflow.id, by=by or whoami(), reason=reason)
-        describe = client.store.describe(cancelled)
+        workflow = _live(client, _project(project))
+        cancelled = client.cancel(workflow.id, by=by or whoami(), reason=reason)
+        describe = client.describe(cancelled)
     from actors.agents.lease import stop_all
     from actors.worktrees import Workspace
 
@@ -586,13 +588,13 @@ def verify(project: str, *, no_block: bool = False, json_output: Json = False) -
     json_output
         Print one JSON object.
     """
+    from vibey.client import workflow_client
     from vibey.settings import load_settings
-    from vibey.wiring import workflow_client
 
     settings = load_settings()
     with workflow_client(settings) as client:
-        workflow = client.store.for_project(_project(project))
-        result = client.store.verify(workflow.id, block=not no_block)
+        workflow = client.status(_project(project))
+        result = client.verify(workflow.id, block=not no_block)
     if json_output:
         render.dump({"ok": result.ok, "replayed": result.replayed, "divergence": result.divergence})
         return ExitCode.OK if result.ok else ExitCode.FAILURE

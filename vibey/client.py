@@ -25,7 +25,8 @@ Exceptions::
     ├── WorkflowFailed       wait(): the workflow failed
     ├── WorkflowCancelled    wait(): the workflow was cancelled
     ├── WaitTimeout          wait(): still running when the timeout ran out (also a TimeoutError)
-    └── AnswerRefused        answer(): unknown gate, answered already, or an invalid answer
+    └── AnswerRefused        answer(): unknown gate, not open yet, answered already, or an
+                             invalid answer (its message is the one refusal vibey prints)
 """
 
 from __future__ import annotations
@@ -36,25 +37,31 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from actors.relay import Relay, Router
+from actors.graph import Bus, assemble
+from actors.relay import Router
 from actors.topology import QueueNames
-from actors.tracing import event_spans, step_tracer
+from actors.tracing import step_tracer
 from store.cost import CostReads, WorkflowCost
 from store.db import Pool
-from store.dispatch import DispatchRecords
-from store.jobs import PostgresJobRepository
-from store.ledger import Ledger
 from store.pool import open_pool
-from store.routes import RouteCache, StaticRoutes, read_routes
+from store.routes import read_routes
 from store.unit_of_work import OutboxRow
-from store.workflow_reads import GateAnswerOutcome, HistoryEntry, Workflow
-from store.workflows import WorkflowStore
+from store.workflow_reads import (
+    GateAnswerOutcome,
+    HistoryEntry,
+    StartOutcome,
+    Verification,
+    Workflow,
+)
+from vibey.render import answers_text, clock
 from vibey.settings import Settings, load_settings
+from vibey.wiring import load_registry
 from workflows.budget import Budget, budget_of, with_budget
 from workflows.engine import Registry, Status
 from workflows.queue import AnswerStatus, Gate
@@ -96,15 +103,42 @@ class WaitTimeout(ClientError, TimeoutError):
 
 
 class AnswerRefused(ClientError):
-    def __init__(self, outcome: GateAnswerOutcome) -> None:
-        why = {
-            AnswerStatus.UNKNOWN_GATE: "no such gate",
-            AnswerStatus.ALREADY_ANSWERED: "the gate is answered already",
-            AnswerStatus.INVALID_ANSWER: outcome.detail or "not an answer to this gate",
-            AnswerStatus.NOT_OPEN: "the workflow has not asked it yet: nothing was recorded",
-        }.get(outcome.status, outcome.status.value)
-        super().__init__(why)
+    """An answer that was not recorded. Its message is the one line every surface shows
+    (`vibey gate answer`, the console, a Python caller); ``outcome`` says why, and
+    :attr:`invalid` whether the answer itself was wrong (the gate takes others)."""
+
+    def __init__(self, outcome: GateAnswerOutcome, gate: str, answer: str) -> None:
+        super().__init__(refusal(outcome, gate, answer))
         self.outcome = outcome
+
+    @property
+    def invalid(self) -> bool:
+        return self.outcome.status is AnswerStatus.INVALID_ANSWER
+
+
+def refusal(outcome: GateAnswerOutcome, gate: str, answer: str) -> str:
+    """The one-line refusal of ``answer`` to ``gate`` (as the caller named it)."""
+    found = outcome.gate
+    if outcome.status is AnswerStatus.UNKNOWN_GATE:
+        return f"no gate {gate}"
+    if outcome.status is AnswerStatus.NOT_OPEN:
+        return (
+            f"gate {gate} is not open yet: the workflow has not asked it, and nothing was "
+            "recorded; answer it once `vibey gate list` shows it"
+        )
+    if outcome.status is AnswerStatus.ALREADY_ANSWERED:
+        if found is None or found.answered_at is None:  # pragma: no cover - the store sets both
+            return f"gate {gate} is already answered; nothing changed"
+        return (
+            f"gate {gate} was already answered by {found.answered_by} at "
+            f"{clock(found.answered_at)} ({found.answer!r}); nothing changed"
+        )
+    if found is not None and found.answers:
+        return f"{answer} is not an answer to gate {gate}; valid: {', '.join(found.answers)}"
+    why = outcome.detail or "the gate does not take it"
+    valid = answers_text(found) if found is not None else "see `vibey gate show`"
+    tail = "" if valid in why else f"; valid: {valid}"  # a pattern's hint says it already
+    return f"{answer} is not an answer to gate {gate} ({why}){tail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,81 +170,49 @@ class Client:
         ``name`` prefixes the relay's id (who holds an outbox row it was handed).
         ``listen_routes=False`` reads the project routes once instead of following their
         changes (one CLI command)."""
-        from vibey.wiring import load_registry
-
         self.settings = settings if settings is not None else load_settings()
         self.registry = registry if registry is not None else load_registry(self.settings)
         url = self.settings.require_database_url()
         self._owns_pool = pool is None
         self._pool = pool or open_pool(url, min_size=1, max_size=pool_size, name="vibey-client")
         self._lock = threading.Lock()
-        self._name = name
         self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
-        self._relay: Relay | None = None
-        self._routes: RouteCache | None = None
-        self._records: DispatchRecords | None = None
-        self._tried = False  # whether a relay was tried (an AMQP URL on the rabbitmq backend)
-        self._listen_routes = listen_routes
-        relay_id = self._start_relay() if connect_relay else None
-        self._published_before = 0
-        self.jobs = PostgresJobRepository(
-            pool=self._pool,
-            leases=self.settings.queue.lease.resolved(self.registry.kinds.canonical),
-            dispatch=self.settings.queue.backend == "rabbitmq",
-            relay_id=relay_id,
-            after_commit=self._committed,
-        )
-        tracing_settings = self.settings.tracing
-        tracer = step_tracer(
-            tracing_settings.otlp_endpoint, service_name=tracing_settings.service_name
-        )
-        self.store = WorkflowStore(
-            pool=self._pool,
-            jobs=self.jobs,
+        rabbitmq = self.settings.queue.backend == "rabbitmq"
+        bus = self._bus(listen=url if listen_routes else None) if connect_relay else None
+        self._tried = bus is not None  # whether a relay was tried
+        tracing = self.settings.tracing
+        graph = assemble(
+            self._pool,
             registry=self.registry,
-            ledger=Ledger(self._pool),
-            events=event_spans(tracer),  # a start's, an answer's, a cancel's span
+            leases=self.settings.queue.lease,
+            owner=f"{name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            tracer=step_tracer(tracing.otlp_endpoint, service_name=tracing.service_name),
+            dispatch=rabbitmq,
+            bus=bus,
+            connect=RELAY_CONNECT_SECONDS,
+            on_commit=self._committed,
         )
+        self._relay, self._routes = graph.relay, graph.routes
+        self._records = graph.records
+        self._published_before = 0
+        self.jobs, self.store = graph.jobs, graph.workflows
 
-    def _start_relay(self) -> str | None:
+    def _bus(self, *, listen: str | None) -> Bus | None:
+        """Where this client's relay sends its pointers: none without an AMQP URL, or on the
+        postgres backend (the workers claim the jobs from PostgreSQL)."""
         settings = self.settings
         if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
             return None
-        self._tried = True
-        relay_id = f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        rabbitmq = settings.queue.rabbitmq
-        records = DispatchRecords(pool=self._pool, relay_id=relay_id)
-        routes: RouteCache | StaticRoutes
-        if self._listen_routes:
-            routes = RouteCache(url=settings.require_database_url(), pool=self._pool).start()
-        else:
-            routes = read_routes(self._pool)
-        relay = Relay(
+        return Bus(
             url=settings.bus.amqp_url,
-            records=records,
-            router=Router(
-                names=QueueNames(settings.bus.prefix),
-                tiers=rabbitmq.wait_tiers,
-                dedicated=routes,
-                kinds=self.registry.kinds,
-            ),
+            names=QueueNames(settings.bus.prefix),
+            tiers=settings.queue.rabbitmq.wait_tiers,
+            listen=listen,
         )
-        try:
-            relay.start(timeout=RELAY_CONNECT_SECONDS)
-        except TimeoutError:  # RabbitMQ did not answer: the reconcilers send the pointers
-            relay.stop(timeout=STOP_SECONDS)
-            if isinstance(routes, RouteCache):
-                routes.stop()
-            return None
-        self._relay, self._records = relay, records
-        self._routes = routes if isinstance(routes, RouteCache) else None
-        return relay_id
 
     def _committed(self, rows: Sequence[OutboxRow]) -> None:
         with self._lock:
             self._pending.extend(row.id for row in rows)
-        if self._relay is not None:
-            self._relay.submit(rows)
 
     # -- workflows ---------------------------------------------------------------------------
 
@@ -229,9 +231,21 @@ class Client:
         parks behind a ``budget_exhausted`` gate (default: ``[workflow] budget_dollars`` /
         ``budget_tokens``; none when neither is set). Raises
         :class:`~workflows.budget.BudgetError` for a budget in ``input`` that is not one."""
+        return self.start_outcome(project, definition, input, budget=budget).workflow
+
+    def start_outcome(
+        self,
+        project: str,
+        definition: str | None = None,
+        input: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | None = None,
+    ) -> StartOutcome:
+        """:meth:`start`, saying also whether this call created the workflow (``created``)
+        or found the project's live one (``created`` false: nothing changed)."""
         name = definition or self._default_definition()
         given = self.budgeted(input or {}, budget)
-        return self.store.start(project, definition=name, input=given).workflow
+        return self.store.start(project, definition=name, input=given)
 
     def budgeted(self, given: Mapping[str, Any], budget: Budget | None = None) -> dict[str, Any]:
         """The workflow input ``given`` with its budget: ``budget``, else the one ``given``
@@ -273,8 +287,23 @@ class Client:
             return self.store.get(workflow)
         return self.store.for_project(workflow)
 
+    def describe(self, workflow: Workflow) -> str:
+        """The workflow in one line, as its definition describes it (``vibey workflow
+        status`` prints it under the header)."""
+        return self.store.describe(workflow)
+
+    def steps(self, workflow: UUID) -> list[Mapping[str, Any]]:
+        """The workflow's steps, one dict a step (``step``, ``kind``, ``state``, ...)."""
+        return [dict(row) for row in self.store.steps(workflow)]
+
     def history(self, workflow: UUID) -> list[HistoryEntry]:
         return self.store.history(workflow)
+
+    def verify(self, workflow: UUID, *, block: bool = False) -> Verification:
+        """Replay the workflow's history through the code this process runs and compare the
+        result with the stored state. ``block``: a divergence blocks a running workflow behind
+        a ``workflow_error`` gate (answer it ``retry`` or ``cancel``)."""
+        return self.store.verify(workflow, block=block)
 
     def cancel(self, workflow: UUID, *, by: str, reason: str = "") -> Workflow:
         return self.store.cancel(workflow, by=by, reason=reason)
@@ -314,15 +343,34 @@ class Client:
 
     def list_gates(self, project: str | None = None) -> list[Gate]:
         """The open gates (workflow questions and parked jobs), oldest first."""
-        return [gate for gate, _ in self.store.inbox(project)]
+        return [gate for gate, _ in self.inbox(project)]
+
+    def inbox(self, project: str | None = None) -> list[tuple[Gate, float]]:
+        """:meth:`list_gates`, each with the seconds it has waited by the database's clock."""
+        return self.store.inbox(project)
+
+    def gate(self, gate: UUID) -> Gate | None:
+        """One gate by id, open or answered (who answered it, when and how); None when there
+        is no such gate."""
+        return self.jobs.get_gate(gate)
 
     def answer(self, gate: UUID | str, value: str | int, *, by: str) -> Gate:
-        """Answer an open gate (validated by its kind); the answered gate. Raises
-        :class:`AnswerRefused` for an unknown gate, a second answer or an invalid one."""
-        gate_id = gate if isinstance(gate, UUID) else UUID(gate)
-        outcome = self.store.answer(gate_id, str(value), by=by)
+        """Answer an open gate (validated by its kind); the answered gate.
+
+        ``gate``: its id (a UUID, or its text), or ``"WORKFLOW_ID:NAME"``, a workflow's gate
+        by the name its definition gives it (as a link sent ahead names it). Raises
+        :class:`AnswerRefused` for an unknown gate, one the workflow has not opened yet, a
+        second answer or an invalid one (nothing is recorded), and ValueError for a ``gate``
+        that is neither form."""
+        named = str(gate)
+        workflow, _, name = named.partition(":")
+        gate_id = gate if isinstance(gate, UUID) else UUID(workflow)
+        if name:
+            outcome = self.store.answer_named(gate_id, name, str(value), by=by)
+        else:
+            outcome = self.store.answer(gate_id, str(value), by=by)
         if outcome.status is not AnswerStatus.ANSWERED or outcome.gate is None:
-            raise AnswerRefused(outcome)
+            raise AnswerRefused(outcome, named, str(value))
         return outcome.gate
 
     # -- dispatch and life -------------------------------------------------------------------
@@ -333,7 +381,7 @@ class Client:
         with self._lock:
             ids = tuple(self._pending)
             self._pending.clear()
-        if self._relay is None or self._records is None:
+        if self._relay is None:
             return Dispatch(len(ids), 0, tried=self._tried)
         if not self._relay.flush(timeout=timeout) or self._relay.returned:
             self._records.release(ids)  # only rows still unsent: back to the reconcilers
@@ -365,3 +413,21 @@ class Client:
         if not names:
             raise ClientError("no workflow definition is registered: fix [workflow] definitions")
         return names[0]
+
+
+@contextmanager
+def workflow_client(settings: Settings) -> Iterator[Client]:
+    """A client for one CLI command, closed on the way out. Checks the database URL, then the
+    definitions, then connects (DatabaseUnavailable if it cannot)."""
+    settings.require_database_url()
+    client = Client(
+        settings,
+        registry=load_registry(settings),
+        pool_size=2,
+        listen_routes=False,
+        name="vibey-cli",
+    )
+    try:
+        yield client
+    finally:
+        client.close()

@@ -9,7 +9,6 @@ silently. Pure: settings (and the longest lease) in, findings out.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from datetime import timedelta
 from typing import Any
 
@@ -72,10 +71,9 @@ def _inert(settings: Settings) -> list[dict[str, Any]]:
         return []
     defaults = RabbitMqSettings()
     changed = [
-        f.name
-        for f in fields(RabbitMqSettings)
-        if f.name not in _BOTH_BACKENDS
-        and getattr(queue.rabbitmq, f.name) != getattr(defaults, f.name)
+        name
+        for name in RabbitMqSettings.model_fields
+        if name not in _BOTH_BACKENDS and getattr(queue.rabbitmq, name) != getattr(defaults, name)
     ]
     if not changed:
         return []
@@ -91,18 +89,14 @@ def _inert(settings: Settings) -> list[dict[str, Any]]:
 def _contradictions(settings: Settings, longest_lease: timedelta | None) -> list[dict[str, Any]]:
     if settings.queue.backend != "rabbitmq":
         return []
+    from actors.topology import CONSUMER_TIMEOUT_FIX, consumer_timeout_problem
+
     rabbitmq, found = settings.queue.rabbitmq, []
-    timeout = rabbitmq.consumer_timeout_seconds
-    if longest_lease is not None and timeout <= longest_lease.total_seconds():
-        found.append(
-            _finding(
-                PROBLEM,
-                f"consumer_timeout_seconds ({timeout:g} s) is not above the longest lease "
-                f"({longest_lease.total_seconds():g} s): `vibey worker` refuses to start",
-                "raise consumer_timeout_seconds under [queue.rabbitmq] "
-                "(VIBEY_QUEUE_CONSUMER_TIMEOUT) or shorten [queue.lease_seconds]",
-            )
-        )
+    timeout = timedelta(seconds=rabbitmq.consumer_timeout_seconds)
+    wrong = None if longest_lease is None else consumer_timeout_problem(timeout, longest_lease)
+    if wrong is not None:
+        detail = f"{wrong}; `vibey worker` refuses to start"
+        found.append(_finding(PROBLEM, detail, CONSUMER_TIMEOUT_FIX))
     threads = settings.worker.threads
     if rabbitmq.prefetch is not None and rabbitmq.prefetch < threads:
         found.append(

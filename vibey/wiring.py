@@ -1,7 +1,11 @@
-"""The composition root: settings in, the parts' configurations out. It wires; it decides nothing.
+"""Settings in, the parts' configurations out: it translates; it decides nothing.
+
+What the processes build from these configurations, they build through :mod:`actors.graph`,
+the one place the object graph is assembled (a worker process started for the fleet is
+given its :class:`actors.worker.WorkerConfig`, and reads no settings).
 
 Every value comes from :class:`vibey.settings.Settings` (the command line's choices arrive as
-arguments, or already folded into the settings with ``dataclasses.replace``). Whatever cannot
+arguments, or already folded into the settings with ``vibey.settings.replace``). Whatever cannot
 run is a :class:`vibey.settings.SettingsError` here, in the process that was started, before a
 worker process is spawned: a child that fails at start would only be respawned.
 
@@ -11,13 +15,11 @@ parts, so that a CLI command that only reads the store does not load them.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from actors.loaders import load_object
 from vibey.settings import Settings, SettingsError, check_project_ids
 from workflows.engine import Registry
 from workflows.job import UnknownJobKindError
@@ -25,7 +27,6 @@ from workflows.job import UnknownJobKindError
 if TYPE_CHECKING:
     from actors.agents.roster import AgentSpec
     from actors.worker import WorkerConfig
-    from vibey.client import Client
 
 DEFINITIONS_FIX = "fix VIBEY_WORKFLOW_DEFINITIONS (or definitions under [workflow])"
 
@@ -40,50 +41,15 @@ def worker_config(settings: Settings, *, projects: Sequence[str] = ()) -> Worker
     """
     from actors.worker import WorkerConfig
 
-    postgres = settings.queue.backend == "postgres"
-    amqp_url = "" if postgres else settings.require_amqp_url()
-    pg_url = settings.require_database_url()
-    rabbitmq, worker = settings.queue.rabbitmq, settings.worker
-    config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp_url,
-        prefix=settings.bus.prefix,
-        lanes=worker.lanes,
-        projects=check_project_ids(projects, "fix --project"),
-        dedicated_projects=rabbitmq.dedicated_projects,
-        tiers=rabbitmq.wait_tiers,
-        leases=settings.queue.lease,
-        threads=worker.threads,
-        prefetch=rabbitmq.prefetch,
-        delivery_limit=rabbitmq.delivery_limit,
-        consumer_timeout=timedelta(seconds=rabbitmq.consumer_timeout_seconds),
-        reconcile_interval=timedelta(seconds=rabbitmq.reconcile_interval_seconds),
-        redispatch_after=timedelta(seconds=rabbitmq.redispatch_after_seconds),
-        reclaim_after=timedelta(seconds=rabbitmq.reclaim_after_seconds),
-        in_place_steps=rabbitmq.in_place_steps,
-        handlers=worker.handlers,
-        definitions=settings.workflow.definitions,
-        workspace=settings.engine.workspace,
-        engine_command=settings.engine.command,
-        engine_timeout=timedelta(seconds=settings.engine.timeout_seconds),
-        engines=settings.engines,
-        agent_env=dict(settings.agent_env),
-        max_dollars=settings.engine.max_dollars,
-        max_turns=settings.engine.max_turns,
-        push_remote=settings.project.push,
-        push_branch=settings.project.push_branch,
-        backend=settings.queue.backend,
-        poll_interval=timedelta(seconds=settings.queue.poll_interval_seconds),
-        metrics_port=settings.metrics.port,
-        outbox_retention=timedelta(seconds=rabbitmq.outbox_retention_seconds),
-        workflow_retention=timedelta(seconds=settings.workflow.archive_after_seconds),
-        otlp_endpoint=settings.tracing.otlp_endpoint,
-        tracing_service=settings.tracing.service_name,
-    )
+    if settings.queue.backend != "postgres":
+        settings.require_amqp_url()
+    settings.require_database_url()
+    projects = check_project_ids(projects, "fix --project")
+    config = WorkerConfig(**dict(settings), projects=projects)
     _check_names(config)
-    _check_handlers(config.handlers)
+    _check_handlers(config.worker.handlers)
     _check_leases(settings, load_registry(settings))
-    return dataclasses.replace(config, drain_grace=drain_grace(settings))
+    return config.model_copy(update={"drain_grace": drain_grace(settings)})
 
 
 def longest_lease(settings: Settings) -> timedelta:
@@ -118,18 +84,14 @@ def check_consumer_timeout(settings: Settings) -> None:
 
 def consumer_timeout_problem(settings: Settings) -> str | None:
     """What is wrong with ``consumer_timeout_seconds`` against the longest lease, or None."""
+    from actors.topology import CONSUMER_TIMEOUT_FIX
+    from actors.topology import consumer_timeout_problem as problem
+
     if settings.queue.backend != "rabbitmq":
         return None
-    timeout = settings.queue.rabbitmq.consumer_timeout_seconds
-    lease = longest_lease(settings).total_seconds()
-    if timeout > lease:
-        return None
-    return (
-        f"consumer_timeout_seconds ({timeout:g} s) is not above the longest lease ({lease:g} s): "
-        "a step holding its delivery that long would lose its channel; raise "
-        "VIBEY_QUEUE_CONSUMER_TIMEOUT (or consumer_timeout_seconds under [queue.rabbitmq]) "
-        "or shorten [queue.lease_seconds]"
-    )
+    timeout = timedelta(seconds=settings.queue.rabbitmq.consumer_timeout_seconds)
+    found = problem(timeout, longest_lease(settings))
+    return None if found is None else f"{found}; {CONSUMER_TIMEOUT_FIX}"
 
 
 def _check_names(config: WorkerConfig) -> None:
@@ -144,16 +106,9 @@ def _check_names(config: WorkerConfig) -> None:
         ) from exc
 
 
-def _load_object(path: str) -> Any:
-    """``module:attribute`` → the object it names (as ``actors.worker.load_object``, without
-    importing Dramatiq for a command that only needs the workflow definitions)."""
-    module_name, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 def _check_handlers(path: str) -> None:
     try:
-        _load_object(path)
+        load_object(path)
     except (ImportError, AttributeError) as exc:
         raise SettingsError(
             f"the handlers {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
@@ -176,24 +131,9 @@ def load_registry(settings: Settings) -> Registry:
     """The workflow definitions ``[workflow] definitions`` names (an iterable of them)."""
     path = settings.workflow.definitions
     try:
-        return Registry(_load_object(path))
+        return Registry(load_object(path))
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise SettingsError(
             f"the workflow definitions {path!r} cannot be loaded ({type(exc).__name__}: {exc}): "
             + DEFINITIONS_FIX
         ) from exc
-
-
-@contextmanager
-def workflow_client(settings: Settings) -> Iterator[Client]:
-    """A :class:`vibey.client.Client` for one command, closed on the way out. Checks the
-    database URL, then the definitions, then connects (DatabaseUnavailable if it cannot)."""
-    from vibey.client import Client
-
-    settings.require_database_url()
-    registry = load_registry(settings)
-    client = Client(settings, registry=registry, pool_size=2, listen_routes=False, name="vibey-cli")
-    try:
-        yield client
-    finally:
-        client.close()

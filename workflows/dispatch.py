@@ -350,6 +350,11 @@ class WaitTiers:
         return cls(tuple(timedelta(seconds=s) for s in seconds))
 
     @property
+    def seconds(self) -> tuple[float, ...]:
+        """The tiers as ``wait_tiers_seconds`` writes them."""
+        return tuple(tier.total_seconds() for tier in self.tiers)
+
+    @property
     def smallest(self) -> timedelta:
         return self.tiers[0]
 

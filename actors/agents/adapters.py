@@ -19,11 +19,9 @@ from actors.agents.run_client import RunClient, ServiceLaunch
 from actors.agents.scripted import ScriptedEngine
 
 CLI_ADAPTERS: Mapping[str, type[CliAdapter]] = {
-    "claude-code": ClaudeCodeAdapter,
-    "codex": CodexAdapter,
-    "gemini": GeminiAdapter,
-    "aider": AiderAdapter,
+    cls.adapter: cls for cls in (ClaudeCodeAdapter, CodexAdapter, GeminiAdapter, AiderAdapter)
 }
+"""The CLI adapters by name; each has its entry in :data:`actors.agents.catalog.CATALOG`."""
 
 
 def engine_for(

@@ -73,6 +73,7 @@ from actors.agents.roster import AgentSpec
 from workflows.capacity import Exhausted, encode_state
 from workflows.ledger import LedgerEvent
 from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
+from workflows.protocol.kinds import BUILD_IMPLEMENT
 
 TAIL_CHARS = 4000
 STREAM_INTERVAL_S = 0.5
@@ -373,7 +374,7 @@ class CliAdapter(abc.ABC):
         result = reported_result(plan.verdict_file, reading.text)
         if isinstance(result, str):
             return fault(f"engine {self.spec.id}: {result}", evidence)
-        if task.kind == "build.implement" and not changed and not _earlier_work(task):
+        if task.kind == BUILD_IMPLEMENT and not changed and not _earlier_work(task):
             return fault(f"engine {self.spec.id} exited 0 but changed nothing", evidence)
         if result.get("status") == "failed":
             return EngineVerdict("failed", evidence=evidence, detail=str(result.get("detail", "")))

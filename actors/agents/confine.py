@@ -61,12 +61,6 @@ INSIDE_SOCKET = "/run/vibey/proxy.sock"
 SYSTEM_READ: tuple[str, ...] = ("/usr", "/etc", "/opt")
 SYSTEM_LINKS: tuple[str, ...] = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 LANDLOCK_READ: tuple[str, ...] = (*SYSTEM_READ, *SYSTEM_LINKS, "/proc", "/sys")
-API_HOSTS: Mapping[str, tuple[str, ...]] = {
-    "claude-code": ("api.anthropic.com:443",),
-    "codex": ("api.openai.com:443", "chatgpt.com:443"),
-    "gemini": ("generativelanguage.googleapis.com:443",),
-    "aider": ("api.openai.com:443", "api.anthropic.com:443"),
-}
 _BASE_URL = re.compile(r".*_(BASE_URL|API_BASE|BASE|ENDPOINT|HOST)$")
 _ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]"})

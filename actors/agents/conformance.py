@@ -33,6 +33,7 @@ from actors.agents.run_client import EngineQueueSaturated, RunClient
 from actors.worktrees import Workspace
 from store.db import Pool, transaction
 from store.engine_health import EngineHealthStore
+from workflows.protocol.kinds import BUILD_IMPLEMENT
 from workflows.runs import RunStatus
 
 VERSION_TIMEOUT_S = 30.0
@@ -164,7 +165,7 @@ def _task(
         step_input = {"item": ITEM, "engine": {"name": "roster", "script": {}}}
         with WorktreeLease().hold(workdir, "conformance", 1, "conformance") as held:
             task = EngineTask(
-                "build.implement",
+                BUILD_IMPLEMENT,
                 "conformance",
                 0,
                 ITEM["id"],

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.agents.catalog import ADAPTERS, API_HOSTS, DEFAULT_BINARIES, SERVICE_ADAPTERS
 from actors.agents.confine import (
-    API_HOSTS,
     MODES,
     Confinement,
     ConfinementError,
@@ -48,19 +48,10 @@ from actors.agents.confine import (
     config_endpoints,
     env_endpoints,
 )
+from workflows.effort import LADDERS, Effort
 
-ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider", "command", "scripted")
-EFFORT_LEVELS: tuple[str, ...] = ("TRIVIAL", "LOW", "STANDARD", "HIGH", "MAX")
-PHASES: tuple[str, ...] = (
-    "design",
-    "visual_design",
-    "build",
-    "review",
-    "deploy_design",
-    "deploy_execute",
-    "deploy_review",
-)
-DEFAULT_BINARIES = {"claude-code": "claude", "codex": "codex", "gemini": "gemini", "aider": "aider"}
+EFFORT_LEVELS: tuple[str, ...] = tuple(level.name for level in Effort)
+PHASES: tuple[str, ...] = tuple(phase.value for phase in LADDERS)  # the phases engines work in
 BASE_ENV: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR")
 KEYS: tuple[str, ...] = (
     "adapter",
@@ -84,7 +75,6 @@ KEYS: tuple[str, ...] = (
     "write_allow",
 )
 INVOCATIONS: tuple[str, ...] = ("subprocess", "service")
-SERVICE_ADAPTERS: tuple[str, ...] = ("claude-code", "codex", "gemini", "aider")
 MAX_PREFETCH = 64
 
 

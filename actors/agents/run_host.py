@@ -33,11 +33,12 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from actors.agents.catalog import RUN_VERBS
 from actors.agents.cli import CliAdapter
 from actors.agents.confine import ConfinementError
 from actors.agents.lease import vibey_dir
@@ -52,12 +53,6 @@ from workflows.runs import (
     encode,
 )
 
-RUN_VERBS: Mapping[str, str] = {
-    "claude-code": "-p",
-    "codex": "exec",
-    "gemini": "-p",
-    "aider": "--message",
-}
 PROBE_TIMEOUT_S = 10.0
 PROBE_OUTPUT_CHARS = 4000
 RUN_LOCK = "run.lock"

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.agents.base import ScriptError
+from workflows.protocol.kinds import BUILD_IMPLEMENT
+from workflows.protocol.results import DEPLOY_FAILURES
 
-DEPLOY_FAILURES: frozenset[str] = frozenset(
-    {"infra", "config", "design", "product", "code", "review"}
-)
 DEFAULT_ITEM: dict[str, str] = {"id": "main", "title": "main"}
 DEFAULT_ENGINE = "scripted"
 Failures = int | tuple[int, ...]
@@ -38,7 +37,7 @@ class CreditsExhaustion:
     ``kind`` (on ``item`` and at ``attempt``, when given; any, when not)."""
 
     engine: str
-    kind: str = "build.implement"
+    kind: str = BUILD_IMPLEMENT
     item: str | None = None
     attempt: int | None = None
 
@@ -251,7 +250,7 @@ def _exhaustions(value: Any, roster: tuple[RosterEngine, ...]) -> tuple[CreditsE
         if not isinstance(entry, Mapping) or entry.get("engine") not in known:
             names = ", ".join(sorted(known))
             raise ScriptError(f"{where} needs an engine of the roster ({names}), got {entry!r}")
-        kind, item = entry.get("kind", "build.implement"), entry.get("item")
+        kind, item = entry.get("kind", BUILD_IMPLEMENT), entry.get("item")
         if not isinstance(kind, str) or not (item is None or isinstance(item, str)):
             raise ScriptError(f"{where}: kind and item must be strings, got {entry!r}")
         attempt = entry.get("attempt")

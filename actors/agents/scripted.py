@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.agents.base import EngineTask, EngineVerdict, ScriptError
-from actors.agents.script import DEFAULT_ENGINE, DEPLOY_FAILURES, Script
+from actors.agents.script import DEFAULT_ENGINE, Script
 from actors.worktrees import commit_all, current_branch
 from workflows.capacity import CreditsExhausted, encode_state
 from workflows.ledger import (
@@ -49,6 +49,32 @@ from workflows.noloss import (
     Spec,
     obligations,
 )
+from workflows.protocol.kinds import (
+    BUILD_DECOMPOSE,
+    BUILD_IMPLEMENT,
+    BUILD_INTEGRATE,
+    BUILD_RESOLVE,
+    BUILD_VERIFY,
+    DEPLOY_DEMO,
+    DEPLOY_DESIGN,
+    DEPLOY_EXECUTE,
+    DEPLOY_INTERVIEW,
+    DEPLOY_ROUTE,
+    DEPLOY_SPEC,
+    DEPLOY_SYNTHESIZE,
+    DEPLOY_TRIAGE,
+    DESIGN_INTERVIEW,
+    DESIGN_RESEARCH,
+    DESIGN_SPEC,
+    DESIGN_SYNTHESIZE,
+    REVIEW_COLLECT,
+    REVIEW_DEMO,
+    REVIEW_DEPLOYMENT_CHOICE,
+    REVIEW_TRIAGE,
+    VISUAL_INVENTORY,
+    VISUAL_PLAN,
+)
+from workflows.protocol.results import DEPLOY_FAILURES
 
 ROUTES: Mapping[str | None, str] = {
     None: "done",
@@ -429,27 +455,27 @@ def deploy_route(script: Script, task: EngineTask) -> EngineVerdict:
 
 
 ANSWERS: Mapping[str, Answer] = {
-    "design.interview": design_interview,
-    "design.research": _text("notes", "research notes for cycle {cycle}: {answers}"),
-    "design.synthesize": _text("summary", "summary of cycle {cycle}: {answers}"),
-    "design.spec": _text("spec", "spec for cycle {cycle}: {answers}"),
-    "visual.inventory": visual_inventory,
-    "visual.plan": _text("plan", "visual plan for cycle {cycle}"),
-    "build.decompose": build_decompose,
-    "build.implement": build_implement,
-    "build.verify": build_verify,
-    "build.integrate": build_integrate,
-    "build.resolve": build_resolve,
-    "review.demo": review_demo,
-    "review.collect": review_collect,
-    "review.triage": review_triage,
-    "review.deployment_choice": deployment_choice,
-    "deploy.design": _text("plan", "deployment plan for cycle {cycle}"),
-    "deploy.interview": deploy_interview,
-    "deploy.synthesize": _text("summary", "deployment summary: {answers}"),
-    "deploy.spec": _text("spec", "deployment spec: {answers}"),
-    "deploy.execute": deploy_execute,
-    "deploy.demo": deploy_demo,
-    "deploy.triage": deploy_triage,
-    "deploy.route": deploy_route,
+    DESIGN_INTERVIEW: design_interview,
+    DESIGN_RESEARCH: _text("notes", "research notes for cycle {cycle}: {answers}"),
+    DESIGN_SYNTHESIZE: _text("summary", "summary of cycle {cycle}: {answers}"),
+    DESIGN_SPEC: _text("spec", "spec for cycle {cycle}: {answers}"),
+    VISUAL_INVENTORY: visual_inventory,
+    VISUAL_PLAN: _text("plan", "visual plan for cycle {cycle}"),
+    BUILD_DECOMPOSE: build_decompose,
+    BUILD_IMPLEMENT: build_implement,
+    BUILD_VERIFY: build_verify,
+    BUILD_INTEGRATE: build_integrate,
+    BUILD_RESOLVE: build_resolve,
+    REVIEW_DEMO: review_demo,
+    REVIEW_COLLECT: review_collect,
+    REVIEW_TRIAGE: review_triage,
+    REVIEW_DEPLOYMENT_CHOICE: deployment_choice,
+    DEPLOY_DESIGN: _text("plan", "deployment plan for cycle {cycle}"),
+    DEPLOY_INTERVIEW: deploy_interview,
+    DEPLOY_SYNTHESIZE: _text("summary", "deployment summary: {answers}"),
+    DEPLOY_SPEC: _text("spec", "deployment spec: {answers}"),
+    DEPLOY_EXECUTE: deploy_execute,
+    DEPLOY_DEMO: deploy_demo,
+    DEPLOY_TRIAGE: deploy_triage,
+    DEPLOY_ROUTE: deploy_route,
 }

@@ -38,7 +38,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,15 @@ from protocol import StepClock, ms  # noqa: E402
 from steps import declared_topology, scratch_database  # noqa: E402
 
 from actors.capabilities import detect  # noqa: E402
+from actors.config import (  # noqa: E402
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+    WorkflowSettings,
+)
 from actors.worker import Runtime, WorkerConfig  # noqa: E402
 from store.listings import (  # noqa: E402
     COUNT_CAP,
@@ -200,13 +208,12 @@ def one_size(args: argparse.Namespace, admin: str, amqp: str, n: int) -> None:
     ):
         migrate(pg_url)
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=amqp,
-            prefix=f"bin{tag}",
-            threads=4,
-            reconcile_interval=timedelta(seconds=1),
-            workspace=work,
-            definitions="parked:DEFINITIONS",
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"bin{tag}"),
+            queue=QueueSettings(rabbitmq=RabbitMqSettings(reconcile_interval_seconds=1)),
+            worker=WorkerSettings(threads=4),
+            workflow=WorkflowSettings(definitions="parked:DEFINITIONS"),
+            engine=EngineSettings(workspace=work),
         )
         clock = StepClock()
         with declared_topology(config):

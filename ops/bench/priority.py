@@ -33,11 +33,17 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from datetime import timedelta
 from typing import Any
 
 from steps import declared_topology, percentile, scratch_database
 
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.worker import Runtime, WorkerConfig
 from store.migrate import migrate
 from workflows.queue import EnqueueRequest, Job
@@ -147,11 +153,10 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> int:
         url = stack.enter_context(scratch_database(admin, f"vibey_bench_prio_{token}"))
         migrate(url)
         config = WorkerConfig(
-            pg_url=url,
-            amqp_url=amqp,
-            prefix=f"vibeyprio{token}",
-            threads=args.threads,
-            reconcile_interval=timedelta(seconds=1),
+            database=DatabaseSettings(url=url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"vibeyprio{token}"),
+            queue=QueueSettings(rabbitmq=RabbitMqSettings(reconcile_interval_seconds=1)),
+            worker=WorkerSettings(threads=args.threads),
         )
         stack.enter_context(declared_topology(config))
         probe = Probe(args.build_seconds)
@@ -165,7 +170,9 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> int:
             print(line("idle (nothing else running)", idle), flush=True)
             kept = saturated(runtime, probe, args, "kept", args.threads - 1)
             print(line("BUILD lane saturated (one thread kept for interactive)", kept))
-        every = {q: config.prefetch or config.threads for q in config.queues()}
+        every = {
+            q: config.queue.rabbitmq.prefetch or config.worker.threads for q in config.queues()
+        }
         uncapped = WorkerConfig.prefetch_by_queue
         WorkerConfig.prefetch_by_queue = lambda _self: every  # type: ignore[method-assign]
         try:

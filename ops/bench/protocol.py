@@ -33,7 +33,6 @@ import time
 import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,14 @@ sys.path.insert(0, str(REPO))
 
 from steps import declared_topology, scratch_database  # noqa: E402
 
+from actors.config import (  # noqa: E402
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.handlers import HandlerContext, build_handlers  # noqa: E402
 from actors.worker import Runtime, WorkerConfig  # noqa: E402
 from store.migrate import migrate  # noqa: E402
@@ -195,12 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         migrate(pg_url)
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=amqp,
-            prefix=f"bwf{tag}",
-            threads=args.threads,
-            reconcile_interval=timedelta(seconds=1),
-            workspace=work,
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"bwf{tag}"),
+            queue=QueueSettings(rabbitmq=RabbitMqSettings(reconcile_interval_seconds=1)),
+            worker=WorkerSettings(threads=args.threads),
+            engine=EngineSettings(workspace=work),
         )
         clock = StepClock()
         with declared_topology(config):

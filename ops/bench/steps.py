@@ -81,7 +81,15 @@ from psycopg_pool import ConnectionPool
 
 from actors.broker import PointerConsumer
 from actors.capabilities import detect
-from actors.worker import Runtime, Supervisor, WorkerConfig
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import Runtime, WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.migrate import migrate
 from workflows.queue import EnqueueRequest
@@ -257,7 +265,7 @@ def enqueue(pool: ConnectionPool, config: WorkerConfig, requests: list[EnqueueRe
     """One transaction, dispatching but with no relay (the outbox rows wait for a
     reconciler's drain), then ANALYZE: a deployed database has statistics, and without them
     the plans of the step path's statements differ (and change when autovacuum catches up)."""
-    repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+    repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
     repo.enqueue_batch(requests)
     committed = time.time()
     with pool.connection() as conn:
@@ -827,25 +835,31 @@ def label(func: tuple[str, int, str]) -> str:
 
 
 THREAD_BODIES = frozenset({"_bootstrap", "_bootstrap_inner", "run"})  # of threading.py
+TOP = int(os.environ.get("VIBEY_BENCH_TOP", "12"))
 
 
 def print_profile(args: argparse.Namespace, phase: Phase, stats: pstats.Stats) -> None:
+    print_top(
+        f"profile: the same workload in one Runtime ({args.threads} threads), profiled "
+        f"{phase.tally.rate:,.0f} steps/s; pstats: {args.pstats}",
+        stats,
+        phase.tally.steps,
+    )
+
+
+def print_top(title: str, stats: pstats.Stats, n: int) -> None:
+    """The CPU per step (``n`` steps) of a profile, and its top functions."""
     rows: Any = stats.stats
     total = sum(tt for _cc, _nc, tt, _ct, _callers in rows.values())
-    n = phase.tally.steps
-    print(
-        f"profile: the same workload in one Runtime ({args.threads} threads) under cProfile "
-        f"(CPU time per thread): {total * 1000 / n:.2f} ms CPU per step, profiled "
-        f"{phase.tally.rate:,.0f} steps/s; pstats: {args.pstats}"
-    )
+    print(f"{title} under cProfile (CPU time per thread): {total * 1000 / n:.2f} ms CPU per step")
     entries = [
         (func, nc, tt, ct)
         for func, (_cc, nc, tt, ct, _callers) in rows.items()
         if not (func[0].endswith("threading.py") and func[2] in THREAD_BODIES)
     ]
-    for title, key in (("cumulative", 3), ("self", 2)):
-        print(f"  top 12 by {title} CPU (ms per step, calls per step, function):")
-        for func, nc, tt, ct in sorted(entries, key=lambda e: e[key], reverse=True)[:12]:
+    for heading, key in (("cumulative", 3), ("self", 2)):
+        print(f"  top {TOP} by {heading} CPU (ms per step, calls per step, function):")
+        for func, nc, tt, ct in sorted(entries, key=lambda e: e[key], reverse=True)[:TOP]:
             value = ct if key == 3 else tt
             print(f"    {value * 1000 / n:7.3f} {nc / n:7.2f}  {label(func)}")
 
@@ -872,12 +886,12 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> int:
         url = stack.enter_context(scratch_database(admin, args.database))
         migrate(url)
         config = WorkerConfig(
-            pg_url=url,
-            amqp_url=amqp,
-            prefix=f"vibeybench{token}",
-            threads=args.threads,
-            reconcile_interval=RECONCILE,
-            handlers="bench_handlers:HANDLERS",
+            database=DatabaseSettings(url=url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"vibeybench{token}"),
+            queue=QueueSettings(
+                rabbitmq=RabbitMqSettings(reconcile_interval_seconds=RECONCILE.total_seconds())
+            ),
+            worker=WorkerSettings(threads=args.threads, handlers="bench_handlers:HANDLERS"),
         )
         stack.enter_context(declared_topology(config))
         pool = stack.enter_context(
@@ -889,7 +903,7 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> int:
         os.environ[bench_handlers.ENV] = str(args.steps_dir)
         paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        print(f"vibey bench: scratch database {args.database}, broker prefix {config.prefix}")
+        print(f"vibey bench: scratch database {args.database}, broker prefix {config.bus.prefix}")
         durable = print_durable(args, fleet_run(args, config, admin, pool))
         raw_queue = f"vibeybench{token}_raw"
         stack.callback(

@@ -27,16 +27,18 @@ afterwards).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +48,29 @@ sys.path.insert(0, str(HERE))
 import bench_workflow  # noqa: E402
 import psycopg  # noqa: E402
 from steps import (  # noqa: E402
+    cpu_sample,
+    cpu_spent,
     declared_topology,
+    per_unit,
     pg_counters,
+    print_top,
+    profile_new_threads,
     running_fleet,
     scratch_database,
     wait_for_consumers,
 )
 
+from actors.config import (  # noqa: E402
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+    WorkflowSettings,
+)
 from actors.in_place import DEFAULT_STEPS  # noqa: E402
-from actors.worker import WorkerConfig  # noqa: E402
+from actors.worker import Runtime, WorkerConfig  # noqa: E402
 from store.migrate import migrate  # noqa: E402
 from vibey.client import Client  # noqa: E402
 from vibey.settings import load_settings  # noqa: E402
@@ -86,6 +102,20 @@ def wait_completed(client: Client, workflow: uuid.UUID, timeout: float = 30) -> 
         time.sleep(0.001)
 
 
+def step_gaps(pg_url: str, prefix: str) -> list[float]:
+    """Step → next step of each workflow whose project starts with ``prefix``: the seconds
+    between two consecutive steps' settling transactions (``settled_at`` is ``now()``, its
+    transaction's start: the claim, handler and settle of a short step are one transaction)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM settled_at - lag(settled_at) OVER ("
+            "  PARTITION BY workflow_id ORDER BY settled_at)) "
+            "FROM job WHERE project_id LIKE %s AND state = 'succeeded'",
+            (f"{prefix}%",),
+        ).fetchall()
+    return [float(r[0]) for r in rows if r[0] is not None]
+
+
 def one_at_a_time(client: Client, samples: int) -> tuple[list[float], list[float]]:
     seen, stamped = [], []
     for n in range(samples):
@@ -99,10 +129,12 @@ def one_at_a_time(client: Client, samples: int) -> tuple[list[float], list[float
     return seen, stamped
 
 
-def many(client: Client, pg_url: str, count: int, batch: int = 0) -> tuple[float, float]:
+def many(
+    client: Client, pg_url: str, count: int, batch: int = 0, prefix: str = ""
+) -> tuple[float, float]:
     """(seconds to start them all, seconds first start → last completed): one by one, or
     with ``batch``, through ``Client.start_many`` that many at a time (one commit each)."""
-    prefix = f"batch{batch}-" if batch else "many"
+    prefix = prefix or (f"batch{batch}-" if batch else "many")
     began = time.perf_counter()
     if batch:
         for first in range(0, count, batch):
@@ -129,6 +161,26 @@ def many(client: Client, pg_url: str, count: int, batch: int = 0) -> tuple[float
             time.sleep(0.05)
 
 
+def profiled(
+    args: argparse.Namespace, config: WorkerConfig, settings: Any, registry: Registry, url: str
+) -> pstats.Stats:
+    """``--profile`` workflows through one in-process Runtime whose every thread runs under a
+    CPU-time profiler (the client's starts are not in it)."""
+    profilers: list[cProfile.Profile] = []
+    threading.setprofile(profile_new_threads(profilers))
+    try:
+        runtime = Runtime(config, owner="bench-profile")
+        try:
+            runtime.start()
+            with Client(settings, registry=registry, name="bench-profile") as client:
+                many(client, url, args.profile, batch=min(args.batch, args.profile), prefix="prof")
+        finally:
+            runtime.stop(timeout=30)
+    finally:
+        threading.setprofile(None)
+    return pstats.Stats(*profilers)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2)
@@ -145,6 +197,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--batch", type=int, default=500, help="Client.start_many's batch in the last figure"
     )
     parser.add_argument("--dbos-python", default=os.environ.get("VIBEY_BENCH_DBOS_PYTHON"))
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N workflows (start_many) in one in-process worker under cProfile (0: none)",
+    )
     return parser.parse_args(argv)
 
 
@@ -171,37 +230,46 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
     with scratch_database(admin, database) as pg_url, tempfile.TemporaryDirectory() as work:
         migrate(pg_url)
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=amqp,
-            prefix=f"bwf3{token}",
-            threads=args.threads,
-            reconcile_interval=timedelta(seconds=1),
-            definitions="bench_workflow:DEFINITIONS",
-            handlers="bench_workflow:HANDLERS",
-            workspace=work,
-            in_place_steps=args.in_place_steps,
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=amqp, prefix=f"bwf3{token}"),
+            queue=QueueSettings(
+                rabbitmq=RabbitMqSettings(
+                    reconcile_interval_seconds=1, in_place_steps=args.in_place_steps
+                )
+            ),
+            worker=WorkerSettings(threads=args.threads, handlers="bench_workflow:HANDLERS"),
+            workflow=WorkflowSettings(definitions="bench_workflow:DEFINITIONS"),
+            engine=EngineSettings(workspace=work),
         )
         paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         env = {
             "VIBEY_PG_URL": pg_url,
             "VIBEY_AMQP_URL": amqp,
-            "VIBEY_BUS_PREFIX": config.prefix,
+            "VIBEY_BUS_PREFIX": config.bus.prefix,
         }
         settings = load_settings(env, Path(work))
         registry = Registry(bench_workflow.DEFINITIONS)
-        with declared_topology(config), running_fleet(config, args.processes, Path(work) / "f.log"):
-            wait_for_consumers(amqp, config.queues(), args.processes, timeout=60)
-            with Client(settings, registry=registry, name="bench") as client:
-                seen, stamped = one_at_a_time(client, args.samples)
-                before = pg_counters(admin)
-                started, window = many(client, pg_url, args.workflows)
-                time.sleep(0.5)
-                pg = pg_counters(admin).since(before, database)
-                batched = many(client, pg_url, args.workflows, batch=args.batch)
+        with declared_topology(config):
+            with running_fleet(config, args.processes, Path(work) / "f.log") as fleet:
+                wait_for_consumers(amqp, config.queues(), args.processes, timeout=60)
+                with Client(settings, registry=registry, name="bench") as client:
+                    seen, stamped = one_at_a_time(client, args.samples)
+                    gaps = step_gaps(pg_url, "one")
+                    before = pg_counters(admin)
+                    cpu_before = cpu_sample(fleet.pids)
+                    started, window = many(client, pg_url, args.workflows)
+                    cpu = cpu_spent(cpu_before, cpu_sample(fleet.pids))
+                    time.sleep(0.5)
+                    pg = pg_counters(admin).since(before, database)
+                    batched = many(client, pg_url, args.workflows, batch=args.batch)
+            profile = profiled(args, config, settings, registry, pg_url) if args.profile else None
     return {
+        "profile": profile,
         "seen": seen,
         "stamped": stamped,
+        "gaps": gaps,
+        "cpu": cpu,
         "started": started,
         "window": window,
         "pg": pg,
@@ -237,10 +305,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     steps = n * STEPS
     print(
+        f"  cpu per workflow step (one by one, first start → last completed; bench = the "
+        f"client's starts and polls): {per_unit(found['cpu'], steps)}; load average "
+        f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
+    mode = f"in place, chains of {args.in_place_steps}" if args.in_place_steps else "via the broker"
+    print(
+        f"step → next step ({mode}; one workflow at a time, settle transaction to settle "
+        f"transaction): {ms(found['gaps'])}"
+    )
+    print(
         f"  postgres per workflow step (one by one): {pg.wal_sync / steps:.2f} WAL flushes, "
         f"{pg.commits / steps:.2f} commits (the starts' and the bench's polls included; WAL is "
         f"cluster-wide: other databases committed {pg.elsewhere:,} transactions meanwhile)"
     )
+    if found["profile"] is not None:
+        print_top(
+            f"profile: {args.profile:,} workflows in one in-process worker",
+            found["profile"],
+            args.profile * STEPS,
+        )
     if dbos is not None:
         rate = n / found["window"]
         print(

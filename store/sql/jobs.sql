@@ -30,10 +30,10 @@ WITH inserted AS (
 ),
 outbox AS (
     INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
-                            claimed_by, claimed_at)
+                            claimed_by, claimed_at, priority, workflow_id)
     SELECT 'dispatch:' || i.id || ':' || i.dispatch_seq, i.id, i.project_id, i.dispatch_seq,
            i.kind, i.run_after, %(relay)s::text,
-           CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+           CASE WHEN %(relay)s::text IS NOT NULL THEN now() END, i.priority, i.workflow_id
     FROM inserted i
     WHERE %(dispatch_now)s
     ON CONFLICT (key) DO NOTHING
@@ -84,12 +84,13 @@ WITH released AS (
           JOIN job p ON p.id = d.depends_on
           WHERE d.job_id = j.id AND p.state <> 'succeeded'
       )
-    RETURNING j.id, j.project_id, j.dispatch_seq, j.kind, j.run_after
+    RETURNING j.id, j.project_id, j.dispatch_seq, j.kind, j.run_after, j.priority, j.workflow_id
 )
 INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
-                        claimed_by, claimed_at)
+                        claimed_by, claimed_at, priority, workflow_id)
 SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
-       r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+       r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END,
+       r.priority, r.workflow_id
 FROM released r
 ON CONFLICT (key) DO NOTHING
 RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
@@ -112,12 +113,13 @@ WITH released AS (
           JOIN job p ON p.id = d.depends_on
           WHERE d.job_id = j.id AND p.state <> 'succeeded'
       )
-    RETURNING j.id, j.project_id, j.dispatch_seq, j.kind, j.run_after
+    RETURNING j.id, j.project_id, j.dispatch_seq, j.kind, j.run_after, j.priority, j.workflow_id
 )
 INSERT INTO job_outbox (key, job_id, project_id, dispatch_seq, kind, not_before,
-                        claimed_by, claimed_at)
+                        claimed_by, claimed_at, priority, workflow_id)
 SELECT 'dispatch:' || r.id || ':' || r.dispatch_seq, r.id, r.project_id, r.dispatch_seq,
-       r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END
+       r.kind, r.run_after, %(relay)s::text, CASE WHEN %(relay)s::text IS NOT NULL THEN now() END,
+       r.priority, r.workflow_id
 FROM released r
 ON CONFLICT (key) DO NOTHING
 RETURNING id, key, job_id, project_id, dispatch_seq, kind, not_before, solo,
@@ -174,11 +176,14 @@ WITH settled AS (
 ),
 woken AS (
     -- Dependents may have become claimable: wake the project's idle workers (on commit).
+    -- %(wake)s is false where nobody listens (a relay publishes the released pointers).
     SELECT pg_notify('vibey_job_ready', s.project_id)
     FROM settled s
-    WHERE EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id)
+    WHERE %(wake)s AND EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id)
 )
-SELECT s.state, (SELECT count(*) FROM woken) AS woken FROM settled s
+SELECT s.state, (SELECT count(*) FROM woken) AS woken,
+       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id) AS dependents
+FROM settled s
 
 -- name: nack
 WITH settled AS (

@@ -57,6 +57,21 @@ SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
 WHERE id = %(id)s
 RETURNING updated_at, finished_at
 
+-- name: record_and_update_workflow
+-- A decided event's history row and the workflow's new header and state: one statement.
+WITH history AS (
+    INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
+    VALUES (%(id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
+)
+UPDATE workflow
+SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
+    completion_mode = %(completion_mode)s, reason = %(reason)s, state = %(state)s,
+    last_seq = %(last_seq)s, applied_seq = %(applied_seq)s, updated_at = now(),
+    finished_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled')
+                       THEN coalesce(finished_at, now()) END
+WHERE id = %(id)s
+RETURNING updated_at, finished_at
+
 -- name: append_history
 INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
 VALUES (%(workflow_id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)

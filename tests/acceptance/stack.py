@@ -214,9 +214,13 @@ class Stack:
 def declare_topology(pg_url: str, amqp: Any) -> None:
     """Declare the fleet's topology in the test's broker namespace (the fixture cleans it up)."""
     from actors.capabilities import detect
+    from actors.config import BusSettings, DatabaseSettings
     from actors.worker import WorkerConfig
 
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()

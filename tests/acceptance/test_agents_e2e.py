@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import Stack, stack
 from tests.agents.fake_cli import SOURCE, install
@@ -59,7 +60,10 @@ def roster_toml(
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
     connection.close()

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from actors.capabilities import BrokerCapabilities, capabilities_for, detect
+from actors.config import keys
 from actors.topology import QueueNames
 from store.migrate import shipped
 from tests.amqp_fixtures import Amqp
@@ -186,7 +187,10 @@ def test_doctor_json_on_a_migrated_database_is_healthy(
     nested = {
         k for k, v in report.items() if isinstance(v, dict | list) and k != "pending_migrations"
     }
-    assert nested == {"broker_capabilities", "stack", "settings"}  # flat but for these
+    assert nested == {"broker_capabilities", "stack", "settings", "in_effect"}  # flat but these
+    assert report["in_effect"]["database.url"] == with_password(pg_url, "***")
+    assert report["in_effect"]["queue.backend"] == "rabbitmq"
+    assert set(report["in_effect"]) == {f"{key.table}.{key.name}" for key in keys()}
 
 
 def test_doctor_json_reports_the_broker_and_what_it_honours(

@@ -18,6 +18,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.acceptance.test_cli import Run, clean_env, free_port, vibey
@@ -563,7 +564,10 @@ def outbox(pg_url: str) -> list[tuple[Any, ...]]:
 
 
 def test_start_publishes_the_first_step_at_once(cli: Cli, pg_url: str, amqp: Amqp) -> None:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     env = {"VIBEY_AMQP_URL": amqp.url, "VIBEY_BUS_PREFIX": amqp.prefix}

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import Stack, stack
 from tests.amqp_fixtures import Amqp
@@ -24,7 +25,10 @@ from tests.amqp_fixtures import Amqp
 
 @pytest.fixture
 def broken(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.runs_topology import RunsTopology
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import VIBEY, Stack, stack
@@ -41,7 +42,10 @@ ENGINES = (("claude", "claude-code", 2), ("codex", "codex", 1))
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
     runs = RunsTopology(amqp.prefix, tuple(e for e, _a, _w in ENGINES))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import DEMO_SCRIPT, Stack, stack
 from tests.amqp_fixtures import Amqp
@@ -48,7 +49,10 @@ def value(text: str, sample: str) -> float:
 
 @pytest.fixture
 def served(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[tuple[Stack, int]]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,7 +22,15 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from tests.chaos.figures import figure
@@ -32,7 +39,6 @@ from tests.chaos.tcp_proxy import TcpProxy, tcp_proxy
 from tests.chaos.test_chaos_rabbitmq import unsettled
 from tests.chaos.test_rabbitmq_cluster import TIERS, enqueue
 from tests.commit_audit import COMMIT_AUDIT
-from workflows.job import LeasePolicy
 
 pytestmark = pytest.mark.chaos
 
@@ -80,16 +86,18 @@ def test_cut_and_stalled_broker_connections_lose_nothing(
         listen_port=0, target=(target.hostname or "127.0.0.1", target.port or 5672)
     ) as proxy:
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=through(amqp.url, proxy.port),
-            prefix=amqp.prefix,
-            tiers=TIERS,
-            leases=LeasePolicy(default=timedelta(seconds=5), by_kind={}),
-            threads=2,
-            reconcile_interval=timedelta(seconds=1),
-            redispatch_after=timedelta(seconds=8),
-            reclaim_after=timedelta(seconds=5),
-            handlers="tests.chaos.rabbit_chaos:HANDLERS",
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=through(amqp.url, proxy.port), prefix=amqp.prefix),
+            queue=QueueSettings(
+                lease_seconds={"default": 5},
+                rabbitmq=RabbitMqSettings(
+                    wait_tiers_seconds=TIERS.seconds,
+                    reconcile_interval_seconds=1,
+                    redispatch_after_seconds=8,
+                    reclaim_after_seconds=5,
+                ),
+            ),
+            worker=WorkerSettings(threads=2, handlers="tests.chaos.rabbit_chaos:HANDLERS"),
             tally_dir=str(tmp_path),
         )
         connection = amqp.connect()
@@ -101,7 +109,7 @@ def test_cut_and_stalled_broker_connections_lose_nothing(
         ) as pool:
             with pool.connection() as conn:
                 conn.execute(COMMIT_AUDIT.encode())
-            repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+            repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
             total = enqueue(repo, seed)
             supervisor = Supervisor(config, processes=WORKERS)
             fleet = threading.Thread(target=supervisor.run, daemon=True)
@@ -115,7 +123,7 @@ def test_cut_and_stalled_broker_connections_lose_nothing(
             threading.Thread(
                 target=faults, args=(proxy, done_jobs, total, log, faulted), daemon=True
             ).start()
-            queues = [config.names.work_queue(lane) for lane in config.lanes]
+            queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
             queues += [config.names.tier_queue(name) for name in TIERS.names]
             try:
                 while (unsettled(pool) or not faulted.is_set()) and (

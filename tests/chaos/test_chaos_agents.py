@@ -32,7 +32,16 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore
@@ -40,9 +49,7 @@ from tests.acceptance.stack import cooperative
 from tests.amqp_fixtures import Amqp
 from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
-from workflows.dispatch import WaitTiers
 from workflows.engine import Registry, Status
-from workflows.job import LeasePolicy
 from workflows.protocol import DEFINITIONS
 from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import Gate
@@ -115,19 +122,24 @@ def test_sigkilled_workers_leave_no_agent_and_never_two_in_one_worktree(
     rng = random.Random(seed)
     runs_log = tmp_path / "runs.jsonl"
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=WaitTiers((timedelta(seconds=1), timedelta(seconds=5))),
-        # Every kind's lease short, the protocol's declared ones (2 h for build.implement) too.
-        leases=LeasePolicy(default=LEASE, by_kind=dict.fromkeys(STEP_KINDS, LEASE)),
-        threads=2,
-        reconcile_interval=timedelta(seconds=1),
-        redispatch_after=timedelta(seconds=8),
-        reclaim_after=timedelta(seconds=5),
-        workspace=str(tmp_path / "work"),
-        engine_command=(sys.executable, str(AGENT), str(runs_log), "0.5"),
-        engine_timeout=timedelta(seconds=60),
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            # Every kind's lease short, the protocol's declared ones (2 h for build.implement) too.
+            lease_seconds=dict.fromkeys(("default", *STEP_KINDS), LEASE.total_seconds()),
+            rabbitmq=RabbitMqSettings(
+                wait_tiers_seconds=(1, 5),
+                reconcile_interval_seconds=1,
+                redispatch_after_seconds=8,
+                reclaim_after_seconds=5,
+            ),
+        ),
+        worker=WorkerSettings(threads=2),
+        engine=EngineSettings(
+            workspace=str(tmp_path / "work"),
+            command=(sys.executable, str(AGENT), str(runs_log), "0.5"),
+            timeout_seconds=60,
+        ),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
@@ -137,7 +149,7 @@ def test_sigkilled_workers_leave_no_agent_and_never_two_in_one_worktree(
     started = time.monotonic()
     kills = 0
     with ConnectionPool(pg_url, min_size=1, max_size=4, kwargs={"autocommit": True}) as pool:
-        jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        jobs = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
         store = WorkflowStore(
             pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=Ledger(pool)
         )

@@ -27,8 +27,17 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+    WorkflowSettings,
+)
+from actors.fleet import Supervisor
 from actors.reconcile_service import ReconcileService
-from actors.worker import Supervisor, WorkerConfig
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.workflows import WorkflowStore
 from tests.amqp_fixtures import Amqp
@@ -36,7 +45,6 @@ from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
 from tests.tiny_definition import THREE_STEPS
 from workflows.engine import Registry
-from workflows.job import LeasePolicy
 from workflows.protocol.kinds import STEP_KINDS
 
 pytestmark = pytest.mark.chaos
@@ -95,18 +103,20 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
     kills.mkdir()
     lease = timedelta(seconds=5)
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        leases=LeasePolicy(default=lease, by_kind=dict.fromkeys(STEP_KINDS, lease)),
-        threads=4,
-        reconcile_interval=INTERVAL,
-        redispatch_after=timedelta(seconds=30),
-        reclaim_after=RECLAIM,
-        definitions="tests.chaos.in_place_chaos:DEFINITIONS",
-        handlers="tests.chaos.in_place_chaos:HANDLERS",
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            lease_seconds=dict.fromkeys(("default", *STEP_KINDS), lease.total_seconds()),
+            rabbitmq=RabbitMqSettings(
+                reconcile_interval_seconds=INTERVAL.total_seconds(),
+                redispatch_after_seconds=30,
+                reclaim_after_seconds=RECLAIM.total_seconds(),
+                in_place_steps=16,
+            ),
+        ),
+        worker=WorkerSettings(threads=4, handlers="tests.chaos.in_place_chaos:HANDLERS"),
+        workflow=WorkflowSettings(definitions="tests.chaos.in_place_chaos:DEFINITIONS"),
         crash_points="tests.chaos.in_place_chaos:CRASH",
-        in_place_steps=16,
         tally_dir=str(kills),
     )
     connection = amqp.connect()
@@ -121,7 +131,7 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
     started = time.monotonic()
     ids: list[UUID] = []
     with ConnectionPool(pg_url, min_size=1, max_size=4, kwargs={"autocommit": True}) as pool:
-        jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        jobs = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
         store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry(THREE_STEPS))
 
         def more() -> None:

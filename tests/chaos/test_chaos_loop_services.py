@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.runs_topology import RunsTopology
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import VIBEY, Stack, stack
@@ -50,7 +51,10 @@ SCRIPT = '[build]\nwork_items = [{ id = "core", title = "Core" }, { id = "cli", 
 
 @pytest.fixture
 def chaos_stack(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
     runs = RunsTopology(amqp.prefix, ("claude",))

@@ -24,13 +24,19 @@ from pathlib import Path
 import pytest
 from psycopg_pool import ConnectionPool
 
-from actors.worker import Supervisor, WorkerConfig
+from actors.config import (
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed, count
 from tests.chaos.test_chaos_rabbitmq import enqueue_chains, unsettled
 from tests.commit_audit import COMMIT_AUDIT
-from workflows.job import LeasePolicy
 
 pytestmark = pytest.mark.chaos
 
@@ -44,14 +50,14 @@ def test_sigkilled_postgres_backend_workers_lose_nothing_and_commit_once(
 ) -> None:
     seed = chaos_seed("postgres fleet", lease=LEASE)
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url="",
-        backend="postgres",
-        poll_interval=timedelta(seconds=1),
-        leases=LeasePolicy(default=LEASE, by_kind={}),
-        threads=2,
-        reconcile_interval=timedelta(seconds=1),
-        handlers="tests.chaos.rabbit_chaos:HANDLERS",
+        database=DatabaseSettings(url=pg_url),
+        queue=QueueSettings(
+            backend="postgres",
+            poll_interval_seconds=1,
+            lease_seconds={"default": LEASE.total_seconds()},
+            rabbitmq=RabbitMqSettings(reconcile_interval_seconds=1),
+        ),
+        worker=WorkerSettings(threads=2, handlers="tests.chaos.rabbit_chaos:HANDLERS"),
         crash_points="tests.chaos.rabbit_chaos:CRASH",
         tally_dir=str(tmp_path),
     )
@@ -61,7 +67,7 @@ def test_sigkilled_postgres_backend_workers_lose_nothing_and_commit_once(
     ) as pool:
         with pool.connection() as conn:
             conn.execute(COMMIT_AUDIT.encode())
-        total = enqueue_chains(PostgresJobRepository(pool=pool, leases=config.leases), seed)
+        total = enqueue_chains(PostgresJobRepository(pool=pool, leases=config.queue.lease), seed)
         supervisor = Supervisor(config, processes=WORKERS)
         fleet = threading.Thread(target=supervisor.run, daemon=True)
         fleet.start()

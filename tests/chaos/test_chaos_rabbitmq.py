@@ -35,8 +35,16 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
 from actors.topology import QueueNames
-from actors.worker import Supervisor, WorkerConfig
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from tests.chaos.figures import figure
@@ -44,7 +52,6 @@ from tests.chaos.fleet import chaos_seed, count, queue_depths
 from tests.chaos.private_rabbit import PrivateRabbit, private_rabbit
 from tests.commit_audit import COMMIT_AUDIT
 from workflows.dispatch import WaitTiers
-from workflows.job import LeasePolicy
 from workflows.queue import EnqueueRequest
 
 pytestmark = pytest.mark.chaos
@@ -136,16 +143,18 @@ def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
     rabbit, amqp = private_amqp
     seed = chaos_seed("rabbitmq", lease=LEASE)
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=TIERS,
-        leases=LeasePolicy(default=LEASE, by_kind={}),
-        threads=2,
-        reconcile_interval=timedelta(seconds=1),
-        redispatch_after=timedelta(seconds=8),
-        reclaim_after=timedelta(seconds=5),
-        handlers="tests.chaos.rabbit_chaos:HANDLERS",
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            lease_seconds={"default": LEASE.total_seconds()},
+            rabbitmq=RabbitMqSettings(
+                wait_tiers_seconds=TIERS.seconds,
+                reconcile_interval_seconds=1,
+                redispatch_after_seconds=8,
+                reclaim_after_seconds=5,
+            ),
+        ),
+        worker=WorkerSettings(threads=2, handlers="tests.chaos.rabbit_chaos:HANDLERS"),
         crash_points="tests.chaos.rabbit_chaos:CRASH",
         tally_dir=str(tmp_path),
     )
@@ -159,7 +168,7 @@ def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
         with pool.connection() as conn:
             conn.execute(COMMIT_AUDIT.encode())
         # Enqueued with dispatch on and no relay: the fleet's reconcilers drain the outbox.
-        repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
         total = enqueue_chains(repo, seed)
         supervisor = Supervisor(config, processes=WORKERS)
         fleet = threading.Thread(target=supervisor.run, daemon=True)
@@ -183,7 +192,7 @@ def test_sigkilled_dramatiq_workers_lose_nothing_and_commit_once(
                 unsettled(pool) or not bounced.is_set()
             ) and time.monotonic() - started < DEADLINE_S:
                 time.sleep(1.0)
-            queues = [config.names.work_queue(lane) for lane in config.lanes]
+            queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
             queues += [config.names.tier_queue(name) for name in TIERS.names]
             quiet = time.monotonic()
             # Re-delayed duplicates come back and are dropped; outbox rows a killed relay held

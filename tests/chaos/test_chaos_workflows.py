@@ -25,7 +25,16 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore
@@ -33,9 +42,7 @@ from tests.acceptance.stack import cooperative
 from tests.amqp_fixtures import Amqp
 from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
-from workflows.dispatch import WaitTiers
 from workflows.engine import Registry, Status
-from workflows.job import LeasePolicy
 from workflows.protocol import DEFINITIONS
 from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import Gate
@@ -63,18 +70,21 @@ def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
 ) -> None:
     seed = chaos_seed("workflow", lease=LEASE)
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=WaitTiers((timedelta(seconds=1), timedelta(seconds=5))),
-        # Every kind's lease short, the protocol's declared ones (2 h for build.implement) too.
-        leases=LeasePolicy(default=LEASE, by_kind=dict.fromkeys(STEP_KINDS, LEASE)),
-        threads=2,
-        reconcile_interval=timedelta(seconds=1),
-        redispatch_after=timedelta(seconds=8),
-        reclaim_after=timedelta(seconds=5),
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            # Every kind's lease short, the protocol's declared ones (2 h for build.implement) too.
+            lease_seconds=dict.fromkeys(("default", *STEP_KINDS), LEASE.total_seconds()),
+            rabbitmq=RabbitMqSettings(
+                wait_tiers_seconds=(1, 5),
+                reconcile_interval_seconds=1,
+                redispatch_after_seconds=8,
+                reclaim_after_seconds=5,
+            ),
+        ),
+        worker=WorkerSettings(threads=2),
+        engine=EngineSettings(workspace=str(tmp_path / "work")),
         crash_points="tests.chaos.rabbit_chaos:CRASH",
-        workspace=str(tmp_path / "work"),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
@@ -83,7 +93,7 @@ def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
     fleet = threading.Thread(target=supervisor.run, daemon=True)
     started = time.monotonic()
     with ConnectionPool(pg_url, min_size=1, max_size=4, kwargs={"autocommit": True}) as pool:
-        jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        jobs = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
         ledger = Ledger(pool)
         store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=ledger)
         ids: list[UUID] = []

@@ -43,12 +43,19 @@ import pytest
 from dramatiq import MessageProxy, Middleware
 
 from actors.broker import PointerConsumer, VibeyBroker
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.steps import StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.chaos.figures import figure
 from tests.chaos.private_rabbit import PrivateRabbit, private_rabbit
 from workflows.dispatch import Lane, WaitTiers
-from workflows.job import JobState, LeasePolicy
+from workflows.job import JobState
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Handlers, Success
 
@@ -302,16 +309,20 @@ def test_steps_longer_than_consumer_timeout_run_once_and_lose_nothing(
     with private_rabbit(consumer_timeout_ms=CONSUMER_TIMEOUT_MS) as rabbit:
         node_up = time.monotonic() - started
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=rabbit.url,
-            prefix=f"ct{uuid.uuid4().hex[:8]}",
-            lanes=(Lane.BUILD.value,),
-            tiers=TIERS,
-            leases=LeasePolicy(default=LEASE, by_kind={LONG_KIND: LEASE, SHORT_KIND: LEASE}),
-            threads=4,
-            reconcile_interval=timedelta(seconds=1),
-            # A lost pointer must show as a job left behind, not be rescued by the sweep.
-            redispatch_after=timedelta(minutes=10),
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=rabbit.url, prefix=f"ct{uuid.uuid4().hex[:8]}"),
+            queue=QueueSettings(
+                lease_seconds=dict.fromkeys(
+                    ("default", LONG_KIND, SHORT_KIND), LEASE.total_seconds()
+                ),
+                rabbitmq=RabbitMqSettings(
+                    wait_tiers_seconds=TIERS.seconds,
+                    reconcile_interval_seconds=1,
+                    # A lost pointer must show as a job left behind, not be rescued by the sweep.
+                    redispatch_after_seconds=600,
+                ),
+            ),
+            worker=WorkerSettings(lanes=(Lane.BUILD.value,), threads=4),
         )
         handlers: Handlers = {
             LONG_KIND: recorder.handler(LONG_S),
@@ -328,7 +339,7 @@ def test_steps_longer_than_consumer_timeout_run_once_and_lose_nothing(
             # The last long step starts at 36 s and runs 25 s; the rest is slack for a loaded box.
             jobs = wait_terminal(runtime, all_ids, deadline=t0 + FEED_DEADLINE_S)
             # Let the last re-delayed duplicates come back from their tier and be dropped.
-            depths = wait_quiet(rabbit, config.prefix, runtime, recorder)
+            depths = wait_quiet(rabbit, config.bus.prefix, runtime, recorder)
             wall = time.monotonic() - t0
             closes = channel_closes(rabbit, t0_wall)
         finally:

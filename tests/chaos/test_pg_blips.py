@@ -31,6 +31,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
+from actors.config import BusSettings
 from actors.relay import Relay, Router
 from actors.worker import WorkerConfig
 from store.dispatch import DispatchRecords
@@ -76,7 +77,7 @@ THREE_STEP_ENV = {
 
 def declare_topology(amqp: Amqp) -> None:
     """The fleet's queues, declared through the fixture so its teardown deletes them."""
-    config = WorkerConfig(pg_url="", amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix))
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()

@@ -32,14 +32,21 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
 from tests.chaos.figures import figure
 from tests.chaos.fleet import count, queue_depths
 from tests.chaos.poison_handlers import KIND
 from workflows.dispatch import WaitTiers
-from workflows.job import LeasePolicy
 from workflows.queue import DELIVERY_EXHAUSTED, EnqueueRequest
 
 pytestmark = pytest.mark.chaos
@@ -116,24 +123,26 @@ def test_poison_jobs_park_and_healthy_jobs_never_do(
     seed = int(os.environ.get("VIBEY_POISON_SEED") or random.SystemRandom().randrange(2**31))
     figure(f"\npoison seed: {seed} (rerun with VIBEY_POISON_SEED={seed}), prefetch {prefetch}")
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=TIERS,
-        leases=LeasePolicy(default=LEASE, by_kind={}),
-        threads=THREADS,
-        prefetch=prefetch,
-        delivery_limit=DELIVERY_LIMIT,
-        reconcile_interval=timedelta(seconds=1),
-        redispatch_after=timedelta(seconds=8),
-        reclaim_after=timedelta(seconds=5),
-        handlers="tests.chaos.poison_handlers:HANDLERS",
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            lease_seconds={"default": LEASE.total_seconds()},
+            rabbitmq=RabbitMqSettings(
+                wait_tiers_seconds=TIERS.seconds,
+                prefetch=prefetch,
+                delivery_limit=DELIVERY_LIMIT,
+                reconcile_interval_seconds=1,
+                redispatch_after_seconds=8,
+                reclaim_after_seconds=5,
+            ),
+        ),
+        worker=WorkerSettings(threads=THREADS, handlers="tests.chaos.poison_handlers:HANDLERS"),
         tally_dir=str(tmp_path),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # recorded: cleanup
     connection.close()
-    queues = [config.names.work_queue(lane) for lane in config.lanes]
+    queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
     queues += [config.names.tier_queue(name) for name in TIERS.names]
     queues.append(config.names.dead_queue)
     started = time.monotonic()
@@ -141,7 +150,7 @@ def test_poison_jobs_park_and_healthy_jobs_never_do(
         pg_url, min_size=1, max_size=4, open=True, kwargs={"autocommit": True}
     ) as pool:
         # Enqueued with dispatch on and no relay: the fleet's reconcilers drain the outbox.
-        repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+        repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
         poison = enqueue(repo, seed)
         supervisor = Supervisor(config, processes=PROCESSES)
         fleet = threading.Thread(target=supervisor.run, daemon=True)

@@ -32,7 +32,16 @@ from psycopg_pool import ConnectionPool
 
 from actors.amqp import parameters
 from actors.capabilities import detect
-from actors.worker import Supervisor, WorkerConfig
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    EngineSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
+from actors.fleet import Supervisor
+from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore
@@ -44,7 +53,6 @@ from tests.chaos.test_chaos_workflows import SCRIPT, answer_for
 from tests.commit_audit import COMMIT_AUDIT
 from workflows.dispatch import WaitTiers
 from workflows.engine import Registry, Status
-from workflows.job import LeasePolicy
 from workflows.protocol import DEFINITIONS
 from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest
@@ -141,15 +149,18 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
     with rabbit_cluster(3) as nodes:
         url = ";".join(node.rabbit.url for node in nodes)
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=url,
-            tiers=TIERS,
-            leases=LeasePolicy(default=LEASE, by_kind={}),
-            threads=2,
-            reconcile_interval=timedelta(seconds=1),
-            redispatch_after=timedelta(seconds=8),
-            reclaim_after=timedelta(seconds=5),
-            handlers="tests.chaos.rabbit_chaos:HANDLERS",
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=url),
+            queue=QueueSettings(
+                lease_seconds={"default": LEASE.total_seconds()},
+                rabbitmq=RabbitMqSettings(
+                    wait_tiers_seconds=TIERS.seconds,
+                    reconcile_interval_seconds=1,
+                    redispatch_after_seconds=8,
+                    reclaim_after_seconds=5,
+                ),
+            ),
+            worker=WorkerSettings(threads=2, handlers="tests.chaos.rabbit_chaos:HANDLERS"),
             tally_dir=str(tmp_path),
         )
         connection = pika.BlockingConnection(parameters(url))
@@ -163,7 +174,7 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
         ) as pool:
             with pool.connection() as conn:
                 conn.execute(COMMIT_AUDIT.encode())
-            repo = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+            repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
             total = enqueue(repo, seed)
             supervisor = Supervisor(config, processes=WORKERS)
             fleet = threading.Thread(target=supervisor.run, daemon=True)
@@ -175,7 +186,7 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
                 args=(nodes, build_queue, steps_done(pool), log, faulted),
                 daemon=True,
             ).start()
-            queues = [config.names.work_queue(lane) for lane in config.lanes]
+            queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
             queues += [config.names.tier_queue(name) for name in TIERS.names]
             try:
                 while (unsettled(pool) or not faulted.is_set()) and (
@@ -227,15 +238,19 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
     with rabbit_cluster(3) as nodes:
         url = ";".join(node.rabbit.url for node in nodes)
         config = WorkerConfig(
-            pg_url=pg_url,
-            amqp_url=url,
-            tiers=TIERS,
-            leases=LeasePolicy(default=LEASE, by_kind=dict.fromkeys(STEP_KINDS, LEASE)),
-            threads=2,
-            reconcile_interval=timedelta(seconds=1),
-            redispatch_after=timedelta(seconds=8),
-            reclaim_after=timedelta(seconds=5),
-            workspace=str(tmp_path / "work"),
+            database=DatabaseSettings(url=pg_url),
+            bus=BusSettings(amqp_url=url),
+            queue=QueueSettings(
+                lease_seconds=dict.fromkeys(("default", *STEP_KINDS), LEASE.total_seconds()),
+                rabbitmq=RabbitMqSettings(
+                    wait_tiers_seconds=TIERS.seconds,
+                    reconcile_interval_seconds=1,
+                    redispatch_after_seconds=8,
+                    reclaim_after_seconds=5,
+                ),
+            ),
+            worker=WorkerSettings(threads=2),
+            engine=EngineSettings(workspace=str(tmp_path / "work")),
         )
         connection = pika.BlockingConnection(parameters(url))
         config.topology().declare(connection.channel(), detect(connection))
@@ -246,7 +261,7 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
         with ConnectionPool(
             pg_url, min_size=1, max_size=4, open=True, kwargs={"autocommit": True}
         ) as pool:
-            jobs = PostgresJobRepository(pool=pool, leases=config.leases, dispatch=True)
+            jobs = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
             ledger = Ledger(pool)
             store = WorkflowStore(
                 pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=ledger

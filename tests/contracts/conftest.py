@@ -1,9 +1,19 @@
-"""The backends the job-queue contract runs against.
+"""The backends the job-queue contract runs against, each on the path its workers run.
 
-A backend is a small harness: it builds a :class:`workflows.queue.JobRepository` (optionally with
-a lease policy, so tests can expire leases in milliseconds), a wakeup notifier, and claims with
-a bounded wait (a dispatching backend delivers asynchronously; the PostgreSQL one answers at
-once). The contract file itself never names a backend.
+* ``rabbitmq``: the fleet's dispatching path. Enqueues commit their pointers to the outbox, the
+  relay publishes them, and the fleet's Dramatiq objects deliver them (``VibeyBroker`` and its
+  ``PointerConsumer``, a ``LaneWorker`` on the shared lane queues, one step actor per queue);
+  each delivered pointer goes through ``StepRunner.run`` (the fenced pointer claim, a miss
+  dropped or re-delayed through a wait tier, the handler, the one settle). ``reap`` is the
+  reconciler's pass.
+* ``postgres``: the drive loop's path (``actors.drive``): ``store.drive.claim_next``, then
+  ``StepRunner.run_claimed``; the wakeup is ``PostgresJobReadyNotifier``; ``reap`` is the drive
+  loop's ``reap_once``.
+* ``memory``: the in-memory fakes beside the store's seams (``store.memory``), under the same
+  runner, held to the same contract.
+
+How the contract's ``claim`` and settles map onto a runner is ``tests/contracts/fleet.py``.
+The contract file itself never names a backend.
 """
 
 from __future__ import annotations
@@ -12,135 +22,348 @@ import time
 import uuid
 from collections.abc import Collection, Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+import dramatiq
 import pytest
 from psycopg_pool import ConnectionPool
 
+from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
-from actors.rabbitmq_queue import RabbitMqJobRepository, RabbitMqJobWakeup, RabbitMqQueueOptions
+from actors.drive import reap_once
+from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
-from actors.topology import Topology
+from actors.steps import StepRunner
+from actors.topology import QueueNames, Topology
+from actors.worker import LANE_PRIORITY, LaneWorker
 from store.dispatch import DispatchRecords
+from store.drive import Work, claim_next
 from store.jobs import PostgresJobRepository
+from store.memory import MemoryJobRepository
+from store.memory_records import MemoryDispatchRecords
 from store.notify import PostgresJobReadyNotifier
+from store.operations import OperationsStore
 from tests.amqp_fixtures import Amqp
+from tests.contracts.fleet import (
+    HANDLERS,
+    Deliveries,
+    FleetRepository,
+    PointerWakeup,
+    TakenClaims,
+    Workers,
+)
 from workflows.dispatch import Lane, WaitTiers
 from workflows.job import LeasePolicy
 from workflows.protocol.kinds import STEP_KINDS
-from workflows.queue import Job, JobReadyNotifier, JobRepository
+from workflows.queue import (
+    EnqueueRequest,
+    Job,
+    JobReadyNotifier,
+    JobRepository,
+    JsonObject,
+    ReapResult,
+)
 
-# "postgres+outbox" is the PostgreSQL backend with dispatch generations and the outbox on (what
-# the RabbitMQ backend's record store runs): the same promises must hold with them.
-BACKENDS = ["postgres", "postgres+outbox", "rabbitmq"]
-# The projects the contract file uses; the RabbitMQ backend gives each its dedicated queues.
-PROJECTS = ("proj-a", "proj-b")
+BACKENDS = ["rabbitmq", "postgres", "memory"]
 TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds=30)))
+# Dramatiq threads (and prefetch) of the RabbitMQ fleet: each step the contract holds keeps
+# one thread, and it holds up to 40 at once.
+FLEET_THREADS = 64
+DRAIN_GRACE_S = 5.0
 
 
 class Backend(Protocol):
     name: str
 
-    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository: ...
+    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
+        """The queue as the contract speaks it; ``leases``: the policy its enqueues use."""
+        ...
 
     def notifier(self) -> JobReadyNotifier: ...
 
-    def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
-        """Read the record store directly (PostgreSQL is the record on every backend)."""
+    def stall(self, owner: str) -> None:
+        """The worker ``owner`` froze: its heartbeat stops, its leases run out."""
         ...
 
+    # The record, read (and a clock moved) directly:
+    def make_due(self, job_id: uuid.UUID) -> None: ...
 
-class PostgresBackend:
-    name = "postgres"
+    def ledger(self, job_id: uuid.UUID) -> list[tuple[str, JsonObject]]:
+        """The job's ledger events, (kind, payload) in order."""
+        ...
 
-    def __init__(self, url: str, stack: ExitStack, *, dispatch: bool = False) -> None:
+    def gate_events(self, gate_id: uuid.UUID) -> list[str]:
+        """The domain events about the gate, their types in order."""
+        ...
+
+    def job_count(self, project_id: str) -> int: ...
+
+
+class PostgresRecord:
+    """Reads of the record store, which PostgreSQL is on both real backends."""
+
+    def __init__(self, url: str, stack: ExitStack) -> None:
         self.url = url
-        self.dispatch = dispatch
         self._stack = stack
         self.pool = stack.enter_context(
             ConnectionPool(url, min_size=1, max_size=24, open=True, kwargs={"autocommit": True})
         )
         self.pool.wait(timeout=30)
 
+    def sql(self, query: str, *params: object) -> list[tuple[Any, ...]]:
+        with self.pool.connection() as conn:
+            cur = conn.execute(query.encode(), params)
+            return cur.fetchall() if cur.description else []
+
+    def make_due(self, job_id: uuid.UUID) -> None:
+        self.sql("UPDATE job SET run_after = now() WHERE id = %s", job_id)
+
+    def ledger(self, job_id: uuid.UUID) -> list[tuple[str, JsonObject]]:
+        query = "SELECT kind, payload FROM ledger_event WHERE job_id = %s ORDER BY seq"
+        return [(str(kind), payload) for kind, payload in self.sql(query, job_id)]
+
+    def gate_events(self, gate_id: uuid.UUID) -> list[str]:
+        query = "SELECT event_type FROM domain_event WHERE payload->>'gate_id' = %s ORDER BY seq"
+        return [str(row[0]) for row in self.sql(query, str(gate_id))]
+
+    def job_count(self, project_id: str) -> int:
+        ((count,),) = self.sql("SELECT count(*) FROM job WHERE project_id = %s", project_id)
+        return int(count)
+
+
+class PostgresBackend(PostgresRecord):
+    """The drive loop: ``claim_next`` across the claimed project, ``run_claimed``."""
+
+    name = "postgres"
+
+    def __init__(self, url: str, stack: ExitStack) -> None:
+        super().__init__(url, stack)
+        self.jobs = PostgresJobRepository(pool=self.pool)
+        names = QueueNames("contract")
+
+        def runner(owner: str) -> StepRunner:
+            records = DispatchRecords(pool=self.pool, relay_id=owner)
+            return StepRunner(
+                jobs=self.jobs,
+                records=records,
+                broker=None,
+                names=names,
+                tiers=TIERS,
+                handlers=HANDLERS,
+                owner=owner,
+            )
+
+        self.workers = Workers(self.jobs, runner)
+        stack.callback(self.workers.close)
+        operations = OperationsStore(self.pool)
+        self.claims = TakenClaims(
+            self.workers,
+            take=self._take,
+            reap=lambda: reap_once(self.jobs, operations, "contract-reaper"),
+        )
+
+    def _take(
+        self, project_id: str, owner: str, limit: int, kinds: Collection[str] | None
+    ) -> list[Job]:
+        return claim_next(
+            self.pool, Work.of(kinds=kinds, projects=[project_id]), owner=owner, limit=limit
+        )
+
     def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
-        return PostgresJobRepository(pool=self.pool, leases=leases, dispatch=self.dispatch)
+        producer = PostgresJobRepository(pool=self.pool, leases=leases)
+        return FleetRepository(workers=self.workers, claims=self.claims, producer=producer)
 
     def notifier(self) -> JobReadyNotifier:
         notifier = PostgresJobReadyNotifier(url=self.url)
         self._stack.callback(notifier.close)
         return notifier
 
-    def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
-        with self.pool.connection() as conn:
-            cur = conn.execute(query.encode(), params)
-            return cur.fetchall() if cur.description else []
+    def stall(self, owner: str) -> None:
+        self.workers.stall(owner)
 
 
-class RabbitMqBackend(PostgresBackend):
-    """Dispatch on RabbitMQ: a relay publishes each commit's pointers; ``claim`` takes the
-    project's buffered deliveries and makes the fenced pointer claim."""
+class RabbitMqBackend(PostgresRecord):
+    """The fleet: outbox and relay, RabbitMQ, the Dramatiq consumer and actors, the runner."""
 
     name = "rabbitmq"
 
     def __init__(self, url: str, amqp: Amqp, stack: ExitStack) -> None:
-        super().__init__(url, stack, dispatch=True)
-        connection = amqp.connect()
+        super().__init__(url, stack)
+        names = amqp.names
         tiers = dict(zip(TIERS.names, TIERS.tiers, strict=True))
-        topology = Topology(
-            amqp.names, tiers, [lane.value for lane in Lane], dedicated_projects=PROJECTS
-        )
+        lanes = [lane.value for lane in Lane]
+        topology = Topology(names, tiers, lanes)
+        connection = amqp.connect()
         caps = detect(connection)
-        channel = amqp.channel(connection)
-        topology.declare(channel, caps)
-        for project in PROJECTS:
-            for lane in Lane:
-                topology.declare_dedicated(channel, caps, lane.value, project)
-        self.amqp = amqp
+        topology.declare(amqp.channel(connection), caps)  # recorded: the teardown deletes it
         self.records = DispatchRecords(pool=self.pool, relay_id=f"relay-{uuid.uuid4().hex[:8]}")
-        router = Router(names=amqp.names, tiers=TIERS, dedicated=PROJECTS, kinds=STEP_KINDS)
+        router = Router(names=names, tiers=TIERS, kinds=STEP_KINDS)
         self.relay = Relay(url=amqp.url, records=self.records, router=router)
-        self.relay.start()
-        stack.callback(self.relay.stop)
-        self._latest: RabbitMqJobRepository | None = None
+        self.jobs = self._producer(None)
+        self.broker = VibeyBroker(
+            url=amqp.url,
+            dead_exchange=names.dead_exchange,
+            declare=lambda channel: topology.declare(channel, caps),
+        )
 
-    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
-        jobs = PostgresJobRepository(
+        def runner(owner: str) -> StepRunner:
+            return StepRunner(
+                jobs=self.jobs,
+                records=self.records,
+                broker=self.broker,
+                names=names,
+                tiers=TIERS,
+                handlers=HANDLERS,
+                owner=owner,
+            )
+
+        self.workers = Workers(self.jobs, runner)
+        reconciler = Reconciler(
+            jobs=self.jobs, records=self.records, relay=self.relay, url=amqp.url, names=names
+        )
+        self.deliveries = Deliveries(self.workers, reap=lambda: _reconciled(reconciler))
+        queues = {}
+        for lane in lanes:
+            queue = names.work_queue(lane)
+            queues[queue] = FLEET_THREADS
+            dramatiq.Actor(
+                self.deliveries.actor,
+                broker=self.broker,
+                actor_name=step_actor_name(queue),
+                queue_name=queue,
+                priority=LANE_PRIORITY[lane],
+                options={"max_retries": 0},
+            )
+        worker = LaneWorker(self.broker, prefetch=queues, worker_threads=FLEET_THREADS)
+        # Torn down in reverse: the held steps settle and the waiting pointers return first.
+        stack.callback(self.relay.stop)
+        stack.callback(reconciler.stop)
+        stack.callback(self.broker.close)
+        stack.callback(worker.drain, DRAIN_GRACE_S)
+        stack.callback(self.workers.close)
+        stack.callback(self.deliveries.close)
+        self.relay.start()
+        worker.start()
+
+    def _producer(self, leases: LeasePolicy | None) -> PostgresJobRepository:
+        return PostgresJobRepository(
             pool=self.pool,
             leases=leases,
             dispatch=True,
             relay_id=self.records.relay_id,
             after_commit=self.relay.submit,
         )
-        repo = RabbitMqJobRepository(
-            jobs=jobs,
-            records=self.records,
-            relay=self.relay,
-            url=self.amqp.url,
-            names=self.amqp.names,
-            tiers=TIERS,
-            projects=PROJECTS,
-            # A claimer holds at most `prefetch` deliveries at once (held until settled); the
-            # contract holds up to 40 claims unsettled, so the harness allows 64.
-            options=RabbitMqQueueOptions(prefetch=64, first_claim_wait=timedelta(milliseconds=500)),
+
+    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
+        return FleetRepository(
+            workers=self.workers, claims=self.deliveries, producer=self._producer(leases)
         )
-        self._stack.callback(repo.close)
-        self._latest = repo
-        return repo
 
     def notifier(self) -> JobReadyNotifier:
-        repo = self._latest or self.repo()
-        assert isinstance(repo, RabbitMqJobRepository)
-        return RabbitMqJobWakeup(repo)
+        return _Borrowed(self.deliveries)
+
+    def stall(self, owner: str) -> None:
+        self.workers.stall(owner)
+
+
+class MemoryBackend:
+    """The fakes: ``MemoryJobRepository`` (dispatching, its pointers waking the wakeup),
+    ``MemoryDispatchRecords``, the runner as on the drive loop."""
+
+    name = "memory"
+
+    def __init__(self, stack: ExitStack) -> None:
+        self.wakeup = PointerWakeup()
+        self.jobs = MemoryJobRepository(dispatch=True, after_commit=self.wakeup.submit)
+        records = MemoryDispatchRecords(self.jobs)
+        names = QueueNames("contract")
+
+        def runner(owner: str) -> StepRunner:
+            return StepRunner(
+                jobs=self.jobs,
+                records=records,
+                broker=None,
+                names=names,
+                tiers=TIERS,
+                handlers=HANDLERS,
+                owner=owner,
+            )
+
+        self.workers = Workers(self.jobs, runner)
+        stack.callback(self.workers.close)
+        self.claims = TakenClaims(
+            self.workers,
+            take=lambda project, owner, limit, kinds: self.jobs.claim(
+                project, owner=owner, limit=limit, kinds=kinds
+            ),
+            reap=self.jobs.reap,
+        )
+
+    def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
+        def with_lease(request: EnqueueRequest) -> EnqueueRequest:
+            # One fake holds the record, so a policy travels as each request's lease.
+            if leases is None:
+                return request
+            return replace(request, lease=leases.lease_for(request.kind, request.lease))
+
+        return FleetRepository(
+            workers=self.workers,
+            claims=self.claims,
+            producer=self.jobs,
+            prepare=with_lease,
+        )
+
+    def notifier(self) -> JobReadyNotifier:
+        return self.wakeup
+
+    def stall(self, owner: str) -> None:
+        self.workers.stall(owner)
+
+    def make_due(self, job_id: uuid.UUID) -> None:
+        with self.jobs.lock:
+            job = self.jobs.state.jobs[job_id]
+            self.jobs.state.jobs[job_id] = replace(job, run_after=self.jobs.clock())
+
+    def ledger(self, job_id: uuid.UUID) -> list[tuple[str, JsonObject]]:
+        return [(e.kind, e.payload) for e in self.jobs.ledger if e.job_id == job_id]
+
+    def gate_events(self, gate_id: uuid.UUID) -> list[str]:
+        return [e.type for e in self.jobs.events if e.payload.get("gate_id") == str(gate_id)]
+
+    def job_count(self, project_id: str) -> int:
+        return sum(1 for job in self.jobs.state.jobs.values() if job.project_id == project_id)
+
+
+class _Borrowed:
+    """The deliveries as a notifier whose ``close`` leaves them to the backend."""
+
+    def __init__(self, deliveries: Deliveries) -> None:
+        self._deliveries = deliveries
+
+    def wait(self, project_id: str, timeout: float) -> bool:
+        return self._deliveries.wait(project_id, timeout)
+
+    def close(self) -> None:
+        """The backend closes the deliveries."""
+
+
+def _reconciled(reconciler: Reconciler) -> ReapResult:
+    report = reconciler.run_once()
+    return ReapResult(requeued=report.requeued, parked=report.parked + report.dead_letters_parked)
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Backend]:
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     with ExitStack() as stack:
-        if request.param in ("postgres", "postgres+outbox"):
-            yield PostgresBackend(pg_url, stack, dispatch=request.param == "postgres+outbox")
+        if request.param == "postgres":
+            yield PostgresBackend(request.getfixturevalue("pg_url"), stack)
         elif request.param == "rabbitmq":
+            pg_url = request.getfixturevalue("pg_url")
             yield RabbitMqBackend(pg_url, request.getfixturevalue("amqp"), stack)
+        elif request.param == "memory":
+            yield MemoryBackend(stack)
         else:  # pragma: no cover - a new backend must be added here
             pytest.fail(f"unknown backend {request.param}")
 

@@ -1,6 +1,9 @@
 """The job-queue contract, written once and run against every backend (see conftest.py).
 
 Each test states one promise of :mod:`workflows.queue` and checks it against the record store.
+A claim is a worker's: the job its step runner took; a settle is that step's outcome
+(``tests/contracts/fleet.py``). A lease runs out only when its worker stops beating
+(:func:`stall`): a worker that runs keeps its leases however long its steps take.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def req(
     return EnqueueRequest(project_id=project, kind=kind, subject=subject, **kw)
 
 
-def expire(lease_policy: LeasePolicy = SHORT) -> None:
+def stall(backend: Backend, owner: str, lease_policy: LeasePolicy = SHORT) -> None:
+    """The worker ``owner`` freezes (its heartbeat stops) until its leases ran out."""
+    backend.stall(owner)
     time.sleep(lease_policy.default.total_seconds() + 0.15)
 
 
@@ -202,6 +207,18 @@ def test_heartbeat_extends_the_lease(backend: Backend) -> None:
     assert repo.ack(held.lease).applied  # 0.6 s after the claim, on a 0.3 s lease
 
 
+def test_a_running_worker_keeps_its_lease_however_long_its_step_takes(backend: Backend) -> None:
+    repo = backend.repo(leases=SHORT)
+    repo.enqueue(req("long"))
+    (held,) = claim_n(repo, P, owner="w")
+    time.sleep(SHORT.default.total_seconds() * 3)  # no beat from the test: the worker's own
+    assert repo.reap().requeued == 0
+    job = repo.get(held.id)
+    assert job is not None and job.lease_expires_at is not None
+    assert held.lease_expires_at is not None and job.lease_expires_at > held.lease_expires_at
+    assert repo.ack(held.lease).applied
+
+
 def test_every_fenced_write_refuses_a_wrong_token(backend: Backend) -> None:
     repo = backend.repo()
     repo.enqueue(req("fenced"))
@@ -217,7 +234,7 @@ def test_every_fenced_write_refuses_an_expired_lease(backend: Backend) -> None:
     repo = backend.repo(leases=SHORT)
     repo.enqueue(req("expired"))
     (held,) = claim_n(repo, P, owner="w")
-    expire()
+    stall(backend, "w")
     assert_all_writes_refused(repo, held.lease)
     after = repo.get(held.id)
     assert after is not None and after.state is JobState.LEASED and after.max_attempts == 5
@@ -229,9 +246,9 @@ def test_a_reclaimed_job_refuses_its_previous_holder_even_with_the_same_owner(
     repo = backend.repo(leases=SHORT)
     repo.enqueue(req("aba"))
     (first,) = claim_n(repo, P, owner="w")
-    expire()
+    stall(backend, "w")
     assert repo.reap().requeued == 1
-    (second,) = claim_n(repo, P, owner="w")  # the same owner name, a new grant
+    (second,) = claim_n(repo, P, owner="w")  # the same owner name (restarted), a new grant
     assert second.id == first.id and second.attempts == 2
     assert not repo.ack(first.lease, result={"from": "first"}).applied
     assert repo.ack(second.lease, result={"from": "second"}).applied
@@ -282,7 +299,7 @@ def test_nack_backs_off_then_fails_at_max_attempts(backend: Backend) -> None:
     assert backed_off.run_after - backed_off.updated_at >= timedelta(seconds=3)
     assert claim_none(repo, P, owner="w") == []
     # The explicit retry_in overrides the backoff.
-    backend.sql("UPDATE job SET run_after = now() WHERE id = %s", job.id)
+    backend.make_due(job.id)
     (again,) = claim_n(repo, P, owner="w")
     last = repo.nack(
         again.lease, error="boom", failure_class=FailureClass.WORK, retry_in=timedelta(0)
@@ -407,7 +424,7 @@ def test_reap_returns_expired_leases_and_spares_live_ones(backend: Backend) -> N
     long_.enqueue(req("lives", kind="build.implement"))
     held = claim_n(short, P, owner="w", n=2)
     assert len(held) == 2
-    expire()
+    stall(backend, "w")
     result = short.reap()
     assert (result.requeued, result.parked) == (1, 0)
     states = {j.subject: j.state for j in (short.get(h.id) for h in held) if j is not None}
@@ -422,7 +439,7 @@ def test_reap_parks_a_job_whose_deliveries_are_spent_and_each_answer_buys_one(
     for attempt in (1, 2):
         (held,) = claim_n(repo, P, owner=f"w{attempt}")
         assert held.attempts == attempt
-        expire()
+        stall(backend, f"w{attempt}")
         result = repo.reap()
         assert (result.requeued, result.parked) == ((1, 0) if attempt == 1 else (0, 1))
     parked = repo.get(job.id)
@@ -432,20 +449,9 @@ def test_reap_parks_a_job_whose_deliveries_are_spent_and_each_answer_buys_one(
     assert repo.answer_gate(gate.id, answer="retry", answered_by="ops").applied
     (third,) = claim_n(repo, P, owner="w3")
     assert third.attempts == 3
-    expire()
+    stall(backend, "w3")
     assert repo.reap().parked == 1  # exactly one more delivery was bought
     assert len(repo.open_gates(P)) == 1
-
-
-def ledgered(backend: Backend, job_id: uuid.UUID) -> list[tuple[object, ...]]:
-    """The job's ledger events: (kind, payload), in seq order."""
-    query = "SELECT kind, payload FROM ledger_event WHERE job_id = %s ORDER BY seq"
-    return backend.sql(query, job_id)
-
-
-def gate_events(backend: Backend, gate_id: uuid.UUID) -> list[object]:
-    query = "SELECT event_type FROM domain_event WHERE payload->>'gate_id' = %s ORDER BY seq"
-    return [row[0] for row in backend.sql(query, str(gate_id))]
 
 
 def test_a_parked_jobs_gate_and_its_answer_are_ledgered(backend: Backend) -> None:
@@ -461,29 +467,29 @@ def test_a_parked_jobs_gate_and_its_answer_are_ledgered(backend: Backend) -> Non
         "answers": ["yes"],
         "job_id": str(job.id),
     }
-    assert ledgered(backend, job.id) == [("QuestionAsked", asked)]
+    assert backend.ledger(job.id) == [("QuestionAsked", asked)]
     assert repo.answer_gate(gate_id.gate_id, answer="maybe", answered_by="ann").status is (
         AnswerStatus.INVALID_ANSWER
     )
-    assert len(ledgered(backend, job.id)) == 1  # a refused answer writes nothing
+    assert len(backend.ledger(job.id)) == 1  # a refused answer writes nothing
     assert repo.answer_gate(gate_id.gate_id, answer="yes", answered_by="ann").applied
     answer = {"closes": f"gate:{gate_id.gate_id}", "answer": "yes", "by": "ann"}
-    assert ledgered(backend, job.id) == [("QuestionAsked", asked), ("AnswerGiven", answer)]
+    assert backend.ledger(job.id) == [("QuestionAsked", asked), ("AnswerGiven", answer)]
 
 
 def test_a_gate_the_reaper_opens_is_announced_and_ledgered(backend: Backend) -> None:
     repo = backend.repo(leases=SHORT)
     job = repo.enqueue(req("poison", max_attempts=1)).job
     claim_n(repo, P, owner="w")
-    expire()
+    stall(backend, "w")
     assert repo.reap().parked == 1
     (gate,) = repo.open_gates(P)
-    assert gate_events(backend, gate.id) == ["gate.opened"]
-    ((kind, payload),) = ledgered(backend, job.id)
-    assert kind == "QuestionAsked" and payload["id"] == f"gate:{gate.id}"  # type: ignore[index]
-    assert payload["kind"] == DELIVERY_EXHAUSTED  # type: ignore[index]
+    assert backend.gate_events(gate.id) == ["gate.opened"]
+    ((kind, payload),) = backend.ledger(job.id)
+    assert kind == "QuestionAsked" and payload["id"] == f"gate:{gate.id}"
+    assert payload["kind"] == DELIVERY_EXHAUSTED
     assert repo.answer_gate(gate.id, answer="retry", answered_by="ops").applied
-    assert [k for k, _ in ledgered(backend, job.id)] == ["QuestionAsked", "AnswerGiven"]
+    assert [k for k, _ in backend.ledger(job.id)] == ["QuestionAsked", "AnswerGiven"]
 
 
 # -- reads -----------------------------------------------------------------------------------
@@ -531,7 +537,7 @@ def test_idempotent_enqueue_under_concurrency(backend: Backend) -> None:
         views = list(pool.map(client, range(threads)))
     assert all(view == views[0] for view in views)
     assert len(set(views[0].values())) == keys
-    assert backend.sql("SELECT count(*) FROM job WHERE project_id = %s", P) == [(keys,)]
+    assert backend.job_count(P) == keys
 
 
 def test_enqueue_wakes_a_waiting_worker(backend: Backend) -> None:

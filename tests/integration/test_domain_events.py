@@ -228,7 +228,6 @@ def test_the_event_service_expires_a_two_second_gate_and_publishes_what_happened
     events = EventLog(pool=pool)
     publisher = EventPublisher(url=amqp.url, events=events, exchange=exchange)
     service = EventService(
-        pg_url=pg_url,
         publisher=publisher,
         sweep=GateDeadlines(pool=pool, workflows=store).sweep,
         interval=0.2,

@@ -41,13 +41,20 @@ import pika.exceptions
 import pytest
 
 from actors.capabilities import detect
-from actors.deliveries import REASON_HEADER
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.steps import StepResult
+from actors.topology import REASON_HEADER
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from tests.commit_audit import COMMIT_AUDIT
 from tests.unit.test_dispatch import MALFORMED, MORE_MALFORMED
-from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, WaitTiers, encode
+from workflows.dispatch import MAX_ENVELOPE_BYTES, DispatchEnvelope, encode
 from workflows.job import FailureClass
 from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import EnqueueRequest, Job
@@ -99,12 +106,12 @@ def errors() -> Iterator[ErrorLog]:
 @pytest.fixture
 def runtime(pg_url: str, amqp: Amqp, errors: ErrorLog) -> Iterator[Runtime]:
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=WaitTiers.from_seconds(TIERS_S),
-        threads=4,
-        reconcile_interval=timedelta(seconds=1),
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            rabbitmq=RabbitMqSettings(wait_tiers_seconds=TIERS_S, reconcile_interval_seconds=1)
+        ),
+        worker=WorkerSettings(threads=4),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # recorded: cleanup
@@ -147,7 +154,10 @@ def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
 
 def all_queues(runtime: Runtime) -> list[str]:
     names = runtime.config.names
-    return [*runtime.config.queues(), *(names.tier_queue(t) for t in runtime.config.tiers.names)]
+    return [
+        *runtime.config.queues(),
+        *(names.tier_queue(t) for t in runtime.config.queue.rabbitmq.wait_tiers.names),
+    ]
 
 
 class Publisher:

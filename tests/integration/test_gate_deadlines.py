@@ -16,14 +16,14 @@ from store.events import EventLog
 from store.gate_deadlines import GateDeadlines
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
-from store.unit_of_work import UnitOfWork
 from store.workflows import WorkflowStore
 from tests.deadline_definition import Deadlined
 from tests.tiny_definition import Tiny
 from workflows.engine import Registry, Status
 from workflows.events import DEFAULT_BY, EventType
 from workflows.ledger import EventKind
-from workflows.queue import AnswerStatus, EnqueueRequest, GateRequest, Settled
+from workflows.queue import AnswerStatus, EnqueueRequest, GateRequest
+from workflows.steps import Success
 
 
 def stores(pool: ConnectionPool, definition: Deadlined) -> tuple[WorkflowStore, Ledger]:
@@ -213,11 +213,7 @@ def test_an_answer_before_its_gate_opens_is_refused_then_applied_once(
     assert len(store.history(started.id)) == 1 and len(types_of(pool, "early")) == events_before
     (job,) = jobs.claim("early", owner="t")
 
-    def settle(unit: UnitOfWork) -> Settled:
-        return jobs.ack_txn(unit, job.lease, result={})
-
-    with jobs.units.begin() as unit:
-        store.settle_txn(unit, job, settle, result={})
+    assert store.settle(job, Success()).applied
     refused = store.answer_named(started.id, "g", "maybe", by="link")
     assert refused.status is AnswerStatus.INVALID_ANSWER and "valid" in refused.detail
     recorded = len(store.history(started.id)), len(types_of(pool, "early"))

@@ -6,12 +6,14 @@ the drain when the process stops in between."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings, QueueSettings, RabbitMqSettings
 from actors.steps import CrashPoint, StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
@@ -25,13 +27,22 @@ HANDLERS: Handlers = {
 }
 
 
-def runtime_of(pg_url: str, amqp: Amqp, **given: Any) -> Runtime:
+def runtime_of(pg_url: str, amqp: Amqp, in_place_steps: int) -> Runtime:
     """A worker's parts, not started: the test delivers pointers by calling the runner."""
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix, **given)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(in_place_steps=in_place_steps)),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()
-    return Runtime(config, handlers=HANDLERS, owner="in-place")
+    runtime = Runtime(config, handlers=HANDLERS, owner="in-place")
+    # A chain's bound under test is its steps: its time budget (250 ms) is what a loaded box
+    # would cut first, and those tests count steps.
+    if runtime.runner._in_place is not None:
+        runtime.runner._in_place = replace(runtime.runner._in_place, budget=60.0)
+    return runtime
 
 
 @pytest.fixture

@@ -242,7 +242,7 @@ BOTH = '[[fleet.pools]]\nname = "all"\nlanes = ["interactive", "build"]\n'
         (BOTH.replace('"all"', '"All"'), "", "must be a DNS label"),
         (BOTH + "threads = 0\n", "", "threads must be a whole number of at least 1"),
         (BOTH + "replicas = 3\n", "", "unknown key 'replicas'"),
-        (BOTH, "[queue]\nbackend = 'kafka'\n", "unknown queue backend 'kafka'"),
+        (BOTH, "[queue]\nbackend = 'kafka'\n", "backend 'kafka' is not one of rabbitmq, postgres"),
         (BOTH + '[[fleet.pools]]\nname = "f"\nlanes = ["fast"]\n', "", "unknown lane 'fast'"),
     ],
 )
@@ -519,7 +519,7 @@ def test_the_pods_grace_is_the_drain_grace_the_processes_read(rendered):
 
 
 def _with_urls(settings, env):
-    from dataclasses import replace
+    from vibey.settings import replace
 
     database = replace(settings.database, url=env["VIBEY_PG_URL"])
     bus = replace(settings.bus, amqp_url=env["VIBEY_AMQP_URL"])

@@ -15,6 +15,13 @@ from datetime import timedelta
 import pytest
 
 from actors.capabilities import detect
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.worker import LANE_PRIORITY, Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import WaitTiers
@@ -57,7 +64,10 @@ class Starts:
 @pytest.fixture
 def worker(pg_url: str, amqp: Amqp) -> Iterator[tuple[Runtime, Starts]]:
     config = WorkerConfig(
-        pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix, tiers=TIERS, threads=THREADS
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(wait_tiers_seconds=TIERS.seconds)),
+        worker=WorkerSettings(threads=THREADS),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # recorded: cleanup
@@ -82,11 +92,21 @@ def test_the_interactive_actor_outranks_the_build_actor() -> None:
 
 
 def test_a_process_serving_both_lanes_keeps_a_thread_for_the_interactive_one() -> None:
-    both = WorkerConfig(pg_url="", amqp_url="", prefix="v", threads=8)
+    both = WorkerConfig(
+        bus=BusSettings(prefix="v"),
+        worker=WorkerSettings(threads=8),
+    )
     assert both.prefetch_by_queue() == {"v.jobs.interactive": 8, "v.jobs.build": 7}
-    build_only = WorkerConfig(pg_url="", amqp_url="", prefix="v", threads=8, lanes=("build",))
+    build_only = WorkerConfig(
+        bus=BusSettings(prefix="v"),
+        worker=WorkerSettings(threads=8, lanes=("build",)),
+    )
     assert build_only.prefetch_by_queue() == {"v.jobs.build": 8}
-    one = WorkerConfig(pg_url="", amqp_url="", prefix="v", threads=1, prefetch=4)
+    one = WorkerConfig(
+        bus=BusSettings(prefix="v"),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(prefetch=4)),
+        worker=WorkerSettings(threads=1),
+    )
     assert one.prefetch_by_queue() == {"v.jobs.interactive": 4, "v.jobs.build": 4}
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from actors import metrics
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.worker import WorkerConfig
 from store.operations import OperationsStore
 from store.pool import open_pool
@@ -74,7 +75,10 @@ def exporter(
 
 @pytest.fixture
 def dead_queue(pg_url: str, amqp: Amqp) -> str:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()

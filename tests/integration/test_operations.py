@@ -11,9 +11,10 @@ import pika
 import psycopg
 
 from actors.capabilities import detect
-from actors.deliveries import DETAIL_HEADER, REASON_HEADER
+from actors.config import BusSettings, DatabaseSettings
 from actors.reconcile import Reconciler
 from actors.relay import Relay, Router
+from actors.topology import DETAIL_HEADER, REASON_HEADER
 from actors.worker import WorkerConfig
 from store.dispatch import DispatchRecords
 from store.jobs import PostgresJobRepository
@@ -25,7 +26,10 @@ from workflows.queue import EnqueueRequest
 
 
 def _declared(pg_url: str, amqp: Amqp) -> WorkerConfig:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()

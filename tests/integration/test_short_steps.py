@@ -13,6 +13,13 @@ from uuid import UUID
 import pytest
 
 from actors.capabilities import detect
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.steps import CrashPoint, StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
@@ -44,11 +51,10 @@ class CrashAfterWork:
 @pytest.fixture
 def runtime(pg_url: str, amqp: Amqp) -> Iterator[Runtime]:
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        threads=2,
-        reconcile_interval=timedelta(seconds=1),
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(reconcile_interval_seconds=1)),
+        worker=WorkerSettings(threads=2),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
@@ -91,7 +97,10 @@ def test_a_short_failure_counts_its_attempts(runtime: Runtime) -> None:
 
 
 def test_a_crash_before_the_commit_leaves_the_job_as_it_was(pg_url: str, amqp: Amqp) -> None:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     runtime = Runtime(config, handlers=HANDLERS, owner="crashing")  # not started: no consumer

@@ -13,8 +13,15 @@ import pika
 import pytest
 
 from actors.capabilities import detect
-from actors.deliveries import REASON_HEADER
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.steps import StepResult
+from actors.topology import REASON_HEADER
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
 from workflows.dispatch import DispatchEnvelope, WaitTiers, encode
@@ -40,12 +47,14 @@ HANDLERS: Handlers = {
 @pytest.fixture
 def runtime(pg_url: str, amqp: Amqp) -> Iterator[Runtime]:
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=TIERS,
-        threads=4,
-        reconcile_interval=timedelta(seconds=1),
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            rabbitmq=RabbitMqSettings(
+                wait_tiers_seconds=TIERS.seconds, reconcile_interval_seconds=1
+            )
+        ),
+        worker=WorkerSettings(threads=4),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # recorded: cleanup

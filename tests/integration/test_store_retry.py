@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 from actors import outage
 from actors.broker import VibeyBroker
 from actors.capabilities import detect
+from actors.config import BusSettings, QueueSettings, RabbitMqSettings
 from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames
 from actors.worker import WorkerConfig
@@ -323,7 +324,10 @@ def test_a_commit_cut_off_while_postgresql_is_down_hands_its_pointers_on(
 
 
 def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, amqp: Amqp) -> None:
-    config = WorkerConfig(pg_url="", amqp_url=amqp.url, prefix=amqp.prefix, tiers=TIERS)
+    config = WorkerConfig(
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(wait_tiers_seconds=TIERS.seconds)),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     broker = VibeyBroker(
@@ -365,7 +369,10 @@ def test_a_re_delay_whose_broker_connection_died_reconnects_and_loses_nothing(
 ) -> None:
     """A thread that waited on PostgreSQL past the broker's heartbeat timeout finds its
     connection gone: the re-delay opens a new one instead of dropping the pointer."""
-    config = WorkerConfig(pg_url="", amqp_url=amqp.url, prefix=amqp.prefix, tiers=TIERS)
+    config = WorkerConfig(
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(rabbitmq=RabbitMqSettings(wait_tiers_seconds=TIERS.seconds)),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     broker = VibeyBroker(

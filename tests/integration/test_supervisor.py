@@ -6,13 +6,18 @@ from __future__ import annotations
 import threading
 import time
 
-from actors.worker import RESPAWN_MAX_S, Supervisor, WorkerConfig
+from actors.config import BusSettings, DatabaseSettings
+from actors.fleet import RESPAWN_MAX_S, Supervisor
+from actors.worker import WorkerConfig
 from tests.amqp_fixtures import Amqp
 
 
 def test_the_respawn_delay_doubles_for_quick_error_exits_only() -> None:
     supervisor = Supervisor(
-        WorkerConfig(pg_url="postgresql://x/y", amqp_url="amqp://x"), processes=1
+        WorkerConfig(
+            database=DatabaseSettings(url="postgresql://x/y"), bus=BusSettings(amqp_url="amqp://x")
+        ),
+        processes=1,
     )
     delays = [supervisor._respawn_delay(0, 1, now=1.0) for _ in range(8)]
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, RESPAWN_MAX_S, RESPAWN_MAX_S]
@@ -24,7 +29,9 @@ def test_the_respawn_delay_doubles_for_quick_error_exits_only() -> None:
 def test_a_fleet_that_cannot_start_does_not_spin(pg_url: str, amqp: Amqp) -> None:
     # A worker that fails at start: its crash points cannot be imported.
     config = WorkerConfig(
-        pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix, crash_points="tests.nowhere:X"
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        crash_points="tests.nowhere:X",
     )
     supervisor = Supervisor(config, processes=1)
     fleet = threading.Thread(target=supervisor.run, daemon=True)

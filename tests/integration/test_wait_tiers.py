@@ -35,6 +35,13 @@ import pika
 import pytest
 
 from actors.capabilities import detect
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkerSettings,
+)
 from actors.steps import StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
@@ -91,12 +98,14 @@ def starts() -> Starts:
 @pytest.fixture
 def runtime(pg_url: str, amqp: Amqp, starts: Starts) -> Iterator[Runtime]:
     config = WorkerConfig(
-        pg_url=pg_url,
-        amqp_url=amqp.url,
-        prefix=amqp.prefix,
-        tiers=TIERS,
-        threads=THREADS,
-        reconcile_interval=timedelta(seconds=1),
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+        queue=QueueSettings(
+            rabbitmq=RabbitMqSettings(
+                wait_tiers_seconds=TIERS.seconds, reconcile_interval_seconds=1
+            )
+        ),
+        worker=WorkerSettings(threads=THREADS),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # recorded: cleanup

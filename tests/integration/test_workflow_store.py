@@ -16,13 +16,13 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from store.jobs import PostgresJobRepository
-from store.unit_of_work import UnitOfWork
 from store.workflows import WorkflowNotFound, WorkflowStore
 from tests import tiny_definition
 from tests.tiny_definition import Tiny
 from workflows.engine import Registry, Status, StepSucceeded
 from workflows.job import TIMER_KIND, FailureClass, JobState
-from workflows.queue import AnswerStatus, Job, Settled
+from workflows.queue import AnswerStatus, Job
+from workflows.steps import Failure, Success
 
 
 @pytest.fixture
@@ -49,24 +49,14 @@ def claim_one(jobs: PostgresJobRepository, project: str) -> Job:
 
 
 def succeed(store: WorkflowStore, jobs: PostgresJobRepository, job: Job) -> None:
-    def settle(unit: UnitOfWork) -> Settled:
-        return jobs.ack_txn(unit, job.lease, result={"ok": True})
-
-    with jobs.units.begin() as unit:
-        settled = store.settle_txn(unit, job, settle, result={"ok": True})
-    assert settled.applied
+    assert store.settle(job, Success({"ok": True})).applied
 
 
 def fail(store: WorkflowStore, jobs: PostgresJobRepository, job: Job, detail: str) -> None:
     """A failed attempt (a work failure, retried at once), settled as the step actor does."""
 
-    def settle(unit: UnitOfWork) -> Settled:
-        return jobs.nack_txn(
-            unit, job.lease, error=detail, failure_class=FailureClass.WORK, retry_in=timedelta(0)
-        )
-
     with jobs.units.begin() as unit:
-        store.settle_txn(unit, job, settle, failure=(FailureClass.WORK, detail))
+        store.settle_txn(unit, job, Failure(FailureClass.WORK, detail, retry_in=timedelta(0)))
 
 
 def gate_id(store: WorkflowStore, project: str, name: str = "g") -> UUID:
@@ -253,7 +243,7 @@ def test_cancel_stops_unfinished_steps_and_closes_gates(
 
     # The running step's settle finds its fence gone; the workflow absorbs nothing more.
     with jobs.units.begin() as unit:
-        settled = store.settle_txn(unit, running, lambda u: jobs.ack_txn(u, running.lease))
+        settled = store.settle_txn(unit, running, Success())
     assert not settled.applied
     after = store.record(wf.id, StepSucceeded(step="a"))
     assert after.status is Status.CANCELLED and after.last_seq == 3

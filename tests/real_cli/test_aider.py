@@ -38,6 +38,7 @@ from actors.agents.base import EngineTask, EngineVerdict
 from actors.agents.limits import UNKNOWN_RESET
 from actors.agents.roster import AgentSpec
 from actors.capabilities import detect
+from actors.config import BusSettings, DatabaseSettings
 from actors.worker import WorkerConfig
 from tests.acceptance.stack import Stack, stack
 from tests.amqp_fixtures import Amqp
@@ -288,7 +289,10 @@ work_items = [{ id = "a1", title = "one" }, { id = "a2", title = "two" }]
 
 @pytest.fixture
 def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
-    config = WorkerConfig(pg_url=pg_url, amqp_url=amqp.url, prefix=amqp.prefix)
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
+    )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
     connection.close()

@@ -506,14 +506,14 @@ def test_cancel_is_final() -> None:
 @pytest.mark.parametrize(
     ("name", "result", "message"),
     [
-        ("design.interview.0.0.0", {}, "has no 'questions'"),
+        ("design.interview.0.0.0", {}, "missing 'questions'"),
         (
             "design.interview.0.0.0",
             {"questions": [{"id": "", "question": "?", "answers": []}]},
             "'id'",
         ),
         ("design.interview.0.0.0", {"questions": [{"id": "a", "question": "?"}]}, "'answers'"),
-        ("design.interview.0.0.0", {"questions": "none"}, "list of objects"),
+        ("design.interview.0.0.0", {"questions": "none"}, "expected array, got string"),
     ],
 )
 def test_a_malformed_result_raises_a_clear_value_error(
@@ -530,11 +530,15 @@ def test_a_malformed_result_raises_a_clear_value_error(
     ("kind", "result", "message"),
     [
         ("build.decompose", {"work_items": [{"id": "a", "title": "A"}] * 2}, "distinct"),
-        ("build.implement", {"status": "stuck"}, "'status'"),
+        ("build.implement", {"status": "stuck"}, "result.status: 'stuck' is not one of"),
         ("build.implement", {"status": "ambiguous"}, "'question'"),
         ("build.verify", {"passed": False}, "'passed' must be true"),
         ("build.integrate", {"merged": []}, "'branch'"),
-        ("review.triage", {"findings": [{"id": "f", "text": "t", "ambiguous": "no"}]}, "true or"),
+        (
+            "review.triage",
+            {"findings": [{"id": "f", "text": "t", "ambiguous": "no"}]},
+            "ambiguous: expected boolean",
+        ),
         ("deploy.execute", {"deployed": True}, "'url'"),
         ("deploy.triage", {"failure": "gremlins"}, "'failure'"),
         ("deploy.route", {"route": "elsewhere"}, "'route'"),

@@ -96,3 +96,33 @@ def test_effort_saturates(effort: dict[str, tuple[str, ...]], level: str) -> Non
     at_or_below = [lv for lv in EFFORT_LEVELS[: rank + 1] if lv in effort]
     expected = at_or_below[-1] if at_or_below else next(lv for lv in EFFORT_LEVELS if lv in effort)
     assert flags == effort[expected]
+
+
+def test_the_catalog_names_every_cli_adapter_and_what_the_roster_reads_of_it() -> None:
+    from actors.agents.adapters import CLI_ADAPTERS
+    from actors.agents.catalog import ADAPTERS, CATALOG, RUN_VERBS, SERVICE_ADAPTERS
+
+    assert {a.name for a in CATALOG if a.binary} == set(CLI_ADAPTERS)
+    assert all(cls.adapter == name for name, cls in CLI_ADAPTERS.items())
+    assert ADAPTERS == ("claude-code", "codex", "gemini", "aider", "command", "scripted")
+    assert SERVICE_ADAPTERS == tuple(CLI_ADAPTERS) == tuple(RUN_VERBS)
+    (codex,) = parse_roster({"c": {"adapter": "codex"}}, "vibey.toml")
+    assert codex.binary == "codex"
+    assert codex.network == ("api.openai.com:443", "chatgpt.com:443")
+
+
+def test_the_roster_phases_and_levels_are_the_effort_ladders() -> None:
+    from actors.agents.roster import PHASES
+    from workflows.effort import Effort
+
+    assert EFFORT_LEVELS == ("TRIVIAL", "LOW", "STANDARD", "HIGH", "MAX")
+    assert PHASES == (
+        "design",
+        "visual_design",
+        "build",
+        "review",
+        "deploy_design",
+        "deploy_execute",
+        "deploy_review",
+    )
+    assert len(EFFORT_LEVELS) == len(Effort)

@@ -16,7 +16,7 @@ from actors.capabilities import (
     message_priorities,
 )
 from actors.relay import Router
-from actors.topology import QueueNames
+from actors.topology import QueueNames, consumer_timeout_problem
 from store.routes import StaticRoutes
 from store.unit_of_work import OutboxRow
 from vibey.setting_checks import setting_checks
@@ -119,6 +119,14 @@ def test_defaults_raise_nothing(tmp_path: Path) -> None:
 def test_a_consumer_timeout_not_above_the_longest_lease_is_reported(tmp_path: Path) -> None:
     (found,) = problems({"VIBEY_QUEUE_CONSUMER_TIMEOUT": "3600"}, tmp_path)
     assert "consumer_timeout_seconds (3600 s) is not above the longest lease (7200 s)" in found
+
+
+def test_the_consumer_timeout_must_be_above_the_longest_lease_not_equal_to_it() -> None:
+    hour = timedelta(hours=1)
+    assert consumer_timeout_problem(hour + timedelta(milliseconds=1), hour) is None
+    found = consumer_timeout_problem(hour, hour)
+    assert found is not None
+    assert "consumer_timeout_seconds (3600 s) is not above the longest lease (3600 s)" in found
 
 
 def test_the_poll_interval_is_inert_on_the_rabbitmq_backend(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from actors.agents import ROUTES, EngineTask, EngineVerdict, FakeEngine, ScriptedEngine
-from actors.agents.script import DEPLOY_FAILURES
 from actors.agents.scripted import ANSWERS
 from actors.worktrees import Workspace
 from workflows.protocol.kinds import STEP_KINDS
+from workflows.protocol.results import DEPLOY_FAILURES
 
 ENGINE_KINDS = sorted(k for k, v in STEP_KINDS.items() if v.phase is not None)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -11,11 +10,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from actors.worker import WorkerConfig
 from vibey.settings import (
     MAX_INTERVAL_SECONDS,
+    BusSettings,
     DatabaseNotConfigured,
+    DatabaseSettings,
     QueueBackendNotConfigured,
     RabbitMqSettings,
     Settings,
@@ -23,6 +25,7 @@ from vibey.settings import (
     WorkerSettings,
     check_project_ids,
     load_settings,
+    replace,
     split_list,
 )
 from vibey.wiring import worker_config
@@ -259,8 +262,8 @@ def test_load_settings_defaults_to_the_process_environment_and_cwd(
 
 def test_settings_are_frozen(empty_dir: Path) -> None:
     settings = load_settings({}, empty_dir)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.database.url = PG  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.database.url = PG
 
 
 # --- strictness and validation ----------------------------------------------------------------
@@ -282,10 +285,11 @@ def test_settings_are_frozen(empty_dir: Path) -> None:
     ],
 )
 def test_unknown_sections_and_keys_are_errors(tmp_path: Path, body: str, named: str) -> None:
-    write_toml(tmp_path, body)
+    path = write_toml(tmp_path, body)
     message = settings_error({}, tmp_path)
     assert named in message
     assert "known" in message
+    assert message.startswith(f"{path}: ")  # the file it is in
 
 
 def test_invalid_toml_is_an_error(tmp_path: Path) -> None:
@@ -739,11 +743,11 @@ def test_handlers_must_be_module_colon_attribute(empty_dir: Path, handlers: str)
 def test_worker_settings_check_what_replace_gives_them() -> None:
     """The CLI's flags reach the settings through ``replace``, and are checked the same way."""
     worker = WorkerSettings()
-    assert dataclasses.replace(worker, lanes=("build",)).lanes == ("build",)
+    assert replace(worker, lanes=("build",)).lanes == ("build",)
     with pytest.raises(SettingsError, match="unknown lane 'x'"):
-        dataclasses.replace(worker, lanes=("x",))
+        replace(worker, lanes=("x",))
     with pytest.raises(SettingsError, match="--threads"):
-        dataclasses.replace(worker, threads=0)
+        replace(worker, threads=0)
 
 
 @pytest.mark.parametrize(
@@ -794,35 +798,24 @@ workspace = "/srv/vibey"
 
 def test_worker_config_maps_every_setting(tmp_path: Path) -> None:
     write_toml(tmp_path, WIRED_TOML)
-    config = worker_config(load_settings({}, tmp_path), projects=["solo"])
-    assert config == WorkerConfig(
-        pg_url=PG,
-        amqp_url=AMQP,
-        prefix="wired",
-        lanes=("build",),
-        projects=("solo",),
-        dedicated_projects=("big",),
-        tiers=WaitTiers.from_seconds([2, 20]),
-        leases=LeasePolicy().with_overrides({"default": timedelta(seconds=45)}),
-        threads=3,
-        prefetch=5,
-        delivery_limit=7,
-        consumer_timeout=timedelta(seconds=9000),
-        reconcile_interval=timedelta(seconds=11),
-        redispatch_after=timedelta(seconds=99),
-        reclaim_after=timedelta(seconds=33),
-        handlers="actors.handlers:build_handlers",
-        definitions="tests.acceptance.tiny_definition:DEFINITIONS",
-        workspace="/srv/vibey",
-        engine_command=("my-agent", "--fast"),
-        engine_timeout=timedelta(seconds=600),
-    )
+    settings = load_settings({}, tmp_path)
+    config = worker_config(settings, projects=["solo"])
+    assert config.model_dump(include=set(Settings.model_fields)) == settings.model_dump()
+    assert (config.projects, config.drain_grace) == (("solo",), timedelta(hours=2))
+    assert (config.pg_url, config.amqp_url) == (PG, AMQP)
+    assert config.queue.lease == LeasePolicy().with_overrides({"default": timedelta(seconds=45)})
+    assert config.queue.rabbitmq.wait_tiers == WaitTiers.from_seconds([2, 20])
+    topology = config.topology()
+    assert (topology.delivery_limit, topology.consumer_timeout) == (7, timedelta(seconds=9000))
+    assert topology.dedicated_projects == ("big", "solo")
+    assert config.prefetch_by_queue() == {"wired.jobs.build.p.solo": 5}
     assert config.queues() == ["wired.jobs.build.p.solo"]
 
 
 def test_worker_config_defaults_follow_the_settings_defaults(empty_dir: Path) -> None:
     settings = load_settings({"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP}, empty_dir)
-    assert worker_config(settings) == WorkerConfig(pg_url=PG, amqp_url=AMQP)
+    built = WorkerConfig(database=DatabaseSettings(url=PG), bus=BusSettings(amqp_url=AMQP))
+    assert worker_config(settings) == built
 
 
 def test_the_worker_without_an_amqp_url_names_both_fixes_before_anything_else(
@@ -841,10 +834,10 @@ def test_the_worker_on_the_postgres_backend_needs_no_amqp_url(empty_dir: Path) -
         empty_dir,
     )
     config = worker_config(settings, projects=["acme"])
-    assert config.backend == "postgres"
+    assert config.queue.backend == "postgres"
     assert config.amqp_url == ""
     assert config.projects == ("acme",)
-    assert config.poll_interval == timedelta(seconds=2)
+    assert config.queue.poll_interval_seconds == 2
 
 
 def test_the_worker_needs_a_database_url(empty_dir: Path) -> None:

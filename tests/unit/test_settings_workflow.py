@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -46,9 +45,14 @@ workspace = "/tmp/work"
 """,
     )
     settings = load_settings({}, tmp_path)
-    assert settings.workflow == WorkflowSettings("pkg.defs:ALL", "mine")
+    assert settings.workflow == WorkflowSettings(
+        definitions="pkg.defs:ALL", default_definition="mine"
+    )
     assert settings.engine == EngineSettings(
-        "command", ("agent", "--plan", "with space"), 60.0, "/tmp/work"
+        name="command",
+        command=("agent", "--plan", "with space"),
+        timeout_seconds=60.0,
+        workspace="/tmp/work",
     )
     env = {
         "VIBEY_WORKFLOW_DEFINITIONS": "other.defs:X",
@@ -59,9 +63,14 @@ workspace = "/tmp/work"
         "VIBEY_ENGINE_WORKSPACE": "ws",
     }
     settings = load_settings(env, tmp_path)
-    assert settings.workflow == WorkflowSettings("other.defs:X", "theirs")
+    assert settings.workflow == WorkflowSettings(
+        definitions="other.defs:X", default_definition="theirs"
+    )
     assert settings.engine == EngineSettings(
-        "scripted", ("run-agent", "--model", "big one"), 90.5, "ws"
+        name="scripted",
+        command=("run-agent", "--model", "big one"),
+        timeout_seconds=90.5,
+        workspace="ws",
     )
 
 
@@ -71,7 +80,7 @@ workspace = "/tmp/work"
         ({"VIBEY_WORKFLOW_DEFINITIONS": "no_colon"}, "VIBEY_WORKFLOW_DEFINITIONS"),
         ({"VIBEY_WORKFLOW_DEFINITIONS": "a b:X"}, "VIBEY_WORKFLOW_DEFINITIONS"),
         ({"VIBEY_WORKFLOW_DEFAULT_DEFINITION": "  "}, "VIBEY_WORKFLOW_DEFAULT_DEFINITION"),
-        ({"VIBEY_ENGINE_NAME": "magic"}, "unknown engine 'magic'"),
+        ({"VIBEY_ENGINE_NAME": "magic"}, "'magic' is not one of scripted, command"),
         ({"VIBEY_ENGINE_NAME": "command"}, "the command engine needs a command"),
         ({"VIBEY_ENGINE_COMMAND": "agent 'unclosed"}, "VIBEY_ENGINE_COMMAND is not a command"),
         ({"VIBEY_ENGINE_TIMEOUT": "0"}, "VIBEY_ENGINE_TIMEOUT"),
@@ -118,11 +127,11 @@ def test_the_worker_gets_the_engine_and_the_definitions(empty_dir: Path) -> None
         "VIBEY_ENGINE_WORKSPACE": "/w",
     }
     config = worker_config(load_settings(env, empty_dir))
-    assert config.definitions == "tests.acceptance.tiny_definition:DEFINITIONS"
-    assert config.engine_command == ("agent", "--go")
-    assert config.engine_timeout == timedelta(seconds=30)
-    assert config.workspace == "/w"
-    assert config.workflow_retention == timedelta(days=30)  # the default window
+    assert config.workflow.definitions == "tests.acceptance.tiny_definition:DEFINITIONS"
+    assert config.engine.command == ("agent", "--go")
+    assert config.engine.timeout_seconds == 30
+    assert config.engine.workspace == "/w"
+    assert config.workflow.archive_after_seconds == 30 * 86400  # the default window
 
 
 def test_the_workflow_retention_comes_from_the_settings_and_must_be_positive(
@@ -130,7 +139,7 @@ def test_the_workflow_retention_comes_from_the_settings_and_must_be_positive(
 ) -> None:
     write_toml(tmp_path, "[workflow]\narchive_after_seconds = 3600\n")
     env = {"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP}
-    assert worker_config(load_settings(env, tmp_path)).workflow_retention == timedelta(hours=1)
+    assert worker_config(load_settings(env, tmp_path)).workflow.archive_after_seconds == 3600
     env["VIBEY_WORKFLOW_ARCHIVE_AFTER"] = "0"
     message = settings_error(env, tmp_path)
     assert "VIBEY_WORKFLOW_ARCHIVE_AFTER" in message and "[workflow]" in message
@@ -174,7 +183,7 @@ def test_spend_caps_reach_the_worker_and_bad_ones_are_refused(empty_dir: Path) -
     settings = load_settings(env, empty_dir)
     assert (settings.engine.max_dollars, settings.engine.max_turns) == (12.5, 40)
     config = worker_config(settings)
-    assert (config.max_dollars, config.max_turns) == (12.5, 40)
+    assert (config.engine.max_dollars, config.engine.max_turns) == (12.5, 40)
     assert load_settings({}, empty_dir).engine.max_dollars is None
     with pytest.raises(SettingsError, match="VIBEY_ENGINE_MAX_TURNS"):
         load_settings({"VIBEY_ENGINE_MAX_TURNS": "0"}, empty_dir)

@@ -91,10 +91,10 @@ def test_without_an_endpoint_nothing_is_traced_or_wrapped(h: Harness) -> None:
 
 def test_the_endpoint_comes_from_the_settings_and_must_be_a_url(tmp_path: Path) -> None:
     env = {"VIBEY_PG_URL": PG, "VIBEY_AMQP_URL": AMQP}
-    assert worker_config(load_settings(env, tmp_path)).otlp_endpoint is None  # off by default
+    assert worker_config(load_settings(env, tmp_path)).tracing.otlp_endpoint is None  # off
     env["VIBEY_TRACING_OTLP_ENDPOINT"] = "http://collector:4318/v1/traces"
     config = worker_config(load_settings(env, tmp_path))
-    assert (config.otlp_endpoint, config.tracing_service) == (
+    assert (config.tracing.otlp_endpoint, config.tracing.service_name) == (
         "http://collector:4318/v1/traces",
         "vibey",
     )

@@ -116,7 +116,7 @@ class StoreData:
         from store.workflow_reads import WorkflowNotFound
 
         try:
-            workflow = self._client.store.get(workflow_id)
+            workflow = self._client.status(workflow_id)
         except WorkflowNotFound:
             return None
         gates = [g for g in self.gates() if g.gate.workflow_id == workflow_id]
@@ -133,7 +133,7 @@ class StoreData:
             gates=gates,
             history=history.items,
             history_total=history.total,
-            steps=list(self._client.store.steps(workflow_id)),
+            steps=self._client.steps(workflow_id),
             ledger=ledger.items,
             ledger_total=ledger.total,
             verification=Ledger(self._pool).verify(workflow.project_id) if ledger.total else None,
@@ -141,7 +141,7 @@ class StoreData:
         )
 
     def gates(self) -> list[OpenGate]:
-        return [OpenGate(gate, waited) for gate, waited in self._client.store.inbox()]
+        return [OpenGate(gate, waited) for gate, waited in self._client.inbox()]
 
     def health(self) -> Health:
         from actors.queue_stats import gather
@@ -164,7 +164,7 @@ class StoreData:
         try:
             gate = self._client.answer(gate_id, value, by=by)
         except AnswerRefused as exc:
-            return Answered(gate_id, refusal(exc.outcome.gate, value, str(exc)))
+            return Answered(gate_id, str(exc))
         self._client.flush()  # the next steps' dispatch, as `vibey gate answer` publishes it
         return Answered(gate_id, None, gate.workflow_id)
 
@@ -183,14 +183,7 @@ class StoreData:
             entered=tuple(entered),
             waiting=gates > 0,
         )
-        return WorkflowSummary(workflow, self._client.store.describe(workflow), path, gates)
-
-
-def refusal(gate: Gate | None, value: str, why: str) -> str:
-    """The one line a refused answer gets, naming the answers the gate takes."""
-    if gate is not None and gate.answers:
-        return f"{value!r} was not recorded ({why}); valid: {', '.join(gate.answers)}"
-    return f"{value!r} was not recorded ({why})"
+        return WorkflowSummary(workflow, self._client.describe(workflow), path, gates)
 
 
 def _gates_by_workflow(gates: Sequence[OpenGate]) -> dict[UUID, int]:

@@ -1,5 +1,6 @@
 """An in-memory :class:`~vibey.console.data.ConsoleData` for the console's unit tests: gates
-that take an answer once (checked by the one validator, ``workflows.gates.check_answer``) and
+that take an answer once (checked by the one validator, ``workflows.gates.check_answer``, and
+refused in the words of :func:`vibey.client.refusal`) and
 a change marker that moves with every answer; and :class:`FakeEvents`, an
 :class:`~vibey.console.feed.EventSource` the test drives, calling back from threads of its own
 as the broker's ``actors.event_watch.EventWatch`` does."""
@@ -12,13 +13,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
-from store.workflow_reads import Workflow
+from store.workflow_reads import GateAnswerOutcome, Workflow
+from vibey.client import refusal
 from vibey.console.data import Answered, Health, OpenGate, WorkflowDetail, WorkflowSummary
 from vibey.console.diagram import PhasePath
 from workflows.engine import Status
 from workflows.events import DomainEvent
 from workflows.gates import check_answer
-from workflows.queue import Gate
+from workflows.queue import AnswerStatus, Gate
 
 
 def workflow(project: str = "demo", phase: str = "review", cycle: int = 1) -> Workflow:
@@ -94,11 +96,13 @@ class FakeData:
 
     def answer(self, gate_id: UUID, value: str, *, by: str) -> Answered:
         found = self.open.get(gate_id)
-        if found is None:
-            return Answered(gate_id, "no such gate, or it is answered already")
+        if found is None:  # the fake forgets answered gates: unknown, in the store's words
+            refused = GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
+            return Answered(gate_id, refusal(refused, str(gate_id), value))
         problem = check_answer(value, answers=found.answers, schema=found.schema)
         if problem is not None:
-            return Answered(gate_id, problem)
+            refused = GateAnswerOutcome(AnswerStatus.INVALID_ANSWER, found, problem)
+            return Answered(gate_id, refusal(refused, str(gate_id), value))
         del self.open[gate_id]
         self.answered.append((gate_id, value, by))
         self.marker += 1

@@ -40,7 +40,7 @@ from workflows.ledger import NewEvent
 from workflows.phases import Phase
 from workflows.protocol import deploy, merging, product
 from workflows.protocol.enter import enter_design
-from workflows.protocol.kinds import GATE_KINDS, STEP_KINDS
+from workflows.protocol.kinds import BUILD_RESOLVE, GATE_KINDS, STEP_FAILED_GATE, STEP_KINDS
 from workflows.protocol.ledger import OpenFindings, events_for
 from workflows.protocol.plan import Out, fail, open_gate, step_command, unchanged
 from workflows.protocol.state import (
@@ -165,7 +165,7 @@ def _failed(state: ProtocolState, event: StepFailed) -> Out:
     if pending is None:
         return unchanged(state)
     detail = event.detail[:_NOTE_CHARS]
-    if pending.kind == merging.RESOLVE:
+    if pending.kind == BUILD_RESOLVE:
         return merging.resolve_failed(rest, pending, detail)
     gate = Gate(
         name=f"step.failed.{event.step}",
@@ -182,7 +182,7 @@ def _failed(state: ProtocolState, event: StepFailed) -> Out:
         "detail": detail,
     }
     question = f"Step {event.step} ({pending.kind}) failed for good: retry it, or abandon?"
-    return open_gate(rest, gate, "step_failed", question, context)
+    return open_gate(rest, gate, STEP_FAILED_GATE, question, context)
 
 
 def _answered(state: ProtocolState, name: str, answer: str, by: str) -> Out:

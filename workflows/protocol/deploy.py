@@ -21,6 +21,19 @@ from workflows.protocol.enter import (
     enter_review,
     start_soak,
 )
+from workflows.protocol.kinds import (
+    APPROVAL_GATE,
+    DEPLOY_DEMO,
+    DEPLOY_DESIGN,
+    DEPLOY_EXECUTE,
+    DEPLOY_INTERVIEW,
+    DEPLOY_ROUTE,
+    DEPLOY_SPEC,
+    DEPLOY_SYNTHESIZE,
+    DEPLOY_TRIAGE,
+    OPT_IN_GATE,
+    REVIEW_DEPLOYMENT_CHOICE,
+)
 from workflows.protocol.plan import (
     APPROVE,
     OPT_IN,
@@ -41,7 +54,7 @@ def _choice_made(state: ProtocolState, pending: Pending, result: JsonObject) -> 
     return open_gate(
         replace(state, deployment_asked=True),
         Gate(name="deployment.opt_in", role="deployment.opt_in", answers=OPT_IN),
-        "opt_in",
+        OPT_IN_GATE,
         question,
         {"recommendation": recommendation},
     )
@@ -74,7 +87,7 @@ def _specified(state: ProtocolState, pending: Pending, result: JsonObject) -> Ou
     return open_gate(
         state,
         Gate(name=f"deploy.accept.{state.deploy_round}", role="deploy.accept", answers=APPROVE),
-        "approval",
+        APPROVAL_GATE,
         f"Accept the deployment spec of round {state.deploy_round}, or revise it?",
         {"spec": spec},
     )
@@ -101,7 +114,7 @@ def soaked(state: ProtocolState) -> Out:
 
 def _triaged(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
     failure = results.failure(pending.step, result)
-    plan = Plan(f"deploy.route.{state.deploy_round}", "deploy.route", {"failure": failure})
+    plan = Plan(f"{DEPLOY_ROUTE}.{state.deploy_round}", DEPLOY_ROUTE, {"failure": failure})
     return schedule(state, plan)
 
 
@@ -113,7 +126,7 @@ def _routed(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
         return open_gate(
             state,
             Gate(name=f"deploy.signoff.{r}", role="deploy.signoff", answers=("accept", "reject")),
-            "approval",
+            APPROVAL_GATE,
             f"Sign off the deployment at {state.url}?",
             {"url": state.url},
         )
@@ -139,15 +152,15 @@ def _noted(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
 
 
 ON_SUCCESS: Mapping[str, OnSuccess] = {
-    "review.deployment_choice": _choice_made,
-    "deploy.design": _noted,
-    "deploy.interview": _interviewed,
-    "deploy.synthesize": _noted,
-    "deploy.spec": _specified,
-    "deploy.execute": _executed,
-    "deploy.demo": _noted,
-    "deploy.triage": _triaged,
-    "deploy.route": _routed,
+    REVIEW_DEPLOYMENT_CHOICE: _choice_made,
+    DEPLOY_DESIGN: _noted,
+    DEPLOY_INTERVIEW: _interviewed,
+    DEPLOY_SYNTHESIZE: _noted,
+    DEPLOY_SPEC: _specified,
+    DEPLOY_EXECUTE: _executed,
+    DEPLOY_DEMO: _noted,
+    DEPLOY_TRIAGE: _triaged,
+    DEPLOY_ROUTE: _routed,
 }
 
 ON_ANSWER: Mapping[str, OnAnswer] = {

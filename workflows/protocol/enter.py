@@ -12,6 +12,27 @@ from typing import Any
 
 from workflows.engine import Decision, StartTimer
 from workflows.phases import Phase
+from workflows.protocol.kinds import (
+    BUILD_DECOMPOSE,
+    BUILD_INTEGRATE,
+    BUILD_VERIFY,
+    DEPLOY_DEMO,
+    DEPLOY_DESIGN,
+    DEPLOY_EXECUTE,
+    DEPLOY_INTERVIEW,
+    DEPLOY_SPEC,
+    DEPLOY_SYNTHESIZE,
+    DEPLOY_TRIAGE,
+    DESIGN_INTERVIEW,
+    DESIGN_RESEARCH,
+    DESIGN_SPEC,
+    DESIGN_SYNTHESIZE,
+    REVIEW_COLLECT,
+    REVIEW_DEMO,
+    REVIEW_DEPLOYMENT_CHOICE,
+    VISUAL_INVENTORY,
+    VISUAL_PLAN,
+)
 from workflows.protocol.plan import Out, Plan, schedule, then, transition
 from workflows.protocol.state import ProtocolState
 
@@ -30,8 +51,8 @@ def design_round(state: ProtocolState, round_: int) -> Out:
 def interview(state: ProtocolState) -> Out:
     c, r, n = state.cycle, state.design_round, state.interviews
     plan = Plan(
-        f"design.interview.{c}.{r}.{n}",
-        "design.interview",
+        f"{DESIGN_INTERVIEW}.{c}.{r}.{n}",
+        DESIGN_INTERVIEW,
         {"answers": dict(state.answers), "ambiguity": state.ambiguity},
     )
     return schedule(replace(state, interviews=n + 1), plan)
@@ -41,25 +62,25 @@ def design_chain(state: ProtocolState) -> Out:
     """design.research → design.synthesize → design.spec, one decision, chained by ``after``."""
     c, r = state.cycle, state.design_round
     given = {"answers": dict(state.answers)}
-    research, synthesize = f"design.research.{c}.{r}", f"design.synthesize.{c}.{r}"
+    research, synthesize = f"{DESIGN_RESEARCH}.{c}.{r}", f"{DESIGN_SYNTHESIZE}.{c}.{r}"
     return schedule(
         state,
-        Plan(research, "design.research", given),
-        Plan(synthesize, "design.synthesize", given, after=(research,)),
-        Plan(f"design.spec.{c}.{r}", "design.spec", given, after=(synthesize,)),
+        Plan(research, DESIGN_RESEARCH, given),
+        Plan(synthesize, DESIGN_SYNTHESIZE, given, after=(research,)),
+        Plan(f"{DESIGN_SPEC}.{c}.{r}", DESIGN_SPEC, given, after=(synthesize,)),
     )
 
 
 def enter_visual(state: ProtocolState) -> Out:
     c, given = state.cycle, {"spec": state.spec}
-    inventory = f"visual.inventory.{c}"
+    inventory = f"{VISUAL_INVENTORY}.{c}"
     moved = transition(state, Phase.VISUAL_DESIGN, c)
     return then(
         moved,
         lambda s: schedule(
             s,
-            Plan(inventory, "visual.inventory", given),
-            Plan(f"visual.plan.{c}", "visual.plan", given, after=(inventory,)),
+            Plan(inventory, VISUAL_INVENTORY, given),
+            Plan(f"{VISUAL_PLAN}.{c}", VISUAL_PLAN, given, after=(inventory,)),
         ),
     )
 
@@ -70,7 +91,7 @@ def enter_visual(state: ProtocolState) -> Out:
 def enter_build(state: ProtocolState, cycle: int, findings: list[dict[str, Any]]) -> Out:
     moved = transition(state, Phase.BUILD, cycle)
     plan = Plan(
-        f"build.decompose.{cycle}", "build.decompose", {"spec": state.spec, "findings": findings}
+        f"{BUILD_DECOMPOSE}.{cycle}", BUILD_DECOMPOSE, {"spec": state.spec, "findings": findings}
     )
     return then(moved, lambda s: schedule(replace(s, items=(), ambiguities=()), plan))
 
@@ -78,11 +99,11 @@ def enter_build(state: ProtocolState, cycle: int, findings: list[dict[str, Any]]
 def verify_chain(state: ProtocolState) -> Out:
     """build.verify → build.integrate, once every implement of the cycle succeeded."""
     c, given = state.cycle, {"items": list(state.items)}
-    verify = f"build.verify.{c}"
+    verify = f"{BUILD_VERIFY}.{c}"
     return schedule(
         state,
-        Plan(verify, "build.verify", given),
-        Plan(f"build.integrate.{c}", "build.integrate", given, after=(verify,)),
+        Plan(verify, BUILD_VERIFY, given),
+        Plan(f"{BUILD_INTEGRATE}.{c}", BUILD_INTEGRATE, given, after=(verify,)),
     )
 
 
@@ -90,18 +111,18 @@ def enter_review(state: ProtocolState, cycle: int) -> Out:
     """review.demo → review.collect; review.triage follows collect (it reads the feedback).
     With ``review_feedback`` the demo's success opens the ``review.feedback`` gate first, and
     its answer schedules collect (:func:`workflows.protocol.product`)."""
-    demo = f"review.demo.{cycle}"
+    demo = f"{REVIEW_DEMO}.{cycle}"
     moved = transition(state, Phase.REVIEW, cycle)
     if state.review_feedback:
-        return then(moved, lambda s: schedule(s, Plan(demo, "review.demo", {"branch": s.branch})))
+        return then(moved, lambda s: schedule(s, Plan(demo, REVIEW_DEMO, {"branch": s.branch})))
     return then(
         moved,
         lambda s: schedule(
             s,
-            Plan(demo, "review.demo", {"branch": s.branch}),
+            Plan(demo, REVIEW_DEMO, {"branch": s.branch}),
             Plan(
-                f"review.collect.{cycle}",
-                "review.collect",
+                f"{REVIEW_COLLECT}.{cycle}",
+                REVIEW_COLLECT,
                 {"round": s.review_rounds},
                 after=(demo,),
             ),
@@ -116,7 +137,7 @@ def collect(state: ProtocolState, user: str | None, after: tuple[str, ...] = ())
     if user is not None:
         given["user"] = user
     return schedule(
-        state, Plan(f"review.collect.{state.cycle}", "review.collect", given, after=after)
+        state, Plan(f"{REVIEW_COLLECT}.{state.cycle}", REVIEW_COLLECT, given, after=after)
     )
 
 
@@ -125,7 +146,7 @@ def after_review(state: ProtocolState) -> Out:
     if state.deployment_asked:
         return enter_deploy_execute(state, state.deploy_round + 1)
     return schedule(
-        state, Plan(f"review.deployment_choice.{state.cycle}", "review.deployment_choice")
+        state, Plan(f"{REVIEW_DEPLOYMENT_CHOICE}.{state.cycle}", REVIEW_DEPLOYMENT_CHOICE)
     )
 
 
@@ -136,12 +157,12 @@ def enter_deploy_design(state: ProtocolState) -> Out:
     """A new deploy round: deploy.design → deploy.interview."""
     r = state.deploy_round + 1
     moved = transition(state, Phase.DEPLOY_DESIGN, state.cycle)
-    design = f"deploy.design.{r}"
+    design = f"{DEPLOY_DESIGN}.{r}"
 
     def start(s: ProtocolState) -> Out:
         first = schedule(
             replace(s, deploy_round=r, interviews=0),
-            Plan(design, "deploy.design", {"spec": s.spec}),
+            Plan(design, DEPLOY_DESIGN, {"spec": s.spec}),
         )
         return then(first, lambda t: deploy_interview(t, after=(design,)))
 
@@ -151,8 +172,8 @@ def enter_deploy_design(state: ProtocolState) -> Out:
 def deploy_interview(state: ProtocolState, after: tuple[str, ...] = ()) -> Out:
     r, n = state.deploy_round, state.interviews
     plan = Plan(
-        f"deploy.interview.{r}.{n}",
-        "deploy.interview",
+        f"{DEPLOY_INTERVIEW}.{r}.{n}",
+        DEPLOY_INTERVIEW,
         {"answers": dict(state.deploy_answers)},
         after=after,
     )
@@ -161,17 +182,17 @@ def deploy_interview(state: ProtocolState, after: tuple[str, ...] = ()) -> Out:
 
 def deploy_chain(state: ProtocolState) -> Out:
     r, given = state.deploy_round, {"answers": dict(state.deploy_answers)}
-    synthesize = f"deploy.synthesize.{r}"
+    synthesize = f"{DEPLOY_SYNTHESIZE}.{r}"
     return schedule(
         state,
-        Plan(synthesize, "deploy.synthesize", given),
-        Plan(f"deploy.spec.{r}", "deploy.spec", given, after=(synthesize,)),
+        Plan(synthesize, DEPLOY_SYNTHESIZE, given),
+        Plan(f"{DEPLOY_SPEC}.{r}", DEPLOY_SPEC, given, after=(synthesize,)),
     )
 
 
 def enter_deploy_execute(state: ProtocolState, round_: int) -> Out:
     moved = transition(state, Phase.DEPLOY_EXECUTE, state.cycle)
-    plan = Plan(f"deploy.execute.{round_}", "deploy.execute", {"round": round_})
+    plan = Plan(f"{DEPLOY_EXECUTE}.{round_}", DEPLOY_EXECUTE, {"round": round_})
     return then(moved, lambda s: schedule(replace(s, deploy_round=round_), plan))
 
 
@@ -184,13 +205,13 @@ def start_soak(state: ProtocolState) -> Out:
 def enter_deploy_review(state: ProtocolState) -> Out:
     """deploy.demo → deploy.triage; deploy.route follows triage (it reads the failure)."""
     r, given = state.deploy_round, {"round": state.deploy_round}
-    demo = f"deploy.demo.{r}"
+    demo = f"{DEPLOY_DEMO}.{r}"
     moved = transition(replace(state, timer=None), Phase.DEPLOY_REVIEW, state.cycle)
     return then(
         moved,
         lambda s: schedule(
             s,
-            Plan(demo, "deploy.demo", given),
-            Plan(f"deploy.triage.{r}", "deploy.triage", given, after=(demo,)),
+            Plan(demo, DEPLOY_DEMO, given),
+            Plan(f"{DEPLOY_TRIAGE}.{r}", DEPLOY_TRIAGE, given, after=(demo,)),
         ),
     )

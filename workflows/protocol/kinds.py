@@ -14,7 +14,7 @@ DEPLOY_EXECUTE climb LOW → STANDARD → HIGH after failures, the rest run at H
   the failures of those three are the work's (``work``), every other kind's the engine's;
 * bounded ladders: ``build.implement`` (grants ``max_attempts``) and ``build.verify`` (grants
   ``max_rounds``) park behind a ``ladder_exhausted`` gate once BUILD's ladder is spent;
-* results: the keys the protocol reads from each (``workflows/protocol/results.py``).
+* results: the shape of each, declared in ``workflows/protocol/results.py`` beside its reader.
 
 Gate kinds: ``question`` (a free-text answer, or one of the offered answers), ``approval``,
 ``opt_in``, ``step_failed`` and ``merge_conflict`` (``workflows/merge_queue.py``), beside the
@@ -23,7 +23,6 @@ engine's own (:data:`workflows.gates.ENGINE_GATES`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -34,17 +33,40 @@ from workflows.job import FailureClass
 from workflows.kinds import TIMER, StepKind, StepKinds
 from workflows.merge_queue import ANSWERS as MERGE_ANSWERS
 from workflows.phases import Phase
+from workflows.protocol import results as r
 
-_TEXT: Mapping[str, Any] = {"type": "string"}
+# The step kinds' names: every module that schedules, handles or reads a kind names it by these.
+DESIGN_INTERVIEW = "design.interview"
+DESIGN_RESEARCH = "design.research"
+DESIGN_SYNTHESIZE = "design.synthesize"
+DESIGN_SPEC = "design.spec"
+VISUAL_INVENTORY = "visual.inventory"
+VISUAL_PLAN = "visual.plan"
+BUILD_DECOMPOSE = "build.decompose"
+BUILD_IMPLEMENT = "build.implement"
+BUILD_VERIFY = "build.verify"
+BUILD_RESOLVE = "build.resolve"
+BUILD_INTEGRATE = "build.integrate"
+REVIEW_DEMO = "review.demo"
+REVIEW_COLLECT = "review.collect"
+REVIEW_TRIAGE = "review.triage"
+REVIEW_DEPLOYMENT_CHOICE = "review.deployment_choice"
+DEPLOY_DESIGN = "deploy.design"
+DEPLOY_INTERVIEW = "deploy.interview"
+DEPLOY_SYNTHESIZE = "deploy.synthesize"
+DEPLOY_SPEC = "deploy.spec"
+DEPLOY_EXECUTE = "deploy.execute"
+DEPLOY_DEMO = "deploy.demo"
+DEPLOY_TRIAGE = "deploy.triage"
+DEPLOY_ROUTE = "deploy.route"
 
-
-def _result(**keys: Mapping[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "required": sorted(keys), "properties": dict(keys)}
-
-
-def _questions() -> dict[str, Any]:
-    item = _result(id=_TEXT, question=_TEXT, answers={"type": "array", "items": _TEXT})
-    return _result(questions={"type": "array", "items": item})
+# The gate kinds' names (the engine's own are :data:`workflows.gates.ENGINE_GATES`).
+QUESTION_GATE = "question"
+APPROVAL_GATE = "approval"
+OPT_IN_GATE = "opt_in"
+REVIEW_FEEDBACK_GATE = "review_feedback"
+STEP_FAILED_GATE = "step_failed"
+MERGE_CONFLICT_GATE = "merge_conflict"
 
 
 def _kind(
@@ -80,32 +102,32 @@ _MEDIUM = timedelta(minutes=15)
 
 STEP_KINDS = StepKinds(
     [
-        _kind("design.interview", Phase.DESIGN, _questions()),
-        _kind("design.research", Phase.DESIGN, _result(notes=_TEXT)),
-        _kind("design.synthesize", Phase.DESIGN, _result(summary=_TEXT)),
-        _kind("design.spec", Phase.DESIGN, _result(spec=_TEXT)),
-        _kind("visual.inventory", Phase.VISUAL_DESIGN, _result()),
-        _kind("visual.plan", Phase.VISUAL_DESIGN, _result(plan=_TEXT)),
+        _kind(DESIGN_INTERVIEW, Phase.DESIGN, r.QUESTIONS),
+        _kind(DESIGN_RESEARCH, Phase.DESIGN, r.NOTES),
+        _kind(DESIGN_SYNTHESIZE, Phase.DESIGN, r.SUMMARY),
+        _kind(DESIGN_SPEC, Phase.DESIGN, r.SPEC),
+        _kind(VISUAL_INVENTORY, Phase.VISUAL_DESIGN, r.NOTHING),
+        _kind(VISUAL_PLAN, Phase.VISUAL_DESIGN, r.PLAN),
         _kind(
-            "build.decompose",
+            BUILD_DECOMPOSE,
             Phase.BUILD,
-            _result(work_items={"type": "array", "items": _result(id=_TEXT, title=_TEXT)}),
+            r.WORK_ITEMS,
             lease=_MEDIUM,
             aliases=("build.plan",),
             lane=Lane.BUILD,
         ),
         _kind(
-            "build.implement",
+            BUILD_IMPLEMENT,
             Phase.BUILD,
-            _result(status={"enum": ["done", "ambiguous"]}),
+            r.IMPLEMENTED,
             lease=_LONG,
             bounded="max_attempts",
             lane=Lane.BUILD,
         ),
         _kind(
-            "build.verify",
+            BUILD_VERIFY,
             Phase.BUILD,
-            _result(passed={"type": "boolean"}),
+            r.VERIFIED,
             lease=_LONG,
             bounded="max_rounds",
             attempts=3,
@@ -113,77 +135,64 @@ STEP_KINDS = StepKinds(
             lane=Lane.BUILD,
         ),
         _kind(
-            "build.resolve",
+            BUILD_RESOLVE,
             Phase.BUILD,
-            _result(resolved={"type": "boolean"}),
+            r.RESOLVED,
             lease=_LONG,
             attempts=2,
             failure=FailureClass.WORK,
             lane=Lane.BUILD,
         ),
         _kind(
-            "build.integrate",
+            BUILD_INTEGRATE,
             Phase.BUILD,
-            _result(branch=_TEXT),
+            r.INTEGRATED,
             lease=_MEDIUM,
             engine=False,
             lane=Lane.BUILD,
         ),
-        _kind("review.demo", Phase.REVIEW, _result()),
-        _kind("review.collect", Phase.REVIEW, _result(feedback={"type": "array", "items": _TEXT})),
+        _kind(REVIEW_DEMO, Phase.REVIEW, r.NOTHING),
+        _kind(REVIEW_COLLECT, Phase.REVIEW, r.FEEDBACK),
+        _kind(REVIEW_TRIAGE, Phase.REVIEW, r.FINDINGS),
+        _kind(REVIEW_DEPLOYMENT_CHOICE, Phase.REVIEW, r.CHOICE),
+        _kind(DEPLOY_DESIGN, Phase.DEPLOY_DESIGN, r.NOTHING),
+        _kind(DEPLOY_INTERVIEW, Phase.DEPLOY_DESIGN, r.QUESTIONS),
+        _kind(DEPLOY_SYNTHESIZE, Phase.DEPLOY_DESIGN, r.NOTHING),
+        _kind(DEPLOY_SPEC, Phase.DEPLOY_DESIGN, r.SPEC, aliases=("deploy.accept",)),
         _kind(
-            "review.triage",
-            Phase.REVIEW,
-            _result(
-                findings={
-                    "type": "array",
-                    "items": _result(id=_TEXT, text=_TEXT, ambiguous={"type": "boolean"}),
-                }
-            ),
-        ),
-        _kind(
-            "review.deployment_choice",
-            Phase.REVIEW,
-            _result(question=_TEXT, recommendation=_TEXT),
-        ),
-        _kind("deploy.design", Phase.DEPLOY_DESIGN, _result()),
-        _kind("deploy.interview", Phase.DEPLOY_DESIGN, _questions()),
-        _kind("deploy.synthesize", Phase.DEPLOY_DESIGN, _result()),
-        _kind("deploy.spec", Phase.DEPLOY_DESIGN, _result(spec=_TEXT), aliases=("deploy.accept",)),
-        _kind(
-            "deploy.execute",
+            DEPLOY_EXECUTE,
             Phase.DEPLOY_EXECUTE,
-            _result(deployed={"type": "boolean"}, url=_TEXT),
+            r.DEPLOYED,
             aliases=("deploy.graph",),
             attempts=3,
             failure=FailureClass.WORK,
             lane=Lane.BUILD,
         ),
-        _kind("deploy.demo", Phase.DEPLOY_REVIEW, _result()),
-        _kind("deploy.triage", Phase.DEPLOY_REVIEW, _result(failure={"type": ["string", "null"]})),
-        _kind("deploy.route", Phase.DEPLOY_REVIEW, _result(route=_TEXT)),
+        _kind(DEPLOY_DEMO, Phase.DEPLOY_REVIEW, r.NOTHING),
+        _kind(DEPLOY_TRIAGE, Phase.DEPLOY_REVIEW, r.TRIAGED),
+        _kind(DEPLOY_ROUTE, Phase.DEPLOY_REVIEW, r.ROUTED),
         TIMER,
     ]
 )
 
 GATE_KINDS = ENGINE_GATES.merged(
     [
-        GateKind("question", title="a question from the design interview"),
-        GateKind("approval", title="an approval"),
-        GateKind("opt_in", answers=("yes", "no"), title="an opt-in"),
+        GateKind(QUESTION_GATE, title="a question from the design interview"),
+        GateKind(APPROVAL_GATE, title="an approval"),
+        GateKind(OPT_IN_GATE, answers=("yes", "no"), title="an opt-in"),
         GateKind(
-            "review_feedback",
+            REVIEW_FEEDBACK_GATE,
             title="what was built, for the user to review",
             hint="answer accept, or write your findings as text",
         ),
         GateKind(
-            "step_failed",
+            STEP_FAILED_GATE,
             answers=("retry", "abandon"),
             title="a step failed for good",
             hint="retry runs it again; abandon fails the workflow",
         ),
         GateKind(
-            "merge_conflict",
+            MERGE_CONFLICT_GATE,
             answers=MERGE_ANSWERS,
             title="a work item's merge conflict the engine did not resolve",
             hint="resolved: you merged it by hand in its worktree and it re-enters the merge "
@@ -191,5 +200,3 @@ GATE_KINDS = ENGINE_GATES.merged(
         ),
     ]
 )
-
-__all__ = ["GATE_KINDS", "STEP_KINDS"]

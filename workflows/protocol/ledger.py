@@ -46,6 +46,7 @@ from workflows.engine import (
     TransitionPhase,
 )
 from workflows.ledger import EventKind, NewEvent
+from workflows.protocol import kinds
 
 K = EventKind
 
@@ -147,25 +148,25 @@ def _conflict_raised(given: Mapping[str, Any]) -> NewEvent:
 
 def _succeeded(step: str, result: Mapping[str, Any], open_findings: OpenFindings) -> list[NewEvent]:
     kind = step_kind(step)
-    if kind == "review.triage":
+    if kind == kinds.REVIEW_TRIAGE:
         return _triaged(result.get("findings") or [], frozenset(open_findings()))
-    if kind in ("design.spec", "deploy.spec"):
+    if kind in (kinds.DESIGN_SPEC, kinds.DEPLOY_SPEC):
         return [NewEvent(K.ArtifactProduced, {"id": step, "artifact": "spec"})]
-    if kind == "build.resolve":
+    if kind == kinds.BUILD_RESOLVE:
         return _resolved(step, result)
-    if kind in ("build.implement", "build.integrate") and result.get("commit"):
+    if kind in (kinds.BUILD_IMPLEMENT, kinds.BUILD_INTEGRATE) and result.get("commit"):
         payload = {"id": step, "branch": result.get("branch"), "commit": result.get("commit")}
         pushed = result.get("pushed")
         if not isinstance(pushed, Mapping):
             return [NewEvent(K.ArtifactProduced, payload)]
         push = {"id": f"{step}:push", "artifact": "push", **pushed}
         return [NewEvent(K.ArtifactProduced, payload), NewEvent(K.ArtifactProduced, push)]
-    if kind == "deploy.execute":
+    if kind == kinds.DEPLOY_EXECUTE:
         return [NewEvent(K.ArtifactProduced, {"id": step, "url": result.get("url")})]
-    if kind == "build.verify" and result.get("conflicts"):
+    if kind == kinds.BUILD_VERIFY and result.get("conflicts"):
         payload = {"step": step, "verdict": "conflict", "conflicts": result["conflicts"]}
         return [NewEvent(K.VerdictRendered, payload)]
-    if kind == "build.verify":
+    if kind == kinds.BUILD_VERIFY:
         return [NewEvent(K.VerdictRendered, {"step": step, "verdict": "pass"})]
     return []
 
@@ -174,7 +175,7 @@ def _resolved(step: str, result: Mapping[str, Any]) -> list[NewEvent]:
     """The engine resolved the conflict: the finding closed, and the item's merge commit."""
     number = step.rsplit(".", 1)[-1]
     resolution = {
-        "closes": _conflict_of(step, "build.resolve"),
+        "closes": _conflict_of(step, kinds.BUILD_RESOLVE),
         "resolution": "engine",
         "round": int(number) if number.isdigit() else None,
         "attempt": result.get("attempt"),
@@ -204,12 +205,12 @@ def _triaged(findings: Sequence[Any], open_findings: frozenset[str]) -> list[New
 
 def _from_command(command: Command, open_findings: OpenFindings) -> list[NewEvent]:
     match command:
-        case ScheduleStep(kind="build.resolve", input=given):
+        case ScheduleStep(kind=kinds.BUILD_RESOLVE, input=given):
             return [_conflict_raised(given)]
         case OpenGate(gate=gate, kind=kind, question=question, answers=answers, context=context):
             payload = {"id": gate, "kind": kind, "question": question, "answers": list(answers)}
             asked = NewEvent(K.QuestionAsked, payload)
-            if kind == "merge_conflict" and context.get("new_conflict") is True:
+            if kind == kinds.MERGE_CONFLICT_GATE and context.get("new_conflict") is True:
                 return [_conflict_raised(context), asked]
             return [asked]
         case TransitionPhase(phase=phase, cycle=cycle):

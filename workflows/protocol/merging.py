@@ -26,12 +26,16 @@ from workflows import merge_queue as mq
 from workflows.engine import Decision
 from workflows.merge_queue import Action, Conflict, MergeQueue, ParkItem, Resolve, RunPass
 from workflows.protocol.enter import enter_review
+from workflows.protocol.kinds import (
+    BUILD_INTEGRATE,
+    BUILD_RESOLVE,
+    BUILD_VERIFY,
+    MERGE_CONFLICT_GATE,
+)
 from workflows.protocol.plan import Out, Plan, fail, open_gate, schedule, unchanged
 from workflows.protocol.state import Gate, Pending, ProtocolState
 
-RESOLVE = "build.resolve"
 GATE_ROLE = "build.merge_conflict"
-GATE_KIND = "merge_conflict"
 
 
 def conflict_id(cycle: int, item: str, number: int) -> str:
@@ -115,11 +119,11 @@ def _act(state: ProtocolState, action: Action, note: str) -> Out:
             return _park(state, action, note)
         case RunPass(number=number, items=items):
             c, given = state.cycle, {"items": list(items)}
-            verify = f"build.verify.{c}.q{number}"
+            verify = f"{BUILD_VERIFY}.{c}.q{number}"
             return schedule(
                 state,
-                Plan(verify, "build.verify", given),
-                Plan(f"build.integrate.{c}.q{number}", "build.integrate", given, after=(verify,)),
+                Plan(verify, BUILD_VERIFY, given),
+                Plan(f"{BUILD_INTEGRATE}.{c}.q{number}", BUILD_INTEGRATE, given, after=(verify,)),
             )
         case _:
             return enter_review(state, state.cycle)
@@ -138,7 +142,7 @@ def _resolve(state: ProtocolState, action: Resolve) -> Out:
         "round": n,
         "conflict": conflict_id(c, item, n),
     }
-    return schedule(state, Plan(f"{RESOLVE}.{c}.{item}.{n}", RESOLVE, given, item))
+    return schedule(state, Plan(f"{BUILD_RESOLVE}.{c}.{item}.{n}", BUILD_RESOLVE, given, item))
 
 
 def _park(state: ProtocolState, action: ParkItem, note: str) -> Out:
@@ -168,4 +172,4 @@ def _park(state: ProtocolState, action: ParkItem, note: str) -> Out:
         "conflict": conflict_id(c, item, n),
         "new_conflict": action.new,
     }
-    return open_gate(state, gate, GATE_KIND, question, context)
+    return open_gate(state, gate, MERGE_CONFLICT_GATE, question, context)

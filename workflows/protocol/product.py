@@ -23,6 +23,26 @@ from workflows.protocol.enter import (
     interview,
     verify_chain,
 )
+from workflows.protocol.kinds import (
+    APPROVAL_GATE,
+    BUILD_DECOMPOSE,
+    BUILD_IMPLEMENT,
+    BUILD_INTEGRATE,
+    BUILD_RESOLVE,
+    BUILD_VERIFY,
+    DESIGN_INTERVIEW,
+    DESIGN_RESEARCH,
+    DESIGN_SPEC,
+    DESIGN_SYNTHESIZE,
+    OPT_IN_GATE,
+    QUESTION_GATE,
+    REVIEW_COLLECT,
+    REVIEW_DEMO,
+    REVIEW_FEEDBACK_GATE,
+    REVIEW_TRIAGE,
+    VISUAL_INVENTORY,
+    VISUAL_PLAN,
+)
 from workflows.protocol.plan import APPROVE, OPT_IN, Out, Plan, open_gate, schedule, unchanged
 from workflows.protocol.state import Gate, Pending, ProtocolState
 
@@ -39,7 +59,7 @@ def ask(state: ProtocolState, prefix: str, key: str, question: results.Question)
         answers=question.answers,
         ref=question.id,
     )
-    return open_gate(state, gate, "question", question.question, {"id": question.id})
+    return open_gate(state, gate, QUESTION_GATE, question.question, {"id": question.id})
 
 
 # --- DESIGN and VISUAL_DESIGN --------------------------------------------------------------
@@ -63,7 +83,7 @@ def _specified(state: ProtocolState, pending: Pending, result: JsonObject) -> Ou
     return open_gate(
         replace(state, spec=spec),
         Gate(name=name, role="design.accept", answers=APPROVE),
-        "approval",
+        APPROVAL_GATE,
         f"Accept the spec of cycle {state.cycle}, or revise it?",
         {"spec": spec},
     )
@@ -77,7 +97,7 @@ def _design_decided(state: ProtocolState, gate: Gate, answer: str) -> Out:
     return open_gate(
         replace(state, visual_asked=True),
         Gate(name="visual.opt_in", role="visual.opt_in", answers=OPT_IN),
-        "opt_in",
+        OPT_IN_GATE,
         "Work out the visual design before building?",
     )
 
@@ -95,7 +115,7 @@ def _visual_planned(state: ProtocolState, pending: Pending, result: JsonObject) 
         Gate(
             name=f"visual.accept.{state.cycle}", role="visual.accept", answers=("accept", "waive")
         ),
-        "approval",
+        APPROVAL_GATE,
         "Accept the visual design plan, or waive it?",
         {"plan": plan},
     )
@@ -115,7 +135,7 @@ def _decomposed(state: ProtocolState, pending: Pending, result: JsonObject) -> O
     if not items:
         return verify_chain(state)
     plans = (
-        Plan(f"build.implement.{state.cycle}.{i}", "build.implement", {"item": item}, item["id"])
+        Plan(f"{BUILD_IMPLEMENT}.{state.cycle}.{i}", BUILD_IMPLEMENT, {"item": item}, item["id"])
         for i, item in enumerate(items)
     )
     return schedule(state, *plans)
@@ -125,8 +145,8 @@ def _implemented(state: ProtocolState, pending: Pending, result: JsonObject) -> 
     question = results.ambiguity(pending.step, result)
     if question is not None:
         state = replace(state, ambiguities=(*state.ambiguities, question))
-    unsettled = any(p.kind == "build.implement" for p in state.pending) or any(
-        g.failed is not None and g.failed.kind == "build.implement" for g in state.gates
+    unsettled = any(p.kind == BUILD_IMPLEMENT for p in state.pending) or any(
+        g.failed is not None and g.failed.kind == BUILD_IMPLEMENT for g in state.gates
     )
     if unsettled:
         return unchanged(state)
@@ -175,7 +195,7 @@ def _demonstrated(state: ProtocolState, pending: Pending, result: JsonObject) ->
         ]
     )
     gate = Gate(name=f"review.feedback.{state.cycle}.{state.review_rounds}", role="review.feedback")
-    return open_gate(state, gate, "review_feedback", question, {"cycle": state.cycle, **shown})
+    return open_gate(state, gate, REVIEW_FEEDBACK_GATE, question, {"cycle": state.cycle, **shown})
 
 
 def _feedback_given(state: ProtocolState, gate: Gate, answer: str) -> Out:
@@ -189,7 +209,7 @@ def _collected(state: ProtocolState, pending: Pending, result: JsonObject) -> Ou
     if isinstance(user, str) and user.strip():
         feedback = [*feedback, user]
     given = {"feedback": feedback, "round": state.review_rounds}
-    return schedule(state, Plan(f"review.triage.{state.cycle}", "review.triage", given))
+    return schedule(state, Plan(f"{REVIEW_TRIAGE}.{state.cycle}", REVIEW_TRIAGE, given))
 
 
 def _triaged(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
@@ -208,20 +228,20 @@ def _noted(state: ProtocolState, pending: Pending, result: JsonObject) -> Out:
 
 
 ON_SUCCESS: Mapping[str, OnSuccess] = {
-    "design.interview": _interviewed,
-    "design.research": _noted,
-    "design.synthesize": _noted,
-    "design.spec": _specified,
-    "visual.inventory": _noted,
-    "visual.plan": _visual_planned,
-    "build.decompose": _decomposed,
-    "build.implement": _implemented,
-    "build.verify": _verified,
-    "build.integrate": _integrated,
-    "build.resolve": merging.resolved,
-    "review.demo": _demonstrated,
-    "review.collect": _collected,
-    "review.triage": _triaged,
+    DESIGN_INTERVIEW: _interviewed,
+    DESIGN_RESEARCH: _noted,
+    DESIGN_SYNTHESIZE: _noted,
+    DESIGN_SPEC: _specified,
+    VISUAL_INVENTORY: _noted,
+    VISUAL_PLAN: _visual_planned,
+    BUILD_DECOMPOSE: _decomposed,
+    BUILD_IMPLEMENT: _implemented,
+    BUILD_VERIFY: _verified,
+    BUILD_INTEGRATE: _integrated,
+    BUILD_RESOLVE: merging.resolved,
+    REVIEW_DEMO: _demonstrated,
+    REVIEW_COLLECT: _collected,
+    REVIEW_TRIAGE: _triaged,
 }
 
 ON_ANSWER: Mapping[str, OnAnswer] = {
