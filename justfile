@@ -66,7 +66,7 @@ test *args: venv real-cli-install
     }
     run -n 4 -m "not chaos and not real_cli" {{args}}
     run -n 2 -m real_cli {{args}}
-    run -m chaos -s {{args}}
+    run -m chaos -n 3 --dist loadgroup {{args}}
 
 # Install the four coding CLIs at their pinned versions (ops/real-cli) into .vibey/real-cli.
 real-cli-install:

@@ -237,3 +237,8 @@ def pool(pg_url: str) -> Iterator[ConnectionPool]:
 
 
 from tests.amqp_fixtures import *  # noqa: E402, F403
+
+# The chaos tests' figures reach the terminal under xdist too (tests/chaos/figures.py), and
+# `--dist loadgroup` runs the heavy ones one after another (tests/chaos/groups.py).
+from tests.chaos.figures import pytest_runtest_makereport, pytest_terminal_summary  # noqa: E402, F401
+from tests.chaos.groups import pytest_xdist_make_scheduler  # noqa: E402, F401

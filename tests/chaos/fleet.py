@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import random
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pika
 from psycopg_pool import ConnectionPool
 
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 
 
 def chaos_seed(label: str, *, lease: timedelta | None = None) -> int:
@@ -20,7 +23,7 @@ def chaos_seed(label: str, *, lease: timedelta | None = None) -> int:
     os.environ["VIBEY_CHAOS_SEED"] = str(seed)
     if lease is not None:
         os.environ["VIBEY_CHAOS_LEASE_S"] = str(lease.total_seconds())
-    print(f"\n{label} chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    figure(f"\n{label} chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
     return seed
 
 
@@ -37,3 +40,14 @@ def queue_depths(amqp: Amqp, queues: list[str]) -> dict[str, int]:
         return {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
     finally:
         connection.close()
+
+
+def await_progress(done: Callable[[], int], more: int, timeout_s: float) -> int:
+    """Wait until ``done()`` grew by ``more`` (events, not a clock; ``timeout_s`` bounds it when
+    nothing is left to do); returns the last count."""
+    base = now = done()
+    deadline = time.monotonic() + timeout_s
+    while now < base + more and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = done()
+    return now

@@ -99,6 +99,11 @@ class Killer:
         return sum(n for _, n in self.rounds)
 
     @property
+    def enough(self) -> bool:
+        """Both minimums reached."""
+        return len(self.rounds) >= self.min_rounds and self.kills >= self.min_kills
+
+    @property
     def last_kill(self) -> datetime:
         return self.rounds[-1][0]
 
@@ -113,8 +118,7 @@ class Killer:
     def _run(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             while len(self.rounds) < self.max_rounds:
-                enough = len(self.rounds) >= self.min_rounds and self.kills >= self.min_kills
-                if enough and not self.keep_going.is_set():
+                if self.enough and not self.keep_going.is_set():
                     return
                 row = conn.execute(KILL_BACKENDS, (self.database,)).fetchone()
                 assert row is not None

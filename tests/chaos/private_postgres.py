@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psycopg
 
+from tests.chaos.ports import free_port
+
 PG_BIN_ROOT = Path("/usr/lib/postgresql")
 START_TIMEOUT_S = 60
 RUN_AS = "postgres"  # initdb and postgres refuse to run as root
@@ -121,7 +123,9 @@ def _init(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def private_postgres(port: int) -> Iterator[PrivatePostgres]:
+def private_postgres(port: int | None = None) -> Iterator[PrivatePostgres]:
+    """A server on ``port``, or on a free one (``tests/chaos/ports.py``) kept across restarts."""
+    port = free_port() if port is None else port
     folder = Path(tempfile.mkdtemp(prefix="vibey-pg-"))
     server = PrivatePostgres(port=port, folder=folder)
     try:

@@ -36,15 +36,11 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
+from tests.chaos.ports import free_port
+
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")  # the unwrapped scripts: no `su rabbitmq`
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _script(name: str) -> str:
@@ -133,9 +129,8 @@ def private_rabbit(
 ) -> Iterator[PrivateRabbit]:
     """Start a throwaway node; yield it once it accepts AMQP connections; always remove it."""
     root = Path(tempfile.mkdtemp(prefix="vibey-rabbit-"))
-    port, dist_port = _free_port(), _free_port()
-    while dist_port == port:
-        dist_port = _free_port()
+    taken: set[int] = set()
+    port, dist_port = free_port(taken), free_port(taken)
     node = f"vibey_t{uuid.uuid4().hex[:10]}@localhost"
     (root / "log").mkdir()
     (root / "mnesia").mkdir()

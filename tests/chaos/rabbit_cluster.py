@@ -1,9 +1,10 @@
 """A three-node RabbitMQ cluster on loopback, for one test: private nodes, own ports and data.
 
 Each node is a :mod:`tests.chaos.private_rabbit` node (its own folder, config, log, AMQP and
-distribution ports from this test's range) sharing one Erlang cookie; nodes 2 and 3 join
-node 1. A node can be SIGKILLed (:meth:`ClusterNode.kill`) and started again on the same data
-(:meth:`ClusterNode.start`): it rejoins the cluster. Everything is removed on exit.
+distribution ports, picked at random below the ephemeral range) sharing one Erlang cookie;
+nodes 2 and 3 join node 1. A node can be SIGKILLed (:meth:`ClusterNode.kill`) and started again
+on the same data and port (:meth:`ClusterNode.start`): it rejoins the cluster. Everything is
+removed on exit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.chaos.ports import free_port
 from tests.chaos.private_rabbit import (
     PrivateRabbit,
     _advanced_config,
@@ -33,22 +35,9 @@ from tests.chaos.private_rabbit import (
     node_env,
 )
 
-AMQP_PORTS = range(56700, 56800)  # this test's port ranges
-DIST_PORTS = range(25700, 25800)
-
-
-def _free_in(ports: range, taken: set[int]) -> int:
-    for port in ports:
-        if port in taken:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        taken.add(port)
-        return port
-    raise RuntimeError(f"no free port in {ports}")
+# rabbitmqctl boots a VM of its own: seconds on a quiet box, over a minute on a loaded one
+# (60 s ran out while other test runs shared the cores).
+CTL_TIMEOUT_S = 240.0
 
 
 @dataclass
@@ -99,7 +88,7 @@ def _port_open(port: int) -> bool:
 
 def _node(root: Path, cookie: str, taken: set[int], index: int) -> ClusterNode:
     root.mkdir()
-    port, dist_port = _free_in(AMQP_PORTS, taken), _free_in(DIST_PORTS, taken)
+    port, dist_port = free_port(taken), free_port(taken)
     name = f"vibey_c{index}_{uuid.uuid4().hex[:8]}@localhost"
     for folder in ("log", "mnesia"):
         (root / folder).mkdir()
@@ -132,10 +121,10 @@ def rabbit_cluster(size: int = 3) -> Iterator[list[ClusterNode]]:
         for node in nodes:
             node.start()
         for node in nodes[1:]:
-            node.rabbit.ctl("stop_app")
-            node.rabbit.ctl("join_cluster", nodes[0].name)
-            node.rabbit.ctl("start_app")
-        status = nodes[0].rabbit.ctl("cluster_status")
+            node.rabbit.ctl("stop_app", timeout=CTL_TIMEOUT_S)
+            node.rabbit.ctl("join_cluster", nodes[0].name, timeout=CTL_TIMEOUT_S)
+            node.rabbit.ctl("start_app", timeout=CTL_TIMEOUT_S)
+        status = nodes[0].rabbit.ctl("cluster_status", timeout=CTL_TIMEOUT_S)
         for node in nodes:
             assert node.name in status, status
         yield nodes

@@ -2,17 +2,19 @@
 RabbitMQ: every worker's consumers, publishers, relay and reconciler go through it.
 
 Mid-run the proxy resets every connection, later holds every byte for 8 s (a network that
-hangs rather than fails), then resets every connection again. The fleet must reconnect on
-its own. Invariants: nothing lost (every job succeeded), exactly one commit per job (the
-audit trigger's primary key), at quiescence the work and tier queues are empty and the
-outbox has nothing unsent. It prints its counts.
+hangs rather than fails), then resets every connection again. Each fault waits for progress
+(a share of the jobs succeeded since the one before), so all three land while work is left,
+whatever the box's speed, and each one after the first needs the fleet to have come back. The
+fleet must reconnect on its own. Invariants: nothing lost (every job succeeded), exactly one
+commit per job (the audit trigger's primary key), at quiescence the work and tier queues are
+empty and the outbox has nothing unsent. It prints its counts.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,8 +33,8 @@ from actors.fleet import Supervisor
 from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed, count, queue_depths
-from tests.chaos.rabbit_cluster import AMQP_PORTS
 from tests.chaos.tcp_proxy import TcpProxy, tcp_proxy
 from tests.chaos.test_chaos_rabbitmq import unsettled
 from tests.chaos.test_rabbitmq_cluster import TIERS, enqueue
@@ -44,17 +46,6 @@ WORKERS = 3
 DEADLINE_S = 300
 
 
-def free_port() -> int:
-    for port in reversed(AMQP_PORTS):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port for the proxy")
-
-
 def through(url: str, port: int) -> str:
     parts = urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)
@@ -62,18 +53,26 @@ def through(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
 
 
-def faults(proxy: TcpProxy, log: list[str], done: threading.Event) -> None:
+def faults(
+    proxy: TcpProxy,
+    succeeded: Callable[[], int],
+    total: int,
+    log: list[str],
+    done: threading.Event,
+) -> None:
+    """Each fault once a further share of the jobs succeeded: 10%, 40%, 70% (events, not a
+    clock), so every one lands mid-run and the second and third after the fleet recovered."""
     try:
-        deadline = time.monotonic() + 60
-        while proxy.accepted < WORKERS * 3 and time.monotonic() < deadline:
-            time.sleep(0.2)  # the fleet connected through the proxy
-        time.sleep(3)
-        log.append(f"cut {proxy.cut()} connections")
-        time.sleep(8)
-        proxy.stall(8)
-        log.append("stalled 8 s")
-        time.sleep(6)
-        log.append(f"cut {proxy.cut()} connections")
+        for share, fault in ((0.1, "cut"), (0.4, "stall"), (0.7, "cut")):
+            deadline = time.monotonic() + DEADLINE_S
+            while succeeded() < share * total and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if fault == "cut":
+                log.append(f"cut {proxy.cut()} connections at {succeeded()}/{total}")
+            else:
+                at = succeeded()
+                proxy.stall(8)
+                log.append(f"stalled 8 s at {at}/{total}")
     finally:
         done.set()
 
@@ -84,7 +83,7 @@ def test_cut_and_stalled_broker_connections_lose_nothing(
     seed = chaos_seed("broker cuts")
     target = urlsplit(amqp.url)
     with tcp_proxy(
-        listen_port=free_port(), target=(target.hostname or "127.0.0.1", target.port or 5672)
+        listen_port=0, target=(target.hostname or "127.0.0.1", target.port or 5672)
     ) as proxy:
         config = WorkerConfig(
             database=DatabaseSettings(url=pg_url),
@@ -117,7 +116,13 @@ def test_cut_and_stalled_broker_connections_lose_nothing(
             fleet.start()
             log: list[str] = []
             faulted = threading.Event()
-            threading.Thread(target=faults, args=(proxy, log, faulted), daemon=True).start()
+
+            def done_jobs() -> int:
+                return count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
+
+            threading.Thread(
+                target=faults, args=(proxy, done_jobs, total, log, faulted), daemon=True
+            ).start()
             queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
             queues += [config.names.tier_queue(name) for name in TIERS.names]
             try:
@@ -144,7 +149,7 @@ def test_cut_and_stalled_broker_connections_lose_nothing(
             unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
             claims = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")
         accepted = proxy.accepted
-    print(
+    figure(
         f"broker cuts (seed {seed}): jobs={total} claims={claims} faults={log} "
         f"connections accepted={accepted} commits={commits} "
         f"lost={total - sum(states.values())} double={commits - succeeded} states={states} "

@@ -47,6 +47,7 @@ from store.ledger import Ledger
 from store.workflows import WorkflowStore
 from tests.acceptance.stack import cooperative
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
 from workflows.engine import Registry, Status
 from workflows.protocol import DEFINITIONS
@@ -191,7 +192,7 @@ def test_sigkilled_workers_leave_no_agent_and_never_two_in_one_worktree(
     left = agent_processes(str(AGENT))
     runs = [json.loads(line) for line in runs_log.read_text().splitlines()]
     children = [r["child"] for r in runs if r["event"] == "child"]
-    print(
+    figure(
         f"agent chaos tally (seed {seed}): workflows={len(ids)} kills mid-attempt={kills} "
         f"runs={sum(r['event'] == 'start' for r in runs)} respawns={supervisor.respawns} "
         f"statuses={sorted({w.status.value for w in workflows})} "

@@ -41,6 +41,7 @@ from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.workflows import WorkflowStore
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
 from tests.tiny_definition import THREE_STEPS
 from workflows.engine import Registry
@@ -167,7 +168,7 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
                 "SELECT count(*) FROM job_outbox WHERE sent_at IS NOT NULL AND claimed_by IS NULL"
             )
             [(steps,)] = conn.execute("SELECT count(*) FROM job WHERE state = 'succeeded'")
-    print(
+    figure(
         f"in-place chaos tally (seed {seed}): workflows={len(ids)} steps={steps} "
         f"in place={in_place} respawns={supervisor.respawns} chains cut={len(cut)} "
         f"resumed after: median {statistics.median(waits or [0]):.2f}s, "

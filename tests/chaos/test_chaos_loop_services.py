@@ -33,6 +33,7 @@ from actors.worker import WorkerConfig
 from tests.acceptance.stack import VIBEY, Stack, stack
 from tests.agents.fake_cli import SOURCE, install, span_key
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
 from workflows.protocol.kinds import STEP_KINDS
 
@@ -228,7 +229,7 @@ def test_sigkilled_loop_services_and_workers_complete_every_workflow_once(
         stop.set()
         service.stop()
     spans = [json.loads(x) for x in (state / "spans.jsonl").read_text().splitlines()]
-    print(
+    figure(
         f"loop-service chaos tally (seed {seed}): kills={kills} services={service.started} "
         f"runs={sum(s['event'] == 'start' for s in spans)} "
         f"unended={len({span_key(s) for s in spans}) - sum(s['event'] == 'end' for s in spans)} "

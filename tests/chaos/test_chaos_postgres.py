@@ -33,6 +33,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from store.jobs import PostgresJobRepository
+from tests.chaos.figures import figure
 from workflows.job import LeasePolicy
 from workflows.queue import EnqueueRequest
 
@@ -214,7 +215,7 @@ def unsettled(pool: ConnectionPool) -> int:
 
 def test_sigkilled_workers_lose_nothing_and_commit_once(pg_url: str) -> None:
     seed = int(os.environ.get("VIBEY_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
-    print(f"\nchaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    figure(f"\nchaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
     tally = Tally()
     started = time.monotonic()
     leases = LeasePolicy(default=timedelta(milliseconds=LEASE_MS), by_kind={})
@@ -245,7 +246,7 @@ def test_sigkilled_workers_lose_nothing_and_commit_once(pg_url: str) -> None:
             commits = conn.execute("SELECT job_id FROM chaos_commit").fetchall()
             stale = conn.execute("SELECT count(*) FROM chaos_stale").fetchone()
     stale_rejected = tally.outcomes["STALE"]
-    print(
+    figure(
         f"chaos tally (seed {seed}): jobs={total} executions={tally.executions} "
         f"kills={tally.kills} ({tally.kills / max(tally.executions, 1):.0%}) "
         f"respawns={tally.respawns} acks={tally.outcomes['ACK']} nacks={tally.outcomes['NACK']} "

@@ -33,6 +33,7 @@ from actors.config import (
 from actors.fleet import Supervisor
 from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
+from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed, count
 from tests.chaos.test_chaos_rabbitmq import enqueue_chains, unsettled
 from tests.commit_audit import COMMIT_AUDIT
@@ -88,7 +89,7 @@ def test_sigkilled_postgres_backend_workers_lose_nothing_and_commit_once(
     for path in tmp_path.glob("*.log"):
         tally.update(path.read_text().split())
     doubles = commits - succeeded
-    print(
+    figure(
         f"postgres fleet chaos tally (seed {seed}): jobs={total} claims={executions} "
         f"kills={supervisor.respawns} commits={commits} lost={total - sum(states.values())} "
         f"double={doubles} states={states} step results={dict(tally)} outbox={outbox} "

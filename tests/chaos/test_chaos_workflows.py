@@ -3,6 +3,9 @@
 Four worker processes run the real protocol handlers (scripted engine, git worktrees) while
 the rabbit chaos crash points kill about one execution in five (before the claim, after the
 work, after the settle) and stall a few past their lease. Gates are answered as they open.
+Workflows are started until at least ``KILLS`` worker processes died (by construction,
+whatever the box's speed): ``WORKFLOWS`` at first, one more each time all have finished short of
+it.
 At the end: every workflow completed, each step's result was recorded once (one job per step
 name, one ``step_succeeded`` per step), every history replays to its stored state, every
 project's ledger verifies (gapless, digests match), nothing is leased and nothing is unsent.
@@ -16,6 +19,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 from psycopg_pool import ConnectionPool
@@ -36,6 +40,7 @@ from store.ledger import Ledger
 from store.workflows import WorkflowStore
 from tests.acceptance.stack import cooperative
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.fleet import chaos_seed
 from workflows.engine import Registry, Status
 from workflows.protocol import DEFINITIONS
@@ -45,6 +50,8 @@ from workflows.queue import Gate
 pytestmark = pytest.mark.chaos
 
 WORKFLOWS = 10
+MAX_WORKFLOWS = 40
+KILLS = 5  # worker processes killed by the crash points (and respawned), at least
 DEADLINE_S = 240.0
 LEASE = timedelta(seconds=3)
 SCRIPT = {
@@ -89,14 +96,17 @@ def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
         jobs = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
         ledger = Ledger(pool)
         store = WorkflowStore(pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=ledger)
-        ids = [
-            store.start(
-                f"wf{n:02d}",
-                definition="vibey-protocol",
-                input={"engine": {"name": "scripted", "script": SCRIPT}},
-            ).workflow.id
-            for n in range(WORKFLOWS)
-        ]
+        ids: list[UUID] = []
+
+        def more() -> None:
+            n = len(ids)
+            given = {"engine": {"name": "scripted", "script": SCRIPT}}
+            ids.append(
+                store.start(f"wf{n:02d}", definition="vibey-protocol", input=given).workflow.id
+            )
+
+        for _ in range(WORKFLOWS):
+            more()
         fleet.start()
         answered = 0
         try:
@@ -105,7 +115,9 @@ def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
                     store.answer(gate.id, answer_for(gate), by="chaos")
                     answered += 1
                 if all(store.get(i).status.finished for i in ids):
-                    break
+                    if supervisor.respawns >= KILLS or len(ids) >= MAX_WORKFLOWS:
+                        break
+                    more()  # the chaos is short of its count: more work for it to land on
                 time.sleep(0.2)
         finally:
             supervisor.stop()
@@ -121,8 +133,8 @@ def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
             [(attempts,)] = conn.execute("SELECT coalesce(sum(attempts), 0) FROM job")
         verified = [store.verify(i) for i in ids]
         ledgers = [ledger.verify(wf.project_id) for wf in workflows]
-    print(
-        f"workflow chaos tally (seed {seed}): workflows={WORKFLOWS} "
+    figure(
+        f"workflow chaos tally (seed {seed}): workflows={len(ids)} "
         f"statuses={sorted({w.status.value for w in workflows})} steps={succeeded} "
         f"claims={attempts} respawns={supervisor.respawns} gates answered={answered} "
         f"ledger events={sum(v.count for v in ledgers)} wall={time.monotonic() - started:.1f}s"
@@ -134,4 +146,4 @@ def test_sigkilled_workers_lose_no_workflow_step_or_ledger_event(
     assert all(v.ok for v in verified), [v.divergence for v in verified if not v.ok]
     assert all(v.ok for v in ledgers), [v.problem for v in ledgers if not v.ok]
     assert leased == 0
-    assert supervisor.respawns >= 5, "the chaos did not happen"
+    assert supervisor.respawns >= KILLS, "the chaos did not happen"

@@ -52,6 +52,7 @@ from actors.config import (
 )
 from actors.steps import StepResult
 from actors.worker import Runtime, WorkerConfig
+from tests.chaos.figures import figure
 from tests.chaos.private_rabbit import PrivateRabbit, private_rabbit
 from workflows.dispatch import Lane, WaitTiers
 from workflows.job import JobState
@@ -363,7 +364,7 @@ def test_steps_longer_than_consumer_timeout_run_once_and_lose_nothing(
         fate[(kind, how, d.result.value)] += 1
     redelivered = [d for d in recorder.deliveries if d.redelivered]
     victims = sum(1 for _, victim in recorder.stale_acks if victim)
-    print(
+    figure(
         f"\nconsumer_timeout tally: jobs={len(all_ids)} (long={len(long_ids)} x {LONG_S:.0f} s "
         f"every {LONG_EVERY_S:.0f} s, short={len(short_ids)} x {SHORT_S * 1000:.0f} ms), "
         f"consumer_timeout={CONSUMER_TIMEOUT_MS} ms, lease={LEASE.total_seconds():.0f} s\n"
@@ -379,7 +380,7 @@ def test_steps_longer_than_consumer_timeout_run_once_and_lose_nothing(
         f"node stop {node_stop:.1f} s, whole test {time.monotonic() - started:.1f} s"
     )
     for (kind, how, result), count in sorted(fate.items()):
-        print(f"    {kind:5} {how:11} delivery -> {result}: {count}")
+        figure(f"    {kind:5} {how:11} delivery -> {result}: {count}")
 
     # 0 lost dispatches: every job terminal within the deadline, at its first generation.
     assert len(jobs) == len(all_ids) == LONG_JOBS + SHORT_JOBS

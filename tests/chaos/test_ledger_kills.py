@@ -31,6 +31,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.chaos.figures import figure
+
 pytestmark = pytest.mark.chaos
 
 SLOTS = 8
@@ -208,7 +210,7 @@ def verify_all(url: str) -> list[subprocess.CompletedProcess[str]]:
 
 def test_sigkilled_appenders_leave_gapless_verified_ledgers(pg_url: str) -> None:
     seed = int(os.environ.get("VIBEY_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
-    print(f"\nledger chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
+    figure(f"\nledger chaos seed: {seed} (rerun with VIBEY_CHAOS_SEED={seed})")
     started = time.monotonic()
     fleet = Fleet(pg_url, seed)
     try:
@@ -218,7 +220,7 @@ def test_sigkilled_appenders_leave_gapless_verified_ledgers(pg_url: str) -> None
     elapsed = time.monotonic() - started
     t = fleet.tally
     total = TARGET * len(PROJECTS)
-    print(
+    figure(
         f"ledger chaos: {total} events in {elapsed:.1f}s with {SLOTS} appenders at once: "
         f"{total / elapsed:.0f} appends/s (process start-up included); {t.spawned} appender "
         f"processes, {t.killed} SIGKILLed ({t.killed / t.spawned:.0%}): {t.killed_holding} "

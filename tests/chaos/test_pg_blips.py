@@ -4,10 +4,12 @@ A `vibey worker` fleet (2 processes x 4 threads, the queue settings at their def
 lost-dispatch sweep at 120 s, the reconciler every 30 s) runs under three faults:
 
 * 300 three-step workflows while rounds of ``pg_terminate_backend`` cut every connection to the
-  test's database (what a failover, a pooler restart or an idle timeout does): every workflow
-  completes, no step's result is recorded twice, and the last completes within 10 s of the
-  last kill: a blip costs seconds, not the two minutes of a lost pointer (before the store's
-  retries, 139 s).
+  test's database (what a failover, a pooler restart or an idle timeout does); the rounds go on
+  while workflows are started, and more are started (``BATCH`` at a time) until the killer's
+  minimums are reached, so they all land before the last completion whatever the box's
+  speed. Every workflow completes, no step's result is recorded twice, and the last completes
+  within 10 s of the last kill: a blip costs seconds, not the two minutes of a lost pointer
+  (before the store's retries, 139 s).
 * The same kills during ten whole protocol workflows (the demo script, gates answered here):
   all complete, every history replays and every ledger verifies.
 * A private PostgreSQL server (its own port and data folder) stopped for 20 s mid-run and
@@ -41,6 +43,7 @@ from store.pool import open_pool
 from store.workflows import WorkflowStore
 from tests.acceptance.stack import DEMO_SCRIPT, cooperative
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.pg_blips import (
     Killer,
     curve,
@@ -61,6 +64,8 @@ from workflows.queue import Gate
 pytestmark = pytest.mark.chaos
 
 WORKFLOWS = 300
+BATCH = 30  # more workflows, while the kills fall short of the killer's minimums
+MAX_WORKFLOWS = 900
 DEADLINE_S = 300.0
 RECOVERY_S = 10.0
 COMPLETED = "SELECT count(*) FROM workflow WHERE status = 'completed'"
@@ -78,7 +83,8 @@ def declare_topology(amqp: Amqp) -> None:
     connection.close()
 
 
-def start_workflows(pool: ConnectionPool, amqp: Amqp, count: int) -> None:
+def start_workflows(pool: ConnectionPool, amqp: Amqp, count: int, first: int = 0) -> int:
+    """Start workflows ``blip<first>`` to ``blip<first + count - 1>``; returns ``count``."""
     records = DispatchRecords(pool=pool, relay_id="blip-test")
     relay = Relay(
         url=amqp.url, records=records, router=Router(names=amqp.names, tiers=DEFAULT_WAIT_TIERS)
@@ -91,7 +97,7 @@ def start_workflows(pool: ConnectionPool, amqp: Amqp, count: int) -> None:
         store = WorkflowStore(
             pool=pool, jobs=jobs, registry=Registry(THREE_STEPS), ledger=Ledger(pool)
         )
-        for n in range(count):
+        for n in range(first, first + count):
             for _ in range(5):  # under the kills: a start cut off at its commit is looked at again
                 try:
                     store.start(f"blip{n:03d}", definition="three-steps")  # once per project
@@ -101,6 +107,7 @@ def start_workflows(pool: ConnectionPool, amqp: Amqp, count: int) -> None:
         assert relay.flush(timeout=60), "the starts' pointers were not all published"
     finally:
         relay.stop()
+    return count
 
 
 def recorded_twice(url: str) -> int:
@@ -140,12 +147,14 @@ def test_backend_kills_cost_seconds_not_minutes(
         watcher.start()
         pool = open_pool(pg_url, min_size=1, max_size=2, name="blip-test")
         try:
-            start_workflows(pool, amqp, WORKFLOWS)
+            workflows = start_workflows(pool, amqp, WORKFLOWS)
+            while not killer.enough and workflows < MAX_WORKFLOWS:
+                workflows += start_workflows(pool, amqp, BATCH, first=workflows)
         finally:
             pool.close()
             killer.keep_going.clear()
         done = 0
-        while done < WORKFLOWS and time.monotonic() - started < DEADLINE_S:
+        while done < workflows and time.monotonic() - started < DEADLINE_S:
             done = points[-1][1] if points else 0
             time.sleep(0.2)
         watching.set()
@@ -158,8 +167,8 @@ def test_backend_kills_cost_seconds_not_minutes(
     assert final is not None and steps is not None and last is not None
     first_kill = killer.rounds[0][0]
     stall = (last - killer.last_kill).total_seconds()
-    print(
-        f"\npg blips: workflows={WORKFLOWS} completed={done} steps={steps[1]} "
+    figure(
+        f"\npg blips: workflows={workflows} completed={done} steps={steps[1]} "
         f"recorded_twice={twice} rounds={len(killer.rounds)} kills={killer.kills} "
         f"kills_over={(killer.last_kill - first_kill).total_seconds():.1f}s "
         f"last_completion_after_last_kill={stall:.1f}s\n"
@@ -168,7 +177,7 @@ def test_backend_kills_cost_seconds_not_minutes(
     )
     assert final[1] == 0, f"{final[1]} workflows did not complete"
     assert twice == 0, "a step's result was recorded twice"
-    assert steps[1] == 3 * WORKFLOWS
+    assert steps[1] == 3 * workflows
     during = [n for at, n in killer.rounds if at <= last]
     assert len(during) >= 10 and sum(during) >= 100, "the chaos did not happen during the run"
     assert stall <= RECOVERY_S, f"the last workflow completed {stall:.1f}s after the last kill"
@@ -229,7 +238,7 @@ def test_backend_kills_during_protocol_workflows_lose_nothing(
         finally:
             relay.stop()
     twice = recorded_twice(pg_url)
-    print(
+    figure(
         f"\npg blips, protocol: workflows={PROTOCOL_WORKFLOWS} "
         f"statuses={sorted({w.status.value for w in workflows})} gates_answered={answered} "
         f"rounds={len(killer.rounds)} kills={killer.kills} recorded_twice={twice} "
@@ -248,14 +257,13 @@ def answer_for(gate: Gate) -> str:
     return cooperative({"name": gate.name, "kind": gate.kind, "answers": list(gate.answers)})
 
 
-PRIVATE_PG_PORT = 55432
 OUTAGE_S = 20.0
 OUTAGE_WORKFLOWS = 150
 
 
 def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Path) -> None:
     declare_topology(amqp)
-    with private_postgres(PRIVATE_PG_PORT) as server:
+    with private_postgres() as server:
         migrate(server.url)
         url = server.url
         env = worker_env(url, amqp.url, amqp.prefix, THREE_STEP_ENV)
@@ -285,7 +293,7 @@ def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Pa
         pid = server.pid()
     assert left is not None and steps is not None and last is not None
     stall = (last - answered_at).total_seconds()
-    print(
+    figure(
         f"\npg outage: workflows={OUTAGE_WORKFLOWS} completed={done} steps={steps[1]} "
         f"recorded_twice={twice} stopped_for={(answered_at - stopped_at).total_seconds():.1f}s "
         f"last_completion_after_it_answered={stall:.1f}s\n"

@@ -4,7 +4,10 @@ A `vibey worker` fleet (2 processes x 4 threads, reconciling every 2 s) on eithe
 whole protocol workflows (the demo script, gates answered here) against a private server (its
 own port and data folder, ``tests/chaos/private_postgres.py``) that is stopped and started
 again four times mid-run: twice with a fast shutdown (every session ended, a checkpoint) and
-twice with an immediate stop (a crash: no checkpoint, WAL replayed at the next start).
+twice with an immediate stop (a crash: no checkpoint, WAL replayed at the next start). Each
+stop waits for progress (``PROGRESS`` more steps succeeded since the server last answered
+again), so it lands on a fleet at work that came back from the stop before, whatever the box's
+speed; with no step left to run, it happens after ``PROGRESS_WAIT_S`` all the same.
 
 Invariants: every workflow completes with the fleet never restarted, no step's result is
 recorded twice, every history replays to its stored state, every project's ledger verifies,
@@ -13,9 +16,9 @@ nothing is left leased. It prints its counts.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,7 @@ from store.migrate import migrate
 from store.workflows import WorkflowStore
 from tests.acceptance.stack import DEMO_SCRIPT
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.pg_blips import sample, vibey_worker, worker_env
 from tests.chaos.private_postgres import PrivatePostgres, private_postgres
 from tests.chaos.test_pg_blips import answer_for, declare_topology, recorded_twice
@@ -44,13 +48,31 @@ WORKFLOWS = 6
 DEADLINE_S = 420.0
 STOPS = ("fast", "immediate", "fast", "immediate")
 DOWN_S = 4.0
-PORT = 55500 + os.getpid() % 400  # apart from test_pg_blips' server and other runs
 
 
-def restarts(server: PrivatePostgres, log: list[str], done: threading.Event) -> None:
+PROGRESS = 2  # steps succeeded since the server answered again, before the next stop
+PROGRESS_WAIT_S = 30.0
+
+
+def restarts(
+    server: PrivatePostgres,
+    steps_done: Callable[[], int | None],
+    log: list[str],
+    at: list[int],
+    done: threading.Event,
+) -> None:
     try:
         for mode in STOPS:
-            time.sleep(8.0)
+            base: int | None = None
+            deadline = time.monotonic() + PROGRESS_WAIT_S
+            while time.monotonic() < deadline:
+                now = steps_done()  # None while the server does not answer yet
+                if base is None:
+                    base = now
+                elif now is not None and now >= base + PROGRESS:
+                    break
+                time.sleep(0.2)
+            at.append(steps_done() or 0)
             server.stop(mode)
             time.sleep(DOWN_S)
             server.start()
@@ -71,7 +93,7 @@ def test_restarts_of_the_database_lose_no_workflow_step(
         "VIBEY_QUEUE_BACKEND": backend,
         "VIBEY_QUEUE_POLL_INTERVAL": "1",
     }
-    with private_postgres(PORT) as server:
+    with private_postgres() as server:
         migrate(server.url)
         env = worker_env(server.url, amqp.url, amqp.prefix, extra)
         log: list[str] = []
@@ -104,7 +126,15 @@ def test_restarts_of_the_database_lose_no_workflow_step(
                 ).workflow.id
                 for n in range(WORKFLOWS)
             ]
-            threading.Thread(target=restarts, args=(server, log, faulted), daemon=True).start()
+
+            def steps_done() -> int | None:
+                point = sample(server.url, "SELECT count(*) FROM job WHERE state = 'succeeded'")
+                return None if point is None else point[1]
+
+            stopped_at: list[int] = []
+            threading.Thread(
+                target=restarts, args=(server, steps_done, log, stopped_at, faulted), daemon=True
+            ).start()
             started = time.monotonic()
             try:
                 while time.monotonic() - started < DEADLINE_S:
@@ -133,9 +163,10 @@ def test_restarts_of_the_database_lose_no_workflow_step(
     assert steps is not None and jobs_total is not None and leased is not None
     assert claims is not None
     unfinished = [w for w in workflows if w.status is not Status.COMPLETED]
-    print(
+    figure(
         f"\npg restarts ({backend}): workflows={WORKFLOWS} jobs={jobs_total[1]} "
-        f"claims={claims[1]} kills={len(log)} ({'/'.join(log)}) commits={steps[1]} "
+        f"claims={claims[1]} kills={len(log)} ({'/'.join(log)}, at {stopped_at} steps done) "
+        f"commits={steps[1]} "
         f"lost={len(unfinished)} double={twice} gates_answered={answered} "
         f"ledger_events={sum(v.count for v in ledgers)} wall={time.monotonic() - started:.1f}s"
     )

@@ -43,6 +43,7 @@ from actors.fleet import Supervisor
 from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from tests.amqp_fixtures import Amqp
+from tests.chaos.figures import figure
 from tests.chaos.fleet import count, queue_depths
 from tests.chaos.poison_handlers import KIND
 from workflows.dispatch import WaitTiers
@@ -120,7 +121,7 @@ def test_poison_jobs_park_and_healthy_jobs_never_do(
     pg_url: str, amqp: Amqp, tmp_path: Path, prefetch: int
 ) -> None:
     seed = int(os.environ.get("VIBEY_POISON_SEED") or random.SystemRandom().randrange(2**31))
-    print(f"\npoison seed: {seed} (rerun with VIBEY_POISON_SEED={seed}), prefetch {prefetch}")
+    figure(f"\npoison seed: {seed} (rerun with VIBEY_POISON_SEED={seed}), prefetch {prefetch}")
     config = WorkerConfig(
         database=DatabaseSettings(url=pg_url),
         bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
@@ -193,7 +194,7 @@ def test_poison_jobs_park_and_healthy_jobs_never_do(
     healthy_parked = Counter(
         errors[job_id] for job_id, (state, _, _) in healthy.items() if state == "awaiting_human"
     )
-    print(
+    figure(
         f"poison tally (seed {seed}, prefetch {prefetch}): jobs={len(jobs)} "
         f"respawns={supervisor.respawns} "
         f"parks={sum(1 for s, _, _ in jobs.values() if s == 'awaiting_human')} "

@@ -4,8 +4,10 @@ Three private nodes (own ports, data and cookie) form a cluster; vibey's topolog
 on it, so every work, tier and dead-letter queue is a quorum queue replicated on all three.
 A supervised fleet of Dramatiq workers, given all three AMQP URLs, runs chains of dependent
 steps (in the second test, whole protocol workflows with their gates answered). Mid-run the
-build queue's leader node is SIGKILLed and later started again (it rejoins), then another
-node is stopped and started (stop_app / start_app).
+build queue's leader node is SIGKILLed and 12 s later started again (it rejoins), then another
+node is stopped for 8 s (stop_app / start_app). Each fault waits for progress (steps succeeded
+since the run began, then since the leader came back), so both land on a fleet at work
+whatever the box's speed.
 
 Invariants: nothing lost (every job terminal), exactly one commit per succeeded job (the
 audit trigger's primary key), at quiescence the work and tier queues are empty on the
@@ -20,6 +22,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -42,8 +45,9 @@ from actors.worker import WorkerConfig
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.workflows import WorkflowStore
-from tests.chaos.fleet import chaos_seed, count
-from tests.chaos.rabbit_cluster import ClusterNode, rabbit_cluster
+from tests.chaos.figures import figure
+from tests.chaos.fleet import await_progress, chaos_seed, count
+from tests.chaos.rabbit_cluster import CTL_TIMEOUT_S, ClusterNode, rabbit_cluster
 from tests.chaos.test_chaos_rabbitmq import STEPS, unsettled
 from tests.chaos.test_chaos_workflows import SCRIPT, answer_for
 from tests.commit_audit import COMMIT_AUDIT
@@ -104,24 +108,38 @@ def depths(url: str, queues: list[str]) -> dict[str, int]:
         connection.close()
 
 
-def faults(nodes: list[ClusterNode], queue: str, log: list[str], done: threading.Event) -> None:
+PROGRESS = 5  # steps succeeded before each fault
+PROGRESS_WAIT_S = 60.0  # the bound when no step is left to run
+
+
+def faults(
+    nodes: list[ClusterNode],
+    queue: str,
+    steps_done: Callable[[], int],
+    log: list[str],
+    done: threading.Event,
+) -> None:
     try:
-        time.sleep(6)
+        at = await_progress(steps_done, PROGRESS, PROGRESS_WAIT_S)
         leader = leader_of(nodes, queue)
         leader.kill()
-        log.append(f"killed the leader {leader.name}")
+        log.append(f"killed the leader {leader.name} at {at} steps")
         time.sleep(12)
         leader.start()
         log.append(f"restarted {leader.name}")
-        time.sleep(8)
+        at = await_progress(steps_done, PROGRESS, PROGRESS_WAIT_S)
         other = next(node for node in nodes if node is not leader)
-        other.rabbit.ctl("stop_app")
-        log.append(f"stopped {other.name}")
+        other.rabbit.ctl("stop_app", timeout=CTL_TIMEOUT_S)
+        log.append(f"stopped {other.name} at {at} steps")
         time.sleep(8)
-        other.rabbit.ctl("start_app")
+        other.rabbit.ctl("start_app", timeout=CTL_TIMEOUT_S)
         log.append(f"started {other.name}")
     finally:
         done.set()
+
+
+def steps_done(pool: ConnectionPool) -> Callable[[], int]:
+    return lambda: count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
 
 
 def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
@@ -164,7 +182,9 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
             log: list[str] = []
             faulted = threading.Event()
             threading.Thread(
-                target=faults, args=(nodes, build_queue, log, faulted), daemon=True
+                target=faults,
+                args=(nodes, build_queue, steps_done(pool), log, faulted),
+                daemon=True,
             ).start()
             queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
             queues += [config.names.tier_queue(name) for name in TIERS.names]
@@ -191,7 +211,7 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
             succeeded = count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
             unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
             claims = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")
-    print(
+    figure(
         f"rabbitmq cluster (seed {seed}): jobs={total} claims={claims} faults={log} "
         f"commits={commits} lost={total - sum(states.values())} double={commits - succeeded} "
         f"states={states} queues={left} unsent={unsent} respawns={supervisor.respawns} "
@@ -260,7 +280,9 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
             log: list[str] = []
             faulted = threading.Event()
             threading.Thread(
-                target=faults, args=(nodes, build_queue, log, faulted), daemon=True
+                target=faults,
+                args=(nodes, build_queue, steps_done(pool), log, faulted),
+                daemon=True,
             ).start()
             answered = 0
             try:
@@ -297,7 +319,7 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
             verified = [store.verify(i) for i in ids]
             ledgers = [ledger.verify(wf.project_id) for wf in workflows]
     unfinished = [w.project_id for w in workflows if w.status is not Status.COMPLETED]
-    print(
+    figure(
         f"rabbitmq cluster, protocol (seed {seed}): workflows={PROTOCOL_WORKFLOWS} jobs={total} "
         f"claims={claims} faults={log} commits={commits} lost={len(unfinished) + live} "
         f"double={len(dupes)} gates answered={answered} unsent={unsent} "
