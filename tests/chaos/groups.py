@@ -43,6 +43,7 @@ class ChaosGroups(LoadGroupScheduling):  # type: ignore[misc]
         return GROUP if heavy(nodeid) else str(super()._split_scope(nodeid))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist: `-p no:xdist` runs without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ChaosGroups | None:
     """The scheduler for ``--dist loadgroup``; None leaves every other mode to xdist."""
     if config.getvalue("dist") != "loadgroup":
