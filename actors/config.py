@@ -40,7 +40,7 @@ from actors.declare import (
     check,
     setting,
 )
-from actors.webhooks import WebhookSpec
+from actors.webhook_spec import WebhookSpec
 from workflows.budget import Budget
 from workflows.dispatch import DEFAULT_WAIT_TIERS, MAX_PROJECT_ID_CHARS, Lane, WaitTiers
 from workflows.job import LeasePolicy, valid_kind_name

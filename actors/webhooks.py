@@ -27,14 +27,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from actors.event_consumer import EventConsumer
+from actors.webhook_spec import WebhookSpec
 from store.db import Conn, Pool
 from store.event_inbox import Effect, EventInbox
 from store.webhooks import Delivery, WebhookDeliveries, add_delivery_txn
-from workflows.events import EXCHANGE, DomainEvent, EventType, binding_key, encode
+from workflows.events import EXCHANGE, DomainEvent, binding_key, encode
 
 log = logging.getLogger(__name__)
 
@@ -43,64 +42,6 @@ TIMESTAMP_HEADER = "X-Vibey-Timestamp"
 BACKOFF_S = (1.0, 5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
 REPLAY_TOLERANCE_S = 300.0
 Post = Callable[[str, bytes, Mapping[str, str], float], int]
-
-
-class WebhookConfigError(ValueError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookSpec:
-    """One ``[notify.webhooks.<name>]`` table. ``events``: types (``gate.opened``), families
-    (``gate``) or ``*``."""
-
-    name: str
-    url: str
-    events: tuple[str, ...] = (EventType.GATE_OPENED.value,)
-    secret: str = ""
-    max_attempts: int = 8
-    timeout_s: float = 5.0
-
-    def wants(self, event_type: str) -> bool:
-        family = event_type.split(".", 1)[0]
-        return any(e in ("*", event_type, family) for e in self.events)
-
-
-def parse_webhooks(tables: Any, where: str) -> tuple[WebhookSpec, ...]:
-    """The ``[notify.webhooks.<name>]`` tables as specs; one line saying what is wrong."""
-    if not isinstance(tables, Mapping):
-        raise WebhookConfigError(f"{where}: [notify.webhooks] is a table of tables")
-    specs = []
-    known = {"url", "events", "secret", "max_attempts", "timeout_seconds"}
-    for name, table in sorted(tables.items()):
-        at = f"{where} [notify.webhooks.{name}]"
-        if not isinstance(table, Mapping):
-            raise WebhookConfigError(f"{at} must be a table")
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise WebhookConfigError(
-                f"{at}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}"
-            )
-        url = table.get("url")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise WebhookConfigError(f'{at}: url = "https://…" is required')
-        events = table.get("events", [EventType.GATE_OPENED.value])
-        if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
-            raise WebhookConfigError(f"{at}: events is a list of event types")
-        secret = table.get("secret", "")
-        if not isinstance(secret, str) or not secret:
-            raise WebhookConfigError(f'{at}: secret = "…" is required (the POSTs are signed)')
-        specs.append(
-            WebhookSpec(
-                name=name,
-                url=url,
-                events=tuple(events),
-                secret=secret,
-                max_attempts=int(table.get("max_attempts", 8)),
-                timeout_s=float(table.get("timeout_seconds", 5.0)),
-            )
-        )
-    return tuple(specs)
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:

@@ -243,7 +243,7 @@ def _webhooks(notify: Any, env: Mapping[str, str], where: str) -> tuple[Any, ...
     (so it need not live in the file)."""
     if notify == {}:
         return ()
-    from actors.webhooks import WebhookConfigError, parse_webhooks
+    from actors.webhook_spec import WebhookConfigError, parse_webhooks
 
     if not isinstance(notify, dict) or set(notify) - {"webhooks"}:
         raise SettingsError(f"{where}: [notify] holds only [notify.webhooks.<name>] tables")

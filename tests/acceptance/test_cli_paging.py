@@ -142,10 +142,14 @@ def test_history_and_ledger_page_by_seq(cli: Cli) -> None:
 
 
 def test_a_read_command_loads_neither_dramatiq_pika_nor_rich(cli: Cli) -> None:
-    # The settings read the engine roster with its pure parser (actors.agents.roster, and the
-    # confinement settings it holds, actors.agents.confine: the standard library alone); no
-    # other part of actors may load.
-    light = "('actors', 'actors.agents', 'actors.agents.roster', 'actors.agents.confine')"
+    # The settings' declarations (actors.config, actors.declare) read the engine roster with
+    # its pure parser (actors.agents.roster, the adapters' catalog and the confinement settings
+    # it holds) and the webhook tables (actors.webhook_spec): the standard library and
+    # pydantic alone. No other part of actors may load.
+    light = (
+        "('actors', 'actors.agents', 'actors.agents.roster', 'actors.agents.confine', "
+        "'actors.agents.catalog', 'actors.config', 'actors.declare', 'actors.webhook_spec')"
+    )
     probe = (
         "import sys; from vibey.cli import main; code = main(['gate', 'list', '--limit', '1']); "
         "print(code, sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -15,16 +15,8 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from actors.event_publisher import EventPublisher
-from actors.webhooks import (
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    WebhookConfigError,
-    WebhookService,
-    WebhookSpec,
-    parse_webhooks,
-    sign,
-    verify,
-)
+from actors.webhook_spec import WebhookConfigError, WebhookSpec, parse_webhooks
+from actors.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookService, sign, verify
 from store.events import EventLog
 from store.jobs import PostgresJobRepository
 from store.webhooks import WebhookDeliveries
