@@ -145,15 +145,7 @@ class PostgresBackend(PostgresRecord):
 
         def runner(owner: str) -> StepRunner:
             records = DispatchRecords(pool=self.pool, relay_id=owner)
-            return StepRunner(
-                jobs=self.jobs,
-                records=records,
-                broker=None,
-                names=names,
-                tiers=TIERS,
-                handlers=HANDLERS,
-                owner=owner,
-            )
+            return contract_runner(self.jobs, records, None, names, owner)
 
         self.workers = Workers(self.jobs, runner)
         stack.callback(self.workers.close)
@@ -209,15 +201,7 @@ class RabbitMqBackend(PostgresRecord):
         )
 
         def runner(owner: str) -> StepRunner:
-            return StepRunner(
-                jobs=self.jobs,
-                records=self.records,
-                broker=self.broker,
-                names=names,
-                tiers=TIERS,
-                handlers=HANDLERS,
-                owner=owner,
-            )
+            return contract_runner(self.jobs, self.records, self.broker, names, owner)
 
         self.workers = Workers(self.jobs, runner)
         reconciler = Reconciler(
@@ -281,15 +265,7 @@ class MemoryBackend:
         names = QueueNames("contract")
 
         def runner(owner: str) -> StepRunner:
-            return StepRunner(
-                jobs=self.jobs,
-                records=records,
-                broker=None,
-                names=names,
-                tiers=TIERS,
-                handlers=HANDLERS,
-                owner=owner,
-            )
+            return contract_runner(self.jobs, records, None, names, owner)
 
         self.workers = Workers(self.jobs, runner)
         stack.callback(self.workers.close)
@@ -393,3 +369,18 @@ def claim_none(
 ) -> list[Job]:
     """Claim for ``settle`` seconds and return anything claimed (a test expects nothing)."""
     return claim_n(repo, project_id, owner=owner, n=1, timeout=settle)
+
+
+def contract_runner(
+    jobs: Any, records: Any, broker: Any, names: QueueNames, owner: str
+) -> StepRunner:
+    """A step runner as every backend's workers build it here: the contract's handlers and tiers."""
+    return StepRunner(
+        jobs=jobs,
+        records=records,
+        broker=broker,
+        names=names,
+        tiers=TIERS,
+        handlers=HANDLERS,
+        owner=owner,
+    )
