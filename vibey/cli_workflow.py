@@ -16,7 +16,7 @@ from cyclopts import App, Parameter
 
 from vibey import render
 from vibey.command_groups import help_of
-from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
+from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
@@ -445,7 +445,7 @@ def list_(
         Print one JSON object.
     """
     from store.listings import WorkflowFilter
-    from store.workflow_reads import describe
+    from vibey.client import read_client
     from vibey.settings import load_settings
     from vibey.wiring import load_registry
     from workflows.engine import Status
@@ -461,14 +461,14 @@ def list_(
     listing = Listing("workflow list", "workflows", "newest", paging, filters_of(where))
     spec = listing.spec()
     settings = load_settings()
-    registry = load_registry(settings)
-    with listings(settings) as lists:
+    registry = load_registry(settings)  # first: a bad definition is said before connecting
+    with read_client(settings, registry=registry) as client:
         if paging.all and json_output:
-            found = lists.stream_workflows(where, newest_first=listing.newest_first)
-            ndjson(render.workflow_json(wf, describe(registry, wf)) for wf in found)
+            found = client.iter_workflows(where, newest_first=listing.newest_first)
+            ndjson(render.workflow_json(wf, client.describe(wf)) for wf in found)
             return ExitCode.OK
-        page = lists.workflows(where, spec)
-    items = [(wf, describe(registry, wf)) for wf in page.items]
+        page = client.workflow_page(where, spec)
+        items = [(wf, client.describe(wf)) for wf in page.items]
     if json_output:
         listed = [render.workflow_json(wf, d) for wf, d in items]
         render.dump({"workflows": listed, **listing.json_tail(page)})
@@ -504,18 +504,19 @@ def history(
     json_output
         Print one JSON object.
     """
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     filters = {"kind": kind}
     listing = Listing("workflow history", "events", "oldest", paging, filters, by_seq=True)
     spec = listing.spec()
-    with listings(load_settings()) as lists:
-        workflow = lists.workflow_for_project(_project(project))
+    with read_client(load_settings()) as client:
+        workflow = client.status(_project(project))
         if paging.all and json_output:
-            found = lists.stream_history(workflow.id, kind, newest_first=listing.newest_first)
+            found = client.iter_history(workflow.id, kind=kind, newest_first=listing.newest_first)
             ndjson(render.history_event_json(e) for e in found)
             return ExitCode.OK
-        page = lists.history(workflow.id, kind, spec)
+        page = client.history_page(workflow.id, spec, kind=kind)
     if json_output:
         shown = render.history_json(workflow, page.items)
         render.dump({**shown, **listing.json_tail(page)})
