@@ -11,6 +11,17 @@
         done = client.wait(run.id, timeout=30)     # the finished workflow, or a typed error
         spent = client.cost("acme")                # tokens and dollars so far, from the ledger
 
+Every `vibey` command a user runs goes through these methods, so Python can do what the
+command line does. Besides the workflow and gate methods here, the reads and routine writes of
+:class:`~vibey.client_reads.ClientReads` (which the client extends) use the pool alone: the
+pages and streams of ``gate_page``/``iter_gates``, ``workflow_page``/``iter_workflows``,
+``history_page``/``iter_history`` and ``ledger_page``/``iter_ledger`` (a
+:class:`~store.listings.PageSpec` in, a :class:`~store.listings.Page` out), ``ledger_head``,
+``verify_ledger``, ``events``, ``tenant``/``set_tenant``, ``routes``/``dedicate``/
+``undedicate``, ``engine_health``, ``rotate_engine`` and ``dead_letters``; and
+:meth:`Client.queue_stats`. :func:`read_client` is a command's client for those: one
+connection, no relay, nothing of :mod:`actors` loaded.
+
 One client holds a small connection pool and one relay (one AMQP connection, publisher
 confirms) for its whole life: every commit's dispatch pointers are handed to it right after
 the commit, and :meth:`flush` waits until the broker confirmed them. It routes a project's
