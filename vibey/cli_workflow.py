@@ -21,6 +21,7 @@ from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from contextlib import AbstractContextManager
 
     from store.workflow_reads import StartOutcome, Workflow
     from vibey.client import Client
@@ -310,10 +311,9 @@ def cost(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
-    from vibey.client import workflow_client
     from vibey.settings import load_settings
 
-    with workflow_client(load_settings()) as client:
+    with _reader(load_settings()) as client:
         found = client.cost(_project(project))
     if json_output:
         render.dump(found.to_json())
@@ -341,11 +341,10 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
-    from vibey.client import workflow_client
     from vibey.settings import load_settings
 
     settings = load_settings()
-    with workflow_client(settings) as client:
+    with _reader(settings) as client:
         workflow = client.status(_project(project))
         describe = client.describe(workflow)
         gates = [
@@ -374,6 +373,16 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
             f"(start one: {item['command']})"
         )
     return ExitCode.OK
+
+
+def _reader(settings: Settings) -> AbstractContextManager[Client]:
+    """A read command's client, checked as :func:`vibey.client.workflow_client` checks (the
+    database URL, then the definitions) but holding no relay: nothing here is dispatched."""
+    from vibey.client import read_client
+    from vibey.wiring import load_registry
+
+    settings.require_database_url()
+    return read_client(settings, registry=load_registry(settings))
 
 
 def _unserved(
