@@ -40,18 +40,17 @@ def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
     is sent with the pipeline's closing sync, one round trip (an explicit sync before it would
     be a second, empty one); its error, if any, is raised as the pipeline closes. A lost
     connection raises ``ConnectionLost`` up to the COMMIT and ``CommitUnknown`` from it on."""
-    with translated() as phase, pool.connection() as conn:
-        with conn.pipeline():
-            phase.quiet()  # a lost connection from here to the COMMIT: nothing committed
-            conn.execute(b"BEGIN")
-            try:
-                yield conn
-            except BaseException:
-                settle_pipeline(conn)
-                conn.execute(b"ROLLBACK")
-                raise
-            phase.committing()
-            conn.execute(b"COMMIT")
+    with translated() as phase, pool.connection() as conn, conn.pipeline():
+        phase.quiet()  # a lost connection from here to the COMMIT: nothing committed
+        conn.execute(b"BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            settle_pipeline(conn)
+            conn.execute(b"ROLLBACK")
+            raise
+        phase.committing()
+        conn.execute(b"COMMIT")
 
 
 def settle_pipeline(conn: Conn) -> None:

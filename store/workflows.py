@@ -61,6 +61,7 @@ from store.workflow_reads import (
 )
 from workflows.budget import STOP
 from workflows.effects import (
+    Effects,
     StepToRun,
     WindDown,
     blocked,
@@ -463,8 +464,13 @@ class WorkflowStore(WorkflowReads):
             event_json = Jsonb(encode_event(event))
             history = {"seq": seq, "event": event_json, "commands": Jsonb(commands), "at": now}
         drafts = [*facts, *implied(event, workflow.header, header, produced)]
-        self._emit(conn, workflow, drafts, cause[0])
-        self._carry_out(unit, workflow, header, produced, now)
+        rows = effects(str(workflow.id), workflow.header, header, produced, self._registry.kinds)
+        # The domain events go with the history row and the state (one statement fewer) when
+        # nothing in between writes events of its own (a gate's opening): their order holds.
+        events = _event_params(workflow, drafts, cause[0]) if history and not rows.gates else None
+        if events is None:
+            self._emit(conn, workflow, drafts, cause[0])
+        self._carry_out(unit, workflow, rows, now)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -481,6 +487,7 @@ class WorkflowStore(WorkflowReads):
             applied_seq=seq,
             read=read,
             history=history,
+            events=events,
         )
         if created:
             now_of_txn = workflow.updated_at
@@ -546,15 +553,9 @@ class WorkflowStore(WorkflowReads):
         )
 
     def _carry_out(
-        self,
-        unit: UnitOfWork,
-        workflow: Workflow,
-        header: Header,
-        commands: Sequence[Command],
-        now: datetime,
+        self, unit: UnitOfWork, workflow: Workflow, implied: Effects, now: datetime
     ) -> None:
         """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down."""
-        implied = effects(str(workflow.id), workflow.header, header, commands, self._registry.kinds)
         if implied.steps:
             requests = self._requests(unit.conn, workflow, implied.steps)
             self._jobs.enqueue_batch_txn(unit, requests)
@@ -720,16 +721,21 @@ class WorkflowStore(WorkflowReads):
         applied_seq: int | None,
         read: bool = True,
         history: Mapping[str, Any] | None = None,
+        events: Mapping[str, Any] | None = None,
     ) -> Workflow:
         """``history``: the event's history row (seq, event, commands, at), written in the
-        same statement."""
+        same statement; with it, ``events``: its domain events (:func:`_event_params`)."""
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
         run = fetch_one if read else _queued
+        query = "update_workflow"
+        if history is not None:
+            query = "record_and_update_workflow" if events is None else "record_emit_and_update"
         stamps = run(
             conn,
-            Q["update_workflow" if history is None else "record_and_update_workflow"],
+            Q[query],
             dict(history or {})
+            | dict(events or {})
             | {
                 "id": workflow.id,
                 "phase": header.phase,
@@ -779,6 +785,19 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:
+    """The parameters of ``drafts`` as ``record_emit_and_update`` writes them (those of
+    ``store.events.emit_txn``, whose ``insert_events`` it embeds)."""
+    return {
+        "project_id": workflow.project_id,
+        "correlation_id": str(workflow.id),
+        "causation_id": cause,
+        "event_ids": [uuid.uuid4() for _ in drafts],
+        "event_types": [d.event_type.value for d in drafts],
+        "payloads": [Jsonb(dict(d.payload)) for d in drafts],
+    }
 
 
 def _queued(conn: Conn, query: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
