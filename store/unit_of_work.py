@@ -19,7 +19,6 @@ A multi-statement unit runs in psycopg's pipeline mode: statements whose results
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -70,7 +69,6 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
 
 
 Q = load("dispatch.sql")
-_SAVEPOINTS = itertools.count(1)
 Publish = Callable[[Sequence[OutboxRow]], None]
 
 
@@ -137,18 +135,21 @@ class UnitOfWork:
     def savepoint(self) -> Iterator[None]:
         """A savepoint: an exception in the block undoes the block's statements (and their
         outbox rows) and propagates. Plain ``SAVEPOINT``/``RELEASE`` commands, which travel in
-        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times."""
-        name = f"unit_{next(_SAVEPOINTS)}"
+        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times.
+
+        One name for every savepoint: PostgreSQL keeps a shadowed savepoint, and ``ROLLBACK
+        TO``/``RELEASE`` take the most recent of that name, which nesting makes this block's.
+        Fixed texts are prepared once per connection, as every other statement is."""
         kept = len(self._pointers)
-        self.conn.execute(f"SAVEPOINT {name}".encode())
+        self.conn.execute(b"SAVEPOINT unit")
         try:
             yield
         except BaseException:
             settle_pipeline(self.conn)
-            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}".encode())
+            self.conn.execute(b"ROLLBACK TO SAVEPOINT unit")
             del self._pointers[kept:]
             raise
-        self.conn.execute(f"RELEASE SAVEPOINT {name}".encode())
+        self.conn.execute(b"RELEASE SAVEPOINT unit")
 
 
 class Units:
