@@ -470,7 +470,9 @@ class WorkflowStore(WorkflowReads):
         events = _event_params(workflow, drafts, cause[0]) if history and not rows.gates else None
         if events is None:
             self._emit(conn, workflow, drafts, cause[0])
-        self._carry_out(unit, workflow, rows, now)
+        else:  # and a finished workflow's open gates are closed by that statement too
+            events["closing"] = None if rows.wind_down is None else rows.wind_down.closing
+        self._carry_out(unit, workflow, rows, now, close_gates=events is None)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -553,16 +555,23 @@ class WorkflowStore(WorkflowReads):
         )
 
     def _carry_out(
-        self, unit: UnitOfWork, workflow: Workflow, implied: Effects, now: datetime
+        self,
+        unit: UnitOfWork,
+        workflow: Workflow,
+        implied: Effects,
+        now: datetime,
+        *,
+        close_gates: bool = True,
     ) -> None:
-        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down."""
+        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down
+        (``close_gates``: its open gates closed here, else by the workflow's update)."""
         if implied.steps:
             requests = self._requests(unit.conn, workflow, implied.steps)
             self._jobs.enqueue_batch_txn(unit, requests)
         for gate in implied.gates:
             self._open_gate(unit.conn, workflow, gate, now)
         if implied.wind_down is not None:
-            self._wind_down(unit.conn, workflow, implied.wind_down)
+            self._wind_down(unit.conn, workflow, implied.wind_down, close_gates=close_gates)
 
     def _requests(
         self, conn: Conn, workflow: Workflow, steps: Sequence[StepToRun]
@@ -604,9 +613,13 @@ class WorkflowStore(WorkflowReads):
         )
         self._emit(conn, workflow, [gate_opened(gate_id, command, deadline_at)], None)
 
-    def _wind_down(self, conn: Conn, workflow: Workflow, wind_down: WindDown) -> None:
+    def _wind_down(
+        self, conn: Conn, workflow: Workflow, wind_down: WindDown, *, close_gates: bool = True
+    ) -> None:
         if wind_down.cancel_steps:
             conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": wind_down.why})
+        if not close_gates:
+            return
         conn.execute(
             Q["close_open_gates"],
             {"workflow_id": workflow.id, "answer": wind_down.closing, "answered_by": "vibey"},
@@ -789,7 +802,8 @@ class WorkflowStore(WorkflowReads):
 
 def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:
     """The parameters of ``drafts`` as ``record_emit_and_update`` writes them (those of
-    ``store.events.emit_txn``, whose ``insert_events`` it embeds)."""
+    ``store.events.emit_txn``, whose ``insert_events`` it embeds); the caller adds
+    ``closing``, the note its open gates are closed with (None: they stay open)."""
     return {
         "project_id": workflow.project_id,
         "correlation_id": str(workflow.id),

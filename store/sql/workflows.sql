@@ -74,7 +74,8 @@ RETURNING updated_at, finished_at
 
 -- name: record_emit_and_update
 -- record_and_update_workflow with the event's domain events (events.sql's insert_events, in
--- draft order): a step's settle writes its history, events and state in one statement.
+-- draft order) and, when the workflow finished (%(closing)s not null), close_open_gates: a
+-- step's settle writes its history, events and state in one statement.
 WITH history AS (
     INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
     VALUES (%(id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
@@ -90,6 +91,12 @@ events AS (
     FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(payloads)s::jsonb[])
          WITH ORDINALITY AS e (event_id, event_type, payload, n)
     ORDER BY e.n
+),
+closed AS (
+    UPDATE gate
+    SET answer = %(closing)s, answered_by = 'vibey', answered_at = now(),
+        answer_source = 'closed'
+    WHERE %(closing)s::text IS NOT NULL AND workflow_id = %(id)s AND answered_at IS NULL
 )
 UPDATE workflow
 SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
