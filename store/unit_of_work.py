@@ -87,13 +87,13 @@ class UnitOfWork:
         marks it sent in that step's unit (:meth:`mark_sent`). In this transaction the row
         is released, so if the caller dies first a reconciler's drain sends it at its next
         pass, as it sends any unsent row nobody holds."""
-        self.conn.execute(Q["release_outbox"].encode(), {"ids": [row.id]})
+        self.conn.execute(Q["release_held"].encode(), {"id": row.id})
         self.held = row
 
     def mark_sent(self, row_id: int) -> None:
         """Mark a held outbox row sent, in the transaction of the step that claims its job:
         the pointer went no further than this process."""
-        self.conn.execute(Q["mark_sent"].encode(), {"ids": [row_id]})
+        self.conn.execute(Q["mark_held_sent"].encode(), {"id": row_id})
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
