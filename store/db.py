@@ -73,8 +73,10 @@ def settle_pipeline(conn: Conn) -> None:
     if conn.pgconn.pipeline_status == pq.PipelineStatus.OFF:
         return
     for _ in range(2):  # the first sync may stop at the failed statement's error
-        with contextlib.suppress(psycopg.Error), conn.pipeline() as pipeline:
-            pipeline.sync()
+        # A nested pipeline's exit is the sync (a sync inside it would cost a second one).
+        with contextlib.suppress(psycopg.Error), conn.pipeline():
+            pass
+        if conn.pgconn.pipeline_status != pq.PipelineStatus.ABORTED:
             return
 
 
