@@ -197,23 +197,26 @@ class WorkflowStore(WorkflowReads):
         self, starts: Sequence[tuple[str, JsonObject]], definition: str, span: EventSpan | None
     ) -> list[StartOutcome]:
         chosen = self._registry.latest(definition)
+        # Each project's new workflow id, the same whichever attempt commits it (a traced
+        # start's span is in that workflow's trace).
+        ids = {project: uuid.uuid4() for project, _ in starts}
         live: dict[str, Workflow] = {}
         made: dict[str, Workflow] = {}
         for _ in range(START_ROUNDS):
             todo = _firsts(starts, live)
             try:
-                made = self._start_fresh(todo, chosen, span) if todo else {}
+                made = self._start_fresh(todo, chosen, ids, span) if todo else {}
                 break
             except pg_errors.UniqueViolation as exc:
                 if exc.diag.constraint_name != LIVE_INDEX:
-                    return self._start_carefully(starts, definition, span)
+                    return self._start_carefully(starts, definition, ids, span)
                 live |= self._lives([project for project, _ in todo])
             except (StoreError, psycopg.OperationalError):
                 raise
             except Exception:  # noqa: BLE001 - the careful path blocks it, or raises it
-                return self._start_carefully(starts, definition, span)
+                return self._start_carefully(starts, definition, ids, span)
         else:
-            return self._start_carefully(starts, definition, span)
+            return self._start_carefully(starts, definition, ids, span)
         outcomes: list[StartOutcome] = []
         for project, _ in starts:
             if project in made:  # the first start of the project in the batch made it
@@ -227,12 +230,16 @@ class WorkflowStore(WorkflowReads):
         self,
         starts: Sequence[tuple[str, JsonObject]],
         chosen: Definition[Any],
+        ids: Mapping[str, UUID],
         span: EventSpan | None,
     ) -> dict[str, Workflow]:
         """Start each project (none has two starts here) in one unit and one round trip;
         raises what the unit raised (a project's live workflow: ``UniqueViolation``)."""
         with self._jobs.units.begin() as unit:
-            made = [self._send_start(unit, chosen, project, input) for project, input in starts]
+            made = [
+                self._send_start(unit, chosen, ids[project], project, input)
+                for project, input in starts
+            ]
             if span is not None:
                 first = made[0][0]
                 unit.trace(
@@ -248,14 +255,19 @@ class WorkflowStore(WorkflowReads):
         return {w.project_id: w for w in workflows}
 
     def _send_start(
-        self, unit: UnitOfWork, chosen: Definition[Any], project_id: str, input: JsonObject
+        self,
+        unit: UnitOfWork,
+        chosen: Definition[Any],
+        workflow_id: UUID,
+        project_id: str,
+        input: JsonObject,
     ) -> tuple[Workflow, Callable[[], Workflow]]:
         """Send a new workflow's insert and its first event's writes, reading nothing: the
         workflow as decided, and what reads its row once the unit committed."""
         now = self._clock()
         state = dict(chosen.encode_state(chosen.initial()))
         workflow = Workflow(
-            id=uuid.uuid4(),
+            id=workflow_id,
             project_id=project_id,
             definition=chosen.name,
             version=chosen.version,
@@ -309,12 +321,18 @@ class WorkflowStore(WorkflowReads):
         return started, read
 
     def _start_carefully(
-        self, starts: Sequence[tuple[str, JsonObject]], definition: str, span: EventSpan | None
+        self,
+        starts: Sequence[tuple[str, JsonObject]],
+        definition: str,
+        ids: Mapping[str, UUID],
+        span: EventSpan | None,
     ) -> list[StartOutcome]:
         """The starts one statement at a time (:meth:`start_txn`), in one unit."""
         with self._jobs.units.begin() as unit:
             outcomes = [
-                self.start_txn(unit, project, definition=definition, input=input)
+                self.start_txn(
+                    unit, project, definition=definition, input=input, workflow_id=ids[project]
+                )
                 for project, input in starts
             ]
             first = outcomes[0].workflow
@@ -337,15 +355,23 @@ class WorkflowStore(WorkflowReads):
         return {row["project_id"]: workflow_from_row(row) for row in rows}
 
     def start_txn(
-        self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
+        self,
+        unit: UnitOfWork,
+        project_id: str,
+        *,
+        definition: str,
+        input: JsonObject,
+        workflow_id: UUID | None = None,
     ) -> StartOutcome:
+        """A start in the caller's unit, one statement at a time: the insert read back (a
+        conflict: the live workflow read), the first event decided under a savepoint."""
         conn = unit.conn
         chosen = self._registry.latest(definition)
         row = fetch_one(
             conn,
             Q["insert_workflow"],
             {
-                "id": uuid.uuid4(),
+                "id": workflow_id or uuid.uuid4(),
                 "project_id": project_id,
                 "definition": chosen.name,
                 "version": chosen.version,
