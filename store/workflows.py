@@ -42,7 +42,7 @@ from psycopg.types.json import Jsonb
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
 from store.event_spans import NO_SPANS, Attributes, EventSpans, answer_trace, traced_unit
-from store.events import emit_txn
+from store.events import emit_on
 from store.jobs import PostgresJobRepository, gate_from_row
 from store.ledger import Ledger
 from store.retry import retried
@@ -273,7 +273,7 @@ class WorkflowStore(WorkflowReads):
             why = settlement.cancel_dependents
             conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
         if evidence and self._ledger is not None:  # what the engine reports it did
-            self._ledger.append_txn(
+            self._ledger.append_on(
                 conn,
                 job.project_id,
                 engine_events(evidence),
@@ -306,7 +306,7 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
         locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
-        found = self._jobs.lock_gate_txn(conn, gate_id)
+        found = self._jobs.lock_gate_txn(unit, gate_id)
         workflow = locked()
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
@@ -321,7 +321,7 @@ class WorkflowStore(WorkflowReads):
                 fact = recorded(GateAnswered(gate=found.kind, answer=answer, by=by))
                 facts = [Draft(d.event_type, {**d.payload, "gate_id": str(gate_id)}) for d in fact]
                 correlation = None if found.workflow_id is None else str(found.workflow_id)
-                emit_txn(
+                emit_on(
                     conn,
                     found.project_id,
                     facts,
@@ -506,7 +506,7 @@ class WorkflowStore(WorkflowReads):
             return open_finding_ids((r["kind"], r["payload"]) for r in rows)
 
         events = hook(event, commands, open_findings)
-        self._ledger.append_txn(
+        self._ledger.append_on(
             conn,
             workflow.project_id,
             events,
@@ -537,7 +537,7 @@ class WorkflowStore(WorkflowReads):
     def _emit(
         self, conn: Conn, workflow: Workflow, drafts: Sequence[Draft], cause: str | None
     ) -> None:
-        emit_txn(
+        emit_on(
             conn,
             workflow.project_id,
             drafts,
