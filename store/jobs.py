@@ -1,9 +1,12 @@
 """The job queue on PostgreSQL: :class:`workflows.queue.JobRepository` as named SQL.
 
-Each write comes in two forms: ``ack(lease)`` opens its own transaction, ``ack_txn(conn, lease)``
-joins the caller's, so a step's settle can commit the job, its history and its follow-ups in
-one transaction. Every settling write is one fenced statement (see ``store/sql/jobs.sql``);
-a write that lost its lease returns :data:`workflows.queue.NOT_APPLIED`.
+Each write comes in two forms: ``ack(lease)`` opens its own transaction,
+``ack_txn(unit, lease)`` joins the caller's unit of work, so a step's settle can commit the
+job, its history and its follow-ups in one transaction. A write that writes no outbox row and
+that no unit of work composes (``claim_on``, ``heartbeat_on``, ``grant_on``, ``assign_on``)
+takes the caller's connection instead (the ``_txn``/``_on`` convention: :mod:`store`). Every
+settling write is one fenced statement (see ``store/sql/jobs.sql``); a write that lost its
+lease returns :data:`workflows.queue.NOT_APPLIED`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
-from store.events import emit_txn
-from store.ledger import append_txn as ledger_append_txn
+from store.events import emit_on
+from store.ledger import append_on as ledger_append_on
 from store.retry import retried, retrying
 from store.sql import load
 from store.unit_of_work import Publish, UnitOfWork, Units
@@ -259,9 +262,9 @@ class PostgresJobRepository:
     def claim(
         self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
     ) -> list[Job]:
-        return self._run_one(self.claim_txn, project_id, owner=owner, limit=limit, kinds=kinds)
+        return self._run_one(self.claim_on, project_id, owner=owner, limit=limit, kinds=kinds)
 
-    def claim_txn(
+    def claim_on(
         self,
         conn: Conn,
         project_id: str,
@@ -290,9 +293,9 @@ class PostgresJobRepository:
     @retried("extend a lease", idempotent=True)
     def heartbeat(self, lease: Lease) -> Settled:
         with self._statement() as conn:
-            return self.heartbeat_txn(conn, lease)
+            return self.heartbeat_on(conn, lease)
 
-    def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
+    def heartbeat_on(self, conn: Conn, lease: Lease) -> Settled:
         row = fetch_one(conn, Q["heartbeat"], _fence(lease))
         if row is None:
             return NOT_APPLIED
@@ -429,7 +432,7 @@ class PostgresJobRepository:
             "deadline_at": None,
             "on_deadline": None,
         }
-        _gate_opened_txn(
+        _gate_opened_on(
             conn,
             opened,
             row["project_id"],
@@ -440,15 +443,15 @@ class PostgresJobRepository:
         return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
 
     def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
-        return self._run_one(self.grant_txn, lease, max_attempts=max_attempts)
+        return self._run_one(self.grant_on, lease, max_attempts=max_attempts)
 
-    def grant_txn(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
+    def grant_on(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
         return _settled(fetch_one(conn, Q["grant"], _fence(lease) | {"max_attempts": max_attempts}))
 
     def assign(self, lease: Lease, *, engine_id: str) -> Settled:
-        return self._run_one(self.assign_txn, lease, engine_id=engine_id)
+        return self._run_one(self.assign_on, lease, engine_id=engine_id)
 
-    def assign_txn(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
+    def assign_on(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
         return _settled(fetch_one(conn, Q["assign"], _fence(lease) | {"engine_id": engine_id}))
 
     # -- gates and the reaper --------------------------------------------------------------
@@ -494,7 +497,7 @@ class PostgresJobRepository:
         if answered is None:  # pragma: no cover - the row lock above rules this out
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.job_id is not None:
-            ledger_append_txn(
+            ledger_append_on(
                 conn,
                 gate.project_id,
                 [job_gate_answered(gate_id, answer, answered_by)],
@@ -527,7 +530,7 @@ class PostgresJobRepository:
                     | self._dispatch_params(),
                 )
                 for gate in row["opened"] if row else ():
-                    self._delivery_exhausted_txn(conn, gate)
+                    self._delivery_exhausted_on(conn, gate)
             batch_requeued = int(row["requeued"]) if row else 0
             batch_parked = int(row["parked"]) if row else 0
             requeued += batch_requeued
@@ -536,7 +539,7 @@ class PostgresJobRepository:
                 return ReapResult(requeued=requeued, parked=parked)
 
     @staticmethod
-    def _delivery_exhausted_txn(conn: Conn, gate: Mapping[str, Any]) -> None:
+    def _delivery_exhausted_on(conn: Conn, gate: Mapping[str, Any]) -> None:
         """A gate the reaper opened: its ``gate.opened`` event and its ledger question."""
         opened: dict[str, object] = {
             "gate_id": gate["id"],
@@ -552,7 +555,7 @@ class PostgresJobRepository:
         asked = job_gate_asked(
             gate["id"], "delivery_exhausted", DELIVERY_EXHAUSTED_PROMPT, (), gate["job_id"]
         )
-        _gate_opened_txn(
+        _gate_opened_on(
             conn, opened, gate["project_id"], workflow, asked, job_id=UUID(gate["job_id"])
         )
 
@@ -564,12 +567,9 @@ class PostgresJobRepository:
             row = fetch_one(conn, Q["get_job"], {"job_id": job_id})
         return None if row is None else job_from_row(row)
 
-    def get_gate_txn(self, conn: Conn, gate_id: UUID) -> Gate | None:
-        row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
-        return None if row is None else gate_from_row(row)
-
-    def lock_gate_txn(self, conn: Conn, gate_id: UUID) -> Gate | None:
-        row = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
+    def lock_gate_txn(self, unit: UnitOfWork, gate_id: UUID) -> Gate | None:
+        """The gate, locked until the caller's unit of work ends (``None``: no such gate)."""
+        row = fetch_one(unit.conn, Q["lock_gate"], {"gate_id": gate_id})
         return None if row is None else gate_from_row(row)
 
     @retried("read a gate", idempotent=True)
@@ -689,7 +689,7 @@ def gate_from_row(row: DictRow) -> Gate:
     )
 
 
-def _gate_opened_txn(
+def _gate_opened_on(
     conn: Conn,
     opened: Mapping[str, object],
     project_id: str,
@@ -701,14 +701,14 @@ def _gate_opened_txn(
     """A parked job's gate, in the transaction that opened it: the ``gate.opened`` domain
     event and the ledger's ``QuestionAsked`` (its answer appends the ``AnswerGiven``)."""
     correlation = None if workflow_id is None else str(workflow_id)
-    emit_txn(
+    emit_on(
         conn,
         project_id,
         [Draft(EventType.GATE_OPENED, dict(opened))],
         correlation_id=correlation,
         causation_id=str(job_id),
     )
-    ledger_append_txn(
+    ledger_append_on(
         conn,
         project_id,
         [asked],

@@ -15,6 +15,9 @@ A multi-statement unit runs in psycopg's pipeline mode: statements whose results
         jobs.ack_txn(unit, lease)
         workflows.record_txn(unit, workflow_id, event)
     # committed; the pointers the two wrote are with the relay
+
+A store call that joins a unit is named ``*_txn`` and takes the unit, never its bare
+connection; one that takes a connection is named ``*_on`` (the convention: :mod:`store`).
 """
 
 from __future__ import annotations

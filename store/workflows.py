@@ -51,7 +51,7 @@ from store.event_spans import (
     event_span,
     traced_unit,
 )
-from store.events import emit_txn
+from store.events import emit_on
 from store.jobs import PostgresJobRepository, fresh_batch, gate_from_row
 from store.ledger import Ledger
 from store.retry import retried
@@ -445,7 +445,7 @@ class WorkflowStore(WorkflowReads):
             why = settlement.cancel_dependents
             conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
         if evidence and self._ledger is not None:  # what the engine reports it did
-            self._ledger.append_txn(
+            self._ledger.append_on(
                 conn,
                 job.project_id,
                 engine_events(evidence),
@@ -478,7 +478,7 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
         locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
-        found = self._jobs.lock_gate_txn(conn, gate_id)
+        found = self._jobs.lock_gate_txn(unit, gate_id)
         workflow = locked()
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
@@ -493,7 +493,7 @@ class WorkflowStore(WorkflowReads):
                 fact = recorded(GateAnswered(gate=found.kind, answer=answer, by=by))
                 facts = [Draft(d.event_type, {**d.payload, "gate_id": str(gate_id)}) for d in fact]
                 correlation = None if found.workflow_id is None else str(found.workflow_id)
-                emit_txn(
+                emit_on(
                     conn,
                     found.project_id,
                     facts,
@@ -678,7 +678,7 @@ class WorkflowStore(WorkflowReads):
             return open_finding_ids((r["kind"], r["payload"]) for r in rows)
 
         events = hook(event, commands, open_findings)
-        self._ledger.append_txn(
+        self._ledger.append_on(
             conn,
             workflow.project_id,
             events,
@@ -709,7 +709,7 @@ class WorkflowStore(WorkflowReads):
     def _emit(
         self, conn: Conn, workflow: Workflow, drafts: Sequence[Draft], cause: str | None
     ) -> None:
-        emit_txn(
+        emit_on(
             conn,
             workflow.project_id,
             drafts,
