@@ -20,7 +20,8 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from psycopg.rows import DictRow
+from psycopg import Cursor
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
@@ -160,6 +161,26 @@ class PostgresJobRepository:
             ]
         return results
 
+    def enqueue_fresh_txn(self, unit: UnitOfWork, requests: Sequence[EnqueueRequest]) -> None:
+        """A new workflow's first jobs, sent without a read (:meth:`enqueue_batch_txn` reads
+        each insert back). The caller vouches for them (:func:`fresh_batch`): each has an id
+        of its own, its subject names a workflow no job has yet, so every insert creates its
+        row, and it waits only on jobs earlier in ``requests``, so none waiting is released
+        now (its dependencies have not run). Their outbox rows are read after the commit
+        (:meth:`UnitOfWork.read_after_commit`), in the commit's round trip."""
+        conn = unit.conn
+        for request in requests:
+            cur = conn.cursor(row_factory=dict_row)
+            params = self._insert_params(request, request.job_id, request.depends_on)
+            cur.execute(Q["insert_job"].encode(), params)
+            key = f"dispatch:{request.job_id}:1"  # the row insert_job writes, if it dispatches
+            unit.read_after_commit(_outbox_reader(unit, cur), outbox_key=key)
+            if request.depends_on:
+                ids = list(request.depends_on)
+                conn.execute(Q["insert_dependencies"], {"job_id": request.job_id, "ids": ids})
+        for project_id in sorted({r.project_id for r in requests}) if self._wake else ():
+            conn.execute(Q["notify_ready"], {"project_id": project_id})
+
     def _dispatch_released(
         self, unit: UnitOfWork, *, ids: Sequence[UUID] = (), parent: UUID | None = None
     ) -> set[UUID]:
@@ -191,27 +212,7 @@ class PostgresJobRepository:
             if missing:
                 raise UnknownDependencyError([row["id"] for row in missing])
         job_id = request.job_id or uuid.uuid4()
-        row = fetch_one(
-            conn,
-            Q["insert_job"],
-            {
-                "id": job_id,
-                "project_id": request.project_id,
-                "cycle": request.cycle,
-                "kind": request.kind,
-                "subject": request.subject,
-                "idempotency_key": request.idempotency_key,
-                "priority": request.priority,
-                "payload": Jsonb(dict(request.payload)),
-                "delay_s": request.delay.total_seconds(),
-                "max_attempts": request.max_attempts,
-                "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
-                "workflow_id": request.workflow_id,
-                "step": request.step,
-                "dispatch_now": self._dispatch and not depends_on,
-                "relay": self._relay_id,
-            },
-        )
+        row = fetch_one(conn, Q["insert_job"], self._insert_params(request, job_id, depends_on))
         if row is None:
             # A duplicate committed while the insert waited on it: this new statement (READ
             # COMMITTED) sees it.
@@ -232,6 +233,28 @@ class PostgresJobRepository:
         if depends_on:
             conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
         return Enqueued(job=job_from_row(row), created=True)
+
+    def _insert_params(
+        self, request: EnqueueRequest, job_id: UUID | None, depends_on: Sequence[UUID]
+    ) -> dict[str, Any]:
+        """``insert_job``'s parameters for ``request`` as job ``job_id``."""
+        return {
+            "id": job_id,
+            "project_id": request.project_id,
+            "cycle": request.cycle,
+            "kind": request.kind,
+            "subject": request.subject,
+            "idempotency_key": request.idempotency_key,
+            "priority": request.priority,
+            "payload": Jsonb(dict(request.payload)),
+            "delay_s": request.delay.total_seconds(),
+            "max_attempts": request.max_attempts,
+            "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
+            "workflow_id": request.workflow_id,
+            "step": request.step,
+            "dispatch_now": self._dispatch and not depends_on,
+            "relay": self._relay_id,
+        }
 
     # -- claim and fenced writes -----------------------------------------------------------
 
@@ -694,3 +717,28 @@ def _gate_opened_on(
         job_id=job_id,
         workflow_id=workflow_id,
     )
+
+
+def _outbox_reader(unit: UnitOfWork, cur: Cursor[DictRow]) -> Callable[[], None]:
+    """Read a fresh job's insert once its unit committed: its outbox rows, if dispatched."""
+
+    def read() -> None:
+        with cur:
+            row = cur.fetchone()
+        if row is not None and row["created"]:
+            unit.wrote_json(row["outbox_rows"])
+
+    return read
+
+
+def fresh_batch(requests: Sequence[EnqueueRequest]) -> bool:
+    """Whether :meth:`PostgresJobRepository.enqueue_fresh_txn` may take ``requests`` (a new
+    workflow's first steps): each has an id of its own and waits only on earlier ones."""
+    earlier: set[UUID] = set()
+    for request in requests:
+        if request.job_id is None or request.job_id in earlier:
+            return False
+        if any(dep not in earlier for dep in request.depends_on):
+            return False
+        earlier.add(request.job_id)
+    return True
