@@ -166,6 +166,10 @@ ORDER BY id
 -- A traced unit of work's rows, before its commit: the trace context their pointers continue.
 UPDATE job_outbox SET traceparent = %(traceparent)s WHERE id = ANY (%(ids)s::bigint[])
 
+-- name: trace_outbox_keys
+-- The same for rows the unit has not read back yet (a start's: ``read_after_commit``).
+UPDATE job_outbox SET traceparent = %(traceparent)s WHERE key = ANY (%(keys)s::text[])
+
 -- name: mark_sent
 -- After the broker confirmed (and did not return) each row's message.
 WITH sent AS (

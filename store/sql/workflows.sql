@@ -15,6 +15,21 @@ VALUES (
 ON CONFLICT (project_id) WHERE status IN ('running', 'blocked') DO NOTHING
 RETURNING *
 
+-- name: insert_new_workflow
+-- A start in one round trip: sent with everything its first event writes and the COMMIT,
+-- read after them. A live workflow of the project fails it on the partial unique index
+-- (and with it the transaction); the caller then reads that one (lives_for_projects).
+INSERT INTO workflow (id, project_id, definition, version, phase, cycle, input, state)
+VALUES (
+    %(id)s, %(project_id)s, %(definition)s, %(version)s, %(phase)s, %(cycle)s, %(input)s,
+    %(state)s
+)
+RETURNING *
+
+-- name: lives_for_projects
+SELECT * FROM workflow
+WHERE project_id = ANY(%(projects)s) AND status IN ('running', 'blocked')
+
 -- name: lock_workflow
 SELECT * FROM workflow WHERE id = %(id)s FOR UPDATE
 
