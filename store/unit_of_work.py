@@ -23,7 +23,6 @@ connection; one that takes a connection is named ``*_on`` (the convention: :mod:
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -74,7 +73,6 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
 
 
 Q = load("dispatch.sql")
-_SAVEPOINTS = itertools.count(1)
 Publish = Callable[[Sequence[OutboxRow]], None]
 
 
@@ -95,13 +93,13 @@ class UnitOfWork:
         marks it sent in that step's unit (:meth:`mark_sent`). In this transaction the row
         is released, so if the caller dies first a reconciler's drain sends it at its next
         pass, as it sends any unsent row nobody holds."""
-        self.conn.execute(Q["release_outbox"].encode(), {"ids": [row.id]})
+        self.conn.execute(Q["release_held"].encode(), {"id": row.id})
         self.held = row
 
     def mark_sent(self, row_id: int) -> None:
         """Mark a held outbox row sent, in the transaction of the step that claims its job:
         the pointer went no further than this process."""
-        self.conn.execute(Q["mark_sent"].encode(), {"ids": [row_id]})
+        self.conn.execute(Q["mark_held_sent"].encode(), {"id": row_id})
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
@@ -168,19 +166,22 @@ class UnitOfWork:
     def savepoint(self) -> Iterator[None]:
         """A savepoint: an exception in the block undoes the block's statements (and their
         outbox rows) and propagates. Plain ``SAVEPOINT``/``RELEASE`` commands, which travel in
-        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times."""
-        name = f"unit_{next(_SAVEPOINTS)}"
+        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times.
+
+        One name for every savepoint: PostgreSQL keeps a shadowed savepoint, and ``ROLLBACK
+        TO``/``RELEASE`` take the most recent of that name, which nesting makes this block's.
+        Fixed texts are prepared once per connection, as every other statement is."""
         kept, unread = len(self._pointers), len(self._unread)
-        self.conn.execute(f"SAVEPOINT {name}".encode())
+        self.conn.execute(b"SAVEPOINT unit")
         try:
             yield
         except BaseException:
             settle_pipeline(self.conn)
-            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}".encode())
+            self.conn.execute(b"ROLLBACK TO SAVEPOINT unit")
             del self._pointers[kept:]
             del self._unread[unread:]  # their statements were rolled back
             raise
-        self.conn.execute(f"RELEASE SAVEPOINT {name}".encode())
+        self.conn.execute(b"RELEASE SAVEPOINT unit")
 
 
 class Units:

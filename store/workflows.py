@@ -70,6 +70,7 @@ from store.workflow_reads import (
 )
 from workflows.budget import STOP
 from workflows.effects import (
+    Effects,
     StepToRun,
     WindDown,
     blocked,
@@ -635,8 +636,15 @@ class WorkflowStore(WorkflowReads):
             event_json = Jsonb(encode_event(event))
             history = {"seq": seq, "event": event_json, "commands": Jsonb(commands), "at": now}
         drafts = [*facts, *implied(event, workflow.header, header, produced)]
-        self._emit(conn, workflow, drafts, cause[0])
-        self._carry_out(unit, workflow, header, produced, now, fresh=created)
+        rows = effects(str(workflow.id), workflow.header, header, produced, self._registry.kinds)
+        # The domain events go with the history row and the state (one statement fewer) when
+        # nothing in between writes events of its own (a gate's opening): their order holds.
+        events = _event_params(workflow, drafts, cause[0]) if history and not rows.gates else None
+        if events is None:
+            self._emit(conn, workflow, drafts, cause[0])
+        else:  # and a finished workflow's open gates are closed by that statement too
+            events["closing"] = None if rows.wind_down is None else rows.wind_down.closing
+        self._carry_out(unit, workflow, rows, now, close_gates=events is None, fresh=created)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -653,6 +661,7 @@ class WorkflowStore(WorkflowReads):
             applied_seq=seq,
             read=read,
             history=history,
+            events=events,
         )
         if created:
             now_of_txn = workflow.updated_at
@@ -721,16 +730,16 @@ class WorkflowStore(WorkflowReads):
         self,
         unit: UnitOfWork,
         workflow: Workflow,
-        header: Header,
-        commands: Sequence[Command],
+        implied: Effects,
         now: datetime,
         *,
+        close_gates: bool = True,
         fresh: bool = False,
     ) -> None:
-        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down.
+        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down
+        (``close_gates``: its open gates closed here, else by the workflow's update).
         ``fresh``: the workflow's row is new in this transaction (no job of it exists), so
         its jobs are sent without being read back (``enqueue_fresh_txn``)."""
-        implied = effects(str(workflow.id), workflow.header, header, commands, self._registry.kinds)
         if implied.steps:
             requests = self._requests(unit.conn, workflow, implied.steps, fresh=fresh)
             if fresh and fresh_batch(requests):
@@ -740,7 +749,7 @@ class WorkflowStore(WorkflowReads):
         for gate in implied.gates:
             self._open_gate(unit.conn, workflow, gate, now)
         if implied.wind_down is not None:
-            self._wind_down(unit.conn, workflow, implied.wind_down)
+            self._wind_down(unit.conn, workflow, implied.wind_down, close_gates=close_gates)
 
     def _requests(
         self, conn: Conn, workflow: Workflow, steps: Sequence[StepToRun], *, fresh: bool = False
@@ -783,9 +792,13 @@ class WorkflowStore(WorkflowReads):
         )
         self._emit(conn, workflow, [gate_opened(gate_id, command, deadline_at)], None)
 
-    def _wind_down(self, conn: Conn, workflow: Workflow, wind_down: WindDown) -> None:
+    def _wind_down(
+        self, conn: Conn, workflow: Workflow, wind_down: WindDown, *, close_gates: bool = True
+    ) -> None:
         if wind_down.cancel_steps:
             conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": wind_down.why})
+        if not close_gates:
+            return
         conn.execute(
             Q["close_open_gates"],
             {"workflow_id": workflow.id, "answer": wind_down.closing, "answered_by": "vibey"},
@@ -900,16 +913,21 @@ class WorkflowStore(WorkflowReads):
         applied_seq: int | None,
         read: bool = True,
         history: Mapping[str, Any] | None = None,
+        events: Mapping[str, Any] | None = None,
     ) -> Workflow:
         """``history``: the event's history row (seq, event, commands, at), written in the
-        same statement."""
+        same statement; with it, ``events``: its domain events (:func:`_event_params`)."""
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
         run = fetch_one if read else _queued
+        query = "update_workflow"
+        if history is not None:
+            query = "record_and_update_workflow" if events is None else "record_emit_and_update"
         stamps = run(
             conn,
-            Q["update_workflow" if history is None else "record_and_update_workflow"],
+            Q[query],
             dict(history or {})
+            | dict(events or {})
             | {
                 "id": workflow.id,
                 "phase": header.phase,
@@ -959,6 +977,20 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:
+    """The parameters of ``drafts`` as ``record_emit_and_update`` writes them (those of
+    ``store.events.emit_on``, whose ``insert_events`` it embeds); the caller adds
+    ``closing``, the note its open gates are closed with (None: they stay open)."""
+    return {
+        "project_id": workflow.project_id,
+        "correlation_id": str(workflow.id),
+        "causation_id": cause,
+        "event_ids": [uuid.uuid4() for _ in drafts],
+        "event_types": [d.event_type.value for d in drafts],
+        "payloads": [Jsonb(dict(d.payload)) for d in drafts],
+    }
 
 
 def _firsts(
