@@ -509,10 +509,10 @@ class Handoffs:
             for member in sorted(run.roster, key=lambda m: m.id):
                 spec = member.spec
                 if spec is None:
-                    self._health.register_txn(conn, member.id, installed=True, weight=member.weight)
-                    self._health.record_doctor_txn(conn, member.id, passed=True, at=now)
+                    self._health.register_on(conn, member.id, installed=True, weight=member.weight)
+                    self._health.record_doctor_on(conn, member.id, passed=True, at=now)
                     continue
-                self._health.register_txn(
+                self._health.register_on(
                     conn,
                     member.id,
                     installed=installed(spec, self._agent_env),

@@ -230,7 +230,7 @@ class StepRunner:
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
             )
             job = self._records.claim_pointer_txn(
-                unit.conn, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+                unit, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
             )
             workflow = None if locked is None else locked()
             if job is None:

@@ -51,11 +51,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from actors.steps import StepResult
-from store.db import Conn
 from store.dispatch import PointerRow
 from store.event_spans import NO_SPANS, Attributes, EventSpans
 from store.ports import PointerClaims
-from store.unit_of_work import OutboxRow
+from store.unit_of_work import OutboxRow, UnitOfWork
 from workflows.queue import Job
 from workflows.steps import Handler, Handlers, Outcome, Short
 
@@ -270,11 +269,11 @@ class _TracedClaims:
         self._tracer = tracer
 
     def claim_pointer_txn(
-        self, conn: Conn, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
     ) -> Job | None:
         started = time.time_ns()
         job = self._inner.claim_pointer_txn(
-            conn, job_id=job_id, project_id=project_id, seq=seq, owner=owner
+            unit, job_id=job_id, project_id=project_id, seq=seq, owner=owner
         )
         if job is not None:
             self._tracer.claimed(job, started)

@@ -32,7 +32,7 @@ from actors.event_consumer import EventConsumer
 from actors.webhook_spec import WebhookSpec
 from store.db import Conn, Pool
 from store.event_inbox import Effect, EventInbox
-from store.webhooks import Delivery, WebhookDeliveries, add_delivery_txn
+from store.webhooks import Delivery, WebhookDeliveries, add_delivery_on
 from workflows.events import EXCHANGE, DomainEvent, binding_key, encode
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def webhook_effect(specs: Iterable[WebhookSpec]) -> Effect:
         body = encode(event)
         for spec in listed:
             if spec.wants(event.event_type.value):
-                add_delivery_txn(
+                add_delivery_on(
                     conn,
                     webhook=spec.name,
                     event_id=event.event_id,

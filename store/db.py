@@ -38,18 +38,32 @@ def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
     COMMIT travel with the next read (see ``store/unit_of_work.py``). Plain BEGIN/COMMIT
     commands, not psycopg's ``transaction()``, which syncs a pipeline four times. A lost
     connection raises ``ConnectionLost`` up to the COMMIT and ``CommitUnknown`` from it on."""
-    with translated() as phase, pool.connection() as conn, conn.pipeline() as pipeline:
-        phase.quiet()  # a lost connection from here to the COMMIT: nothing committed
-        conn.execute(b"BEGIN")
+    with translated() as phase, pool.connection() as conn:
         try:
-            yield conn
-        except BaseException:
-            settle_pipeline(conn)
-            conn.execute(b"ROLLBACK")
+            with conn.pipeline():
+                phase.quiet()  # a lost connection from here to the COMMIT: nothing committed
+                conn.execute(b"BEGIN")
+                try:
+                    yield conn
+                except BaseException:
+                    settle_pipeline(conn)
+                    conn.execute(b"ROLLBACK")
+                    raise
+                phase.committing()
+                # The pipeline's exit sends the COMMIT with its Sync and raises the commit's
+                # own error, if any: a second Sync of ours would cost a round trip of its own.
+                conn.execute(b"COMMIT")
+        except psycopg.DatabaseError:
+            _roll_back_failed(conn)  # a statement failed: its transaction ends here
             raise
-        phase.committing()
-        conn.execute(b"COMMIT")
-        pipeline.sync()  # the commit's own error, if any, is raised here
+
+
+def _roll_back_failed(conn: Conn) -> None:
+    """End a transaction a failed statement left aborted (its COMMIT was never run), so the
+    connection goes back to the pool idle."""
+    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
 
 
 def settle_pipeline(conn: Conn) -> None:
@@ -59,8 +73,10 @@ def settle_pipeline(conn: Conn) -> None:
     if conn.pgconn.pipeline_status == pq.PipelineStatus.OFF:
         return
     for _ in range(2):  # the first sync may stop at the failed statement's error
-        with contextlib.suppress(psycopg.Error), conn.pipeline() as pipeline:
-            pipeline.sync()
+        # A nested pipeline's exit is the sync (a sync inside it would cost a second one).
+        with contextlib.suppress(psycopg.Error), conn.pipeline():
+            pass
+        if conn.pgconn.pipeline_status != pq.PipelineStatus.ABORTED:
             return
 
 

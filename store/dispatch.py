@@ -20,7 +20,7 @@ from store.db import Conn, Pool, fetch_all, fetch_one, pipelined_transaction, st
 from store.jobs import job_from_row
 from store.retry import retried
 from store.sql import load
-from store.unit_of_work import OutboxRow, outbox_row
+from store.unit_of_work import OutboxRow, UnitOfWork, outbox_row
 from workflows.job import JobState
 from workflows.queue import DELIVERY_EXHAUSTED_PROMPT, Job
 
@@ -57,8 +57,8 @@ class OutboxBacklog:
 
 
 class DispatchRecords:
-    """Dispatch-side statements on the record store. ``*_txn`` forms join the caller's
-    transaction; the others run on their own (one statement each)."""
+    """Dispatch-side statements on the record store. ``*_txn`` forms join the caller's unit
+    of work; the others run on their own (one statement each)."""
 
     def __init__(self, *, pool: Pool, relay_id: str) -> None:
         self._pool = pool
@@ -68,17 +68,17 @@ class DispatchRecords:
         return statement(self._pool)
 
     def claim_pointer_txn(
-        self, conn: Conn, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
     ) -> Job | None:
         params = {"job_id": job_id, "project_id": project_id, "seq": seq, "owner": owner}
-        row = fetch_one(conn, Q["claim_pointer"], params)
+        row = fetch_one(unit.conn, Q["claim_pointer"], params)
         return None if row is None else job_from_row(row)
 
     @retried("claim a pointer", idempotent=False)  # an unknown commit: read the row
     def claim_pointer(self, *, job_id: UUID, project_id: str, seq: int, owner: str) -> Job | None:
-        with self._conn() as conn:
+        with self._conn() as conn:  # one statement, its own transaction: no outbox row
             return self.claim_pointer_txn(
-                conn, job_id=job_id, project_id=project_id, seq=seq, owner=owner
+                UnitOfWork(conn), job_id=job_id, project_id=project_id, seq=seq, owner=owner
             )
 
     @retried("read a pointer's job", idempotent=True)

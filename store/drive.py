@@ -86,7 +86,7 @@ def build_kinds(kinds: StepKinds) -> frozenset[str]:
     return frozenset(canonical | aliases)
 
 
-def claim_next_txn(conn: Conn, work: Work, *, owner: str, limit: int = 1) -> list[Job]:
+def claim_next_on(conn: Conn, work: Work, *, owner: str, limit: int = 1) -> list[Job]:
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     rows = fetch_all(conn, Q["claim_next"], {**work.params(), "owner": owner, "limit": limit})
@@ -98,7 +98,7 @@ def claim_next_txn(conn: Conn, work: Work, *, owner: str, limit: int = 1) -> lis
 def claim_next(pool: Pool, work: Work, *, owner: str, limit: int = 1) -> list[Job]:
     """Lease up to ``limit`` claimable jobs of ``work``, highest priority first."""
     with statement(pool) as conn:
-        return claim_next_txn(conn, work, owner=owner, limit=limit)
+        return claim_next_on(conn, work, owner=owner, limit=limit)
 
 
 def scaler_count(pool: Pool, work: Work) -> int:

@@ -12,8 +12,8 @@ row with the rows locked (in engine-id order), saves the round robin's weights, 
 chosen engine's circuit to half-open when its probe was due (the selection is the probe). An
 engine rotation has never heard a doctor pass from is never eligible.
 
-Each write comes as ``x(...)``, in a transaction of its own, and ``x_txn(conn, ...)``, in the
-caller's.
+Each write comes as ``x(...)``, in a transaction of its own, and ``x_on(conn, ...)``, on the
+caller's connection and in its transaction (none writes an outbox row: no unit of work).
 
 Exceptions::
 
@@ -35,7 +35,7 @@ from psycopg.rows import DictRow
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
-from store.events import emit_txn
+from store.events import emit_on
 from store.retry import retried
 from store.sql import load
 from workflows.capacity import (
@@ -170,7 +170,7 @@ class EngineHealthStore:
     ) -> EngineHealth:
         """Record what an engine is; its capacity, circuit and doctor passes are kept."""
         with transaction(self._pool) as conn:
-            return self.register_txn(
+            return self.register_on(
                 conn,
                 engine_id,
                 installed=installed,
@@ -179,7 +179,7 @@ class EngineHealthStore:
                 capabilities=capabilities,
             )
 
-    def register_txn(
+    def register_on(
         self,
         conn: Conn,
         engine_id: str,
@@ -206,9 +206,9 @@ class EngineHealthStore:
         """A doctor run at ``at``: a pass authenticates the engine (and makes a circuit held
         open by a failed login due for its probe); a failure de-authenticates it."""
         with transaction(self._pool) as conn:
-            return self.record_doctor_txn(conn, engine_id, passed=passed, at=at)
+            return self.record_doctor_on(conn, engine_id, passed=passed, at=at)
 
-    def record_doctor_txn(
+    def record_doctor_on(
         self, conn: Conn, engine_id: str, *, passed: bool, at: datetime
     ) -> EngineHealth:
         health = self._lock(conn, engine_id)
@@ -224,9 +224,9 @@ class EngineHealthStore:
     def record_outcome(self, engine_id: str, outcome: Outcome, now: datetime) -> Circuit:
         """One attempt's outcome on the engine's circuit (:func:`workflows.circuit.record`)."""
         with transaction(self._pool) as conn:
-            return self.record_outcome_txn(conn, engine_id, outcome, now)
+            return self.record_outcome_on(conn, engine_id, outcome, now)
 
-    def record_outcome_txn(
+    def record_outcome_on(
         self, conn: Conn, engine_id: str, outcome: Outcome, now: datetime
     ) -> Circuit:
         health = self._lock(conn, engine_id)
@@ -240,11 +240,6 @@ class EngineHealthStore:
         """A capacity rejection: the circuit opens at once with ``state``."""
         return self.record_outcome(engine_id, CapacityRejected(state), now)
 
-    def record_capacity_txn(
-        self, conn: Conn, engine_id: str, state: Exhausted, now: datetime
-    ) -> Circuit:
-        return self.record_outcome_txn(conn, engine_id, CapacityRejected(state), now)
-
     # -- rotation --------------------------------------------------------------------------
 
     @retried("select an engine", idempotent=False)
@@ -252,9 +247,9 @@ class EngineHealthStore:
         """Pick the engine for ``boundary`` among every engine's row (see the module
         docstring)."""
         with transaction(self._pool) as conn:
-            return self.select_txn(conn, boundary, policy, now)
+            return self.select_on(conn, boundary, policy, now)
 
-    def select_txn(
+    def select_on(
         self, conn: Conn, boundary: Boundary, policy: RotationPolicy, now: datetime
     ) -> Selection:
         healths = {r["engine_id"]: health_from_row(r) for r in fetch_all(conn, Q["lock_all"], {})}
@@ -295,7 +290,7 @@ class EngineHealthStore:
         if row is None:
             raise EngineNotFound(circuit.engine_id)
         if before.status is not circuit.status:
-            emit_txn(conn, "", [circuit_changed(before, circuit)], causation_id=circuit.engine_id)
+            emit_on(conn, "", [circuit_changed(before, circuit)], causation_id=circuit.engine_id)
         return health_from_row(row)
 
     # -- operator requests -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Domain events in PostgreSQL: the record, and the outbox the event publisher drains.
 
-:func:`emit_txn` writes drafts (``workflows.events.Draft``) in the caller's transaction, so an
+:func:`emit_on` writes drafts (``workflows.events.Draft``) in the caller's transaction, so an
 event exists exactly when the change it reports committed. :class:`EventLog` reads them back
 (``vibey events tail``, by-reference payloads) and gives the publisher its batches
 (:meth:`EventLog.publish_batch`): rows locked ``FOR UPDATE SKIP LOCKED`` while they are sent,
@@ -26,10 +26,10 @@ from store.sql import load
 from workflows.events import DomainEvent, Draft, EventType
 
 Q = load("events.sql")
-__all__ = ["EventLog", "emit_txn", "event_from_row"]
+__all__ = ["EventLog", "emit_on", "event_from_row"]
 
 
-def emit_txn(
+def emit_on(
     conn: Conn,
     project_id: str,
     drafts: Sequence[Draft],
@@ -82,7 +82,7 @@ class EventLog:
         causation_id: str | None = None,
     ) -> list[UUID]:
         with transaction(self._pool) as conn:
-            return emit_txn(
+            return emit_on(
                 conn,
                 project_id,
                 drafts,

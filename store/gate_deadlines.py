@@ -28,7 +28,7 @@ from uuid import UUID
 
 from store.db import Pool, fetch_all, fetch_one, transaction
 from store.event_spans import Attributes, traced_unit
-from store.events import emit_txn
+from store.events import emit_on
 from store.sql import load
 from store.unit_of_work import UnitOfWork
 from store.workflows import WorkflowStore
@@ -153,7 +153,7 @@ class GateDeadlines:
 
     def _emit(self, conn: Any, gate: Any, draft: Draft) -> None:
         workflow = gate["workflow_id"]
-        emit_txn(
+        emit_on(
             conn,
             gate["project_id"],
             [draft],

@@ -1,9 +1,12 @@
 """The job queue on PostgreSQL: :class:`workflows.queue.JobRepository` as named SQL.
 
-Each write comes in two forms: ``ack(lease)`` opens its own transaction, ``ack_txn(conn, lease)``
-joins the caller's, so a step's settle can commit the job, its history and its follow-ups in
-one transaction. Every settling write is one fenced statement (see ``store/sql/jobs.sql``);
-a write that lost its lease returns :data:`workflows.queue.NOT_APPLIED`.
+Each write comes in two forms: ``ack(lease)`` opens its own transaction,
+``ack_txn(unit, lease)`` joins the caller's unit of work, so a step's settle can commit the
+job, its history and its follow-ups in one transaction. A write that writes no outbox row and
+that no unit of work composes (``claim_on``, ``heartbeat_on``, ``grant_on``, ``assign_on``)
+takes the caller's connection instead (the ``_txn``/``_on`` convention: :mod:`store`). Every
+settling write is one fenced statement (see ``store/sql/jobs.sql``); a write that lost its
+lease returns :data:`workflows.queue.NOT_APPLIED`.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from psycopg.rows import DictRow
+from psycopg import Cursor
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
-from store.events import emit_txn
-from store.ledger import append_txn as ledger_append_txn
+from store.events import emit_on
+from store.ledger import append_on as ledger_append_on
 from store.retry import retried, retrying
 from store.sql import load
 from store.unit_of_work import Publish, UnitOfWork, Units
@@ -157,6 +161,26 @@ class PostgresJobRepository:
             ]
         return results
 
+    def enqueue_fresh_txn(self, unit: UnitOfWork, requests: Sequence[EnqueueRequest]) -> None:
+        """A new workflow's first jobs, sent without a read (:meth:`enqueue_batch_txn` reads
+        each insert back). The caller vouches for them (:func:`fresh_batch`): each has an id
+        of its own, its subject names a workflow no job has yet, so every insert creates its
+        row, and it waits only on jobs earlier in ``requests``, so none waiting is released
+        now (its dependencies have not run). Their outbox rows are read after the commit
+        (:meth:`UnitOfWork.read_after_commit`), in the commit's round trip."""
+        conn = unit.conn
+        for request in requests:
+            cur = conn.cursor(row_factory=dict_row)
+            params = self._insert_params(request, request.job_id, request.depends_on)
+            cur.execute(Q["insert_job"].encode(), params)
+            key = f"dispatch:{request.job_id}:1"  # the row insert_job writes, if it dispatches
+            unit.read_after_commit(_outbox_reader(unit, cur), outbox_key=key)
+            if request.depends_on:
+                ids = list(request.depends_on)
+                conn.execute(Q["insert_dependencies"], {"job_id": request.job_id, "ids": ids})
+        for project_id in sorted({r.project_id for r in requests}) if self._wake else ():
+            conn.execute(Q["notify_ready"], {"project_id": project_id})
+
     def _dispatch_released(
         self, unit: UnitOfWork, *, ids: Sequence[UUID] = (), parent: UUID | None = None
     ) -> set[UUID]:
@@ -188,27 +212,7 @@ class PostgresJobRepository:
             if missing:
                 raise UnknownDependencyError([row["id"] for row in missing])
         job_id = request.job_id or uuid.uuid4()
-        row = fetch_one(
-            conn,
-            Q["insert_job"],
-            {
-                "id": job_id,
-                "project_id": request.project_id,
-                "cycle": request.cycle,
-                "kind": request.kind,
-                "subject": request.subject,
-                "idempotency_key": request.idempotency_key,
-                "priority": request.priority,
-                "payload": Jsonb(dict(request.payload)),
-                "delay_s": request.delay.total_seconds(),
-                "max_attempts": request.max_attempts,
-                "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
-                "workflow_id": request.workflow_id,
-                "step": request.step,
-                "dispatch_now": self._dispatch and not depends_on,
-                "relay": self._relay_id,
-            },
-        )
+        row = fetch_one(conn, Q["insert_job"], self._insert_params(request, job_id, depends_on))
         if row is None:
             # A duplicate committed while the insert waited on it: this new statement (READ
             # COMMITTED) sees it.
@@ -230,15 +234,37 @@ class PostgresJobRepository:
             conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
         return Enqueued(job=job_from_row(row), created=True)
 
+    def _insert_params(
+        self, request: EnqueueRequest, job_id: UUID | None, depends_on: Sequence[UUID]
+    ) -> dict[str, Any]:
+        """``insert_job``'s parameters for ``request`` as job ``job_id``."""
+        return {
+            "id": job_id,
+            "project_id": request.project_id,
+            "cycle": request.cycle,
+            "kind": request.kind,
+            "subject": request.subject,
+            "idempotency_key": request.idempotency_key,
+            "priority": request.priority,
+            "payload": Jsonb(dict(request.payload)),
+            "delay_s": request.delay.total_seconds(),
+            "max_attempts": request.max_attempts,
+            "lease_ms": _millis(self._leases.lease_for(request.kind, request.lease)),
+            "workflow_id": request.workflow_id,
+            "step": request.step,
+            "dispatch_now": self._dispatch and not depends_on,
+            "relay": self._relay_id,
+        }
+
     # -- claim and fenced writes -----------------------------------------------------------
 
     @retried("claim jobs", idempotent=False)
     def claim(
         self, project_id: str, *, owner: str, limit: int = 1, kinds: Collection[str] | None = None
     ) -> list[Job]:
-        return self._run_one(self.claim_txn, project_id, owner=owner, limit=limit, kinds=kinds)
+        return self._run_one(self.claim_on, project_id, owner=owner, limit=limit, kinds=kinds)
 
-    def claim_txn(
+    def claim_on(
         self,
         conn: Conn,
         project_id: str,
@@ -267,9 +293,9 @@ class PostgresJobRepository:
     @retried("extend a lease", idempotent=True)
     def heartbeat(self, lease: Lease) -> Settled:
         with self._statement() as conn:
-            return self.heartbeat_txn(conn, lease)
+            return self.heartbeat_on(conn, lease)
 
-    def heartbeat_txn(self, conn: Conn, lease: Lease) -> Settled:
+    def heartbeat_on(self, conn: Conn, lease: Lease) -> Settled:
         row = fetch_one(conn, Q["heartbeat"], _fence(lease))
         if row is None:
             return NOT_APPLIED
@@ -406,7 +432,7 @@ class PostgresJobRepository:
             "deadline_at": None,
             "on_deadline": None,
         }
-        _gate_opened_txn(
+        _gate_opened_on(
             conn,
             opened,
             row["project_id"],
@@ -417,15 +443,15 @@ class PostgresJobRepository:
         return Settled(True, JobState.AWAITING_HUMAN, gate_id=row["id"])
 
     def grant(self, lease: Lease, *, max_attempts: int) -> Settled:
-        return self._run_one(self.grant_txn, lease, max_attempts=max_attempts)
+        return self._run_one(self.grant_on, lease, max_attempts=max_attempts)
 
-    def grant_txn(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
+    def grant_on(self, conn: Conn, lease: Lease, *, max_attempts: int) -> Settled:
         return _settled(fetch_one(conn, Q["grant"], _fence(lease) | {"max_attempts": max_attempts}))
 
     def assign(self, lease: Lease, *, engine_id: str) -> Settled:
-        return self._run_one(self.assign_txn, lease, engine_id=engine_id)
+        return self._run_one(self.assign_on, lease, engine_id=engine_id)
 
-    def assign_txn(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
+    def assign_on(self, conn: Conn, lease: Lease, *, engine_id: str) -> Settled:
         return _settled(fetch_one(conn, Q["assign"], _fence(lease) | {"engine_id": engine_id}))
 
     # -- gates and the reaper --------------------------------------------------------------
@@ -471,7 +497,7 @@ class PostgresJobRepository:
         if answered is None:  # pragma: no cover - the row lock above rules this out
             return AnswerOutcome(AnswerStatus.ALREADY_ANSWERED, gate)
         if gate.job_id is not None:
-            ledger_append_txn(
+            ledger_append_on(
                 conn,
                 gate.project_id,
                 [job_gate_answered(gate_id, answer, answered_by)],
@@ -504,7 +530,7 @@ class PostgresJobRepository:
                     | self._dispatch_params(),
                 )
                 for gate in row["opened"] if row else ():
-                    self._delivery_exhausted_txn(conn, gate)
+                    self._delivery_exhausted_on(conn, gate)
             batch_requeued = int(row["requeued"]) if row else 0
             batch_parked = int(row["parked"]) if row else 0
             requeued += batch_requeued
@@ -513,7 +539,7 @@ class PostgresJobRepository:
                 return ReapResult(requeued=requeued, parked=parked)
 
     @staticmethod
-    def _delivery_exhausted_txn(conn: Conn, gate: Mapping[str, Any]) -> None:
+    def _delivery_exhausted_on(conn: Conn, gate: Mapping[str, Any]) -> None:
         """A gate the reaper opened: its ``gate.opened`` event and its ledger question."""
         opened: dict[str, object] = {
             "gate_id": gate["id"],
@@ -529,7 +555,7 @@ class PostgresJobRepository:
         asked = job_gate_asked(
             gate["id"], "delivery_exhausted", DELIVERY_EXHAUSTED_PROMPT, (), gate["job_id"]
         )
-        _gate_opened_txn(
+        _gate_opened_on(
             conn, opened, gate["project_id"], workflow, asked, job_id=UUID(gate["job_id"])
         )
 
@@ -541,12 +567,9 @@ class PostgresJobRepository:
             row = fetch_one(conn, Q["get_job"], {"job_id": job_id})
         return None if row is None else job_from_row(row)
 
-    def get_gate_txn(self, conn: Conn, gate_id: UUID) -> Gate | None:
-        row = fetch_one(conn, Q["get_gate"], {"gate_id": gate_id})
-        return None if row is None else gate_from_row(row)
-
-    def lock_gate_txn(self, conn: Conn, gate_id: UUID) -> Gate | None:
-        row = fetch_one(conn, Q["lock_gate"], {"gate_id": gate_id})
+    def lock_gate_txn(self, unit: UnitOfWork, gate_id: UUID) -> Gate | None:
+        """The gate, locked until the caller's unit of work ends (``None``: no such gate)."""
+        row = fetch_one(unit.conn, Q["lock_gate"], {"gate_id": gate_id})
         return None if row is None else gate_from_row(row)
 
     @retried("read a gate", idempotent=True)
@@ -666,7 +689,7 @@ def gate_from_row(row: DictRow) -> Gate:
     )
 
 
-def _gate_opened_txn(
+def _gate_opened_on(
     conn: Conn,
     opened: Mapping[str, object],
     project_id: str,
@@ -678,14 +701,14 @@ def _gate_opened_txn(
     """A parked job's gate, in the transaction that opened it: the ``gate.opened`` domain
     event and the ledger's ``QuestionAsked`` (its answer appends the ``AnswerGiven``)."""
     correlation = None if workflow_id is None else str(workflow_id)
-    emit_txn(
+    emit_on(
         conn,
         project_id,
         [Draft(EventType.GATE_OPENED, dict(opened))],
         correlation_id=correlation,
         causation_id=str(job_id),
     )
-    ledger_append_txn(
+    ledger_append_on(
         conn,
         project_id,
         [asked],
@@ -694,3 +717,28 @@ def _gate_opened_txn(
         job_id=job_id,
         workflow_id=workflow_id,
     )
+
+
+def _outbox_reader(unit: UnitOfWork, cur: Cursor[DictRow]) -> Callable[[], None]:
+    """Read a fresh job's insert once its unit committed: its outbox rows, if dispatched."""
+
+    def read() -> None:
+        with cur:
+            row = cur.fetchone()
+        if row is not None and row["created"]:
+            unit.wrote_json(row["outbox_rows"])
+
+    return read
+
+
+def fresh_batch(requests: Sequence[EnqueueRequest]) -> bool:
+    """Whether :meth:`PostgresJobRepository.enqueue_fresh_txn` may take ``requests`` (a new
+    workflow's first steps): each has an id of its own and waits only on earlier ones."""
+    earlier: set[UUID] = set()
+    for request in requests:
+        if request.job_id is None or request.job_id in earlier:
+            return False
+        if any(dep not in earlier for dep in request.depends_on):
+            return False
+        earlier.add(request.job_id)
+    return True

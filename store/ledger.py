@@ -10,9 +10,10 @@ process dies) takes its seqs with it. Appenders of different projects do not wai
 other. ``seq`` is the order; ``recorded_at`` is the writing transaction's start and may not
 be monotonic in it.
 
-:meth:`Ledger.append_txn` joins the caller's transaction (a step's settle writes its events
-with it); :meth:`Ledger.append` opens its own. Writers are strict: only a
-:class:`~workflows.ledger.NewEvent` of an :class:`~workflows.ledger.EventKind` is written.
+:func:`append_on` (also :meth:`Ledger.append_on`) writes on the caller's connection, in its
+transaction (a step's settle writes its events with it); :meth:`Ledger.append` opens its own.
+Writers are strict: only a :class:`~workflows.ledger.NewEvent` of an
+:class:`~workflows.ledger.EventKind` is written.
 Readers are forward compatible: a stored kind this vibey does not know is read as an
 :class:`~workflows.ledger.UnrecognizedEventKind`.
 
@@ -48,10 +49,10 @@ Q = load("ledger.sql")
 # verify streams the events through a server-side cursor, this many rows a round trip.
 VERIFY_BATCH = 2000
 
-__all__ = ["Ledger", "LedgerVerification", "LedgerWriteRefused", "append_txn"]
+__all__ = ["Ledger", "LedgerVerification", "LedgerWriteRefused", "append_on"]
 
 
-def append_txn(
+def append_on(
     conn: Conn,
     project_id: str,
     events: Sequence[NewEvent],
@@ -123,7 +124,7 @@ class Ledger:
     ) -> list[LedgerEvent]:
         """Append ``events`` in order, in a transaction of their own."""
         with transaction(self._pool) as conn:
-            return self.append_txn(
+            return self.append_on(
                 conn,
                 project_id,
                 events,
@@ -133,8 +134,8 @@ class Ledger:
                 workflow_id=workflow_id,
             )
 
-    # Within the caller's transaction: see :func:`append_txn`.
-    append_txn = staticmethod(append_txn)
+    # On the caller's connection, in its transaction: see :func:`append_on`.
+    append_on = staticmethod(append_on)
 
     @retried("read the ledger", idempotent=True)
     def read(

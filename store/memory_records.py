@@ -21,7 +21,6 @@ from typing import Any
 from uuid import UUID
 
 from store.cost import BudgetState
-from store.db import Conn
 from store.dispatch import PointerRow
 from store.memory import MemoryJobRepository
 from store.settle import event_facts, is_one_statement, settle_txn
@@ -41,7 +40,7 @@ class MemoryDispatchRecords:
         self.claims = 0  # claims attempted, hit or miss
 
     def claim_pointer_txn(
-        self, conn: Conn, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
     ) -> Job | None:
         self.claims += 1
         jobs, now = self._jobs, self._jobs.clock()
@@ -62,7 +61,7 @@ class MemoryDispatchRecords:
     def claim_pointer(self, *, job_id: UUID, project_id: str, seq: int, owner: str) -> Job | None:
         with self._jobs.units.begin(one_statement=True) as unit:
             return self.claim_pointer_txn(
-                unit.conn, job_id=job_id, project_id=project_id, seq=seq, owner=owner
+                unit, job_id=job_id, project_id=project_id, seq=seq, owner=owner
             )
 
     def snapshot(self, *, job_id: UUID, project_id: str) -> PointerRow | None:

@@ -19,7 +19,6 @@ from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
 
-from store.db import Conn
 from store.dispatch import PointerRow
 from store.unit_of_work import UnitOfWork
 from store.workflow_reads import Workflow
@@ -72,7 +71,7 @@ class PointerClaims(Protocol):
     """The fenced claim of pointer (job, generation), and what a missed claim reads."""
 
     def claim_pointer_txn(
-        self, conn: Conn, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
     ) -> Job | None: ...
 
     def claim_pointer(

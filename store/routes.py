@@ -80,7 +80,7 @@ def dedicate(pool: Pool, project_id: str, *, by: str) -> bool:
     with transaction(pool) as conn:
         created = fetch_one(conn, Q["dedicate"], {"project_id": project_id, "by": by})
         if created is not None:
-            _resend_txn(conn, project_id)
+            _resend_on(conn, project_id)
     return created is not None
 
 
@@ -90,11 +90,11 @@ def undedicate(pool: Pool, project_id: str) -> bool:
     with transaction(pool) as conn:
         removed = fetch_one(conn, Q["undedicate"], {"project_id": project_id})
         if removed is not None:
-            _resend_txn(conn, project_id)
+            _resend_on(conn, project_id)
     return removed is not None
 
 
-def _resend_txn(conn: psycopg.Connection[TupleRow], project_id: str) -> int:
+def _resend_on(conn: psycopg.Connection[TupleRow], project_id: str) -> int:
     params = {"project_id": project_id, "limit": RESEND_LIMIT}
     return len(fetch_all(conn, Q["resend_project"], params))
 

@@ -15,11 +15,14 @@ A multi-statement unit runs in psycopg's pipeline mode: statements whose results
         jobs.ack_txn(unit, lease)
         workflows.record_txn(unit, workflow_id, event)
     # committed; the pointers the two wrote are with the relay
+
+A store call that joins a unit is named ``*_txn`` and takes the unit, never its bare
+connection; one that takes a connection is named ``*_on`` (the convention: :mod:`store`).
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -70,18 +73,19 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
 
 
 Q = load("dispatch.sql")
-_SAVEPOINTS = itertools.count(1)
 Publish = Callable[[Sequence[OutboxRow]], None]
 
 
 class UnitOfWork:
     """One open transaction (``conn``) and the outbox rows written in it so far."""
 
-    __slots__ = ("_pointers", "conn", "held")
+    __slots__ = ("_pointers", "_traced", "_unread", "conn", "held")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         self._pointers: list[OutboxRow] = []
+        self._unread: list[tuple[Callable[[], None], str]] = []  # (read, its outbox row's key)
+        self._traced: str | None = None  # the traceparent of the rows read after the commit
         self.held: OutboxRow | None = None  # kept from the relay: this process runs it next
 
     def hold(self, row: OutboxRow) -> None:
@@ -89,17 +93,35 @@ class UnitOfWork:
         marks it sent in that step's unit (:meth:`mark_sent`). In this transaction the row
         is released, so if the caller dies first a reconciler's drain sends it at its next
         pass, as it sends any unsent row nobody holds."""
-        self.conn.execute(Q["release_outbox"].encode(), {"ids": [row.id]})
+        self.conn.execute(Q["release_held"].encode(), {"id": row.id})
         self.held = row
 
     def mark_sent(self, row_id: int) -> None:
         """Mark a held outbox row sent, in the transaction of the step that claims its job:
         the pointer went no further than this process."""
-        self.conn.execute(Q["mark_sent"].encode(), {"ids": [row_id]})
+        self.conn.execute(Q["mark_held_sent"].encode(), {"id": row_id})
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
         self._pointers.extend(outbox_row(r) for r in rows)
+
+    def read_after_commit(self, read: Callable[[], None], *, outbox_key: str) -> None:
+        """Read a statement's result once the unit committed, not now: the outbox row it may
+        have written (key ``outbox_key``; ``read`` keeps it with :meth:`wrote_json`) comes
+        back with the COMMIT's results, in the one round trip, instead of costing one of its
+        own. Only for a statement whose rows decide nothing before the commit (a new
+        workflow's first jobs)."""
+        self._unread.append((read, outbox_key))
+
+    def read_unread(self) -> None:
+        """Run the reads :meth:`read_after_commit` put off (their results are in)."""
+        unread, self._unread = self._unread, []
+        kept = len(self._pointers)
+        for read, _ in unread:
+            read()
+        if self._traced is not None:
+            traced = [replace(p, traceparent=self._traced) for p in self._pointers[kept:]]
+            self._pointers[kept:] = traced
 
     def wrote_json(self, rows: Iterable[Mapping[str, Any]] | None) -> None:
         """Outbox rows aggregated by a statement as ``jsonb_agg`` (``None``: none)."""
@@ -123,11 +145,18 @@ class UnitOfWork:
         """Mark the rows written so far with the W3C ``traceparent`` their pointers continue
         (a traced workflow event's span: ``store.event_spans``), in this transaction, so a
         relay sends it with them, a reconciler's drain included. None: nothing to mark."""
-        if traceparent is None or not self._pointers:
+        if traceparent is None:
             return
-        ids = [p.id for p in self._pointers]
-        self.conn.execute(Q["trace_outbox"].encode(), {"traceparent": traceparent, "ids": ids})
-        self._pointers = [replace(p, traceparent=traceparent) for p in self._pointers]
+        if self._pointers:
+            ids = [p.id for p in self._pointers]
+            params = {"traceparent": traceparent, "ids": ids}
+            self.conn.execute(Q["trace_outbox"].encode(), params)
+            self._pointers = [replace(p, traceparent=traceparent) for p in self._pointers]
+        if self._unread:  # rows not read yet: by their keys
+            keys = [key for _, key in self._unread]
+            params = {"traceparent": traceparent, "keys": keys}
+            self.conn.execute(Q["trace_outbox_keys"].encode(), params)
+            self._traced = traceparent
 
     @property
     def pointers(self) -> tuple[OutboxRow, ...]:
@@ -137,18 +166,22 @@ class UnitOfWork:
     def savepoint(self) -> Iterator[None]:
         """A savepoint: an exception in the block undoes the block's statements (and their
         outbox rows) and propagates. Plain ``SAVEPOINT``/``RELEASE`` commands, which travel in
-        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times."""
-        name = f"unit_{next(_SAVEPOINTS)}"
-        kept = len(self._pointers)
-        self.conn.execute(f"SAVEPOINT {name}".encode())
+        the pipeline: psycopg's nested ``transaction()`` syncs a pipeline four times.
+
+        One name for every savepoint: PostgreSQL keeps a shadowed savepoint, and ``ROLLBACK
+        TO``/``RELEASE`` take the most recent of that name, which nesting makes this block's.
+        Fixed texts are prepared once per connection, as every other statement is."""
+        kept, unread = len(self._pointers), len(self._unread)
+        self.conn.execute(b"SAVEPOINT unit")
         try:
             yield
         except BaseException:
             settle_pipeline(self.conn)
-            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}".encode())
+            self.conn.execute(b"ROLLBACK TO SAVEPOINT unit")
             del self._pointers[kept:]
+            del self._unread[unread:]  # their statements were rolled back
             raise
-        self.conn.execute(f"RELEASE SAVEPOINT {name}".encode())
+        self.conn.execute(b"RELEASE SAVEPOINT unit")
 
 
 class Units:
@@ -171,8 +204,11 @@ class Units:
                 yield unit
         except CommitUnknown:
             if unit is not None:
+                with contextlib.suppress(Exception):  # the rows unread stay with the drain
+                    unit.read_unread()
                 self._publish_landed(unit.pointers)
             raise
+        unit.read_unread()
         sent = [p for p in unit.pointers if p is not unit.held]
         if sent and self._publish is not None:
             self._publish(sent)

@@ -1,7 +1,7 @@
 """Webhook deliveries in PostgreSQL: one per (webhook, event), every attempt recorded.
 
 The webhook consumer adds a delivery in the transaction that marks its event consumed
-(:func:`add_delivery_txn`), so an event is queued for each webhook exactly once; the deliverer
+(:func:`add_delivery_on`), so an event is queued for each webhook exactly once; the deliverer
 claims due ones (:meth:`WebhookDeliveries.claim`), records each attempt, and marks the delivery
 delivered, due again later (backoff), or failed when its attempts are spent.
 """
@@ -29,7 +29,7 @@ class Delivery:
     attempt: int  # the attempt this claim makes (1 for the first)
 
 
-def add_delivery_txn(
+def add_delivery_on(
     conn: Conn, *, webhook: str, event_id: UUID, event_type: str, url: str, body: bytes
 ) -> None:
     conn.execute(

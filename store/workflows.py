@@ -36,14 +36,23 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
+from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from store.db import Conn, Pool, fetch_all, fetch_one, transaction
+from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.errors import StoreError
-from store.event_spans import NO_SPANS, Attributes, EventSpans, answer_trace, traced_unit
-from store.events import emit_txn
-from store.jobs import PostgresJobRepository, gate_from_row
+from store.event_spans import (
+    NO_SPANS,
+    EventSpan,
+    EventSpans,
+    answer_trace,
+    event_span,
+    traced_unit,
+)
+from store.events import emit_on
+from store.jobs import PostgresJobRepository, fresh_batch, gate_from_row
 from store.ledger import Ledger
 from store.retry import retried
 from store.settle import event_facts, is_one_statement, settle_txn
@@ -61,6 +70,7 @@ from store.workflow_reads import (
 )
 from workflows.budget import STOP
 from workflows.effects import (
+    Effects,
     StepToRun,
     WindDown,
     blocked,
@@ -115,6 +125,8 @@ __all__ = [
 WORKFLOW_ERROR = WORKFLOW_ERROR_GATE.name
 REPLAY_CACHE = 10_000
 WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
+LIVE_INDEX = "workflow_one_live_per_project"  # one running or blocked workflow a project
+START_ROUNDS = 5  # starts sent again after projects found live, before the careful path
 
 
 class WorkflowStore(WorkflowReads):
@@ -158,23 +170,11 @@ class WorkflowStore(WorkflowReads):
     def start(
         self, project_id: str, *, definition: str, input: JsonObject | None = None
     ) -> StartOutcome:
-        def trace_of(outcome: StartOutcome) -> tuple[UUID, Attributes] | None:
-            if not outcome.created:  # the project's live workflow: nothing started
-                return None
-            started = outcome.workflow
-            return started.id, {
-                "vibey.workflow.id": str(started.id),
-                "vibey.workflow.definition": started.definition,
-            }
-
-        return traced_unit(
-            self._jobs.units.begin,
-            self._events,
-            "workflow started",
-            {"vibey.event.type": "workflow.started", "vibey.project": project_id},
-            lambda unit: self.start_txn(unit, project_id, definition=definition, input=input or {}),
-            trace_of,
-        )
+        """Start ``definition`` for the project, or find its live workflow (``created``
+        false: nothing changed). One round trip and one commit (:meth:`start_many`)."""
+        attributes = {"vibey.event.type": "workflow.started", "vibey.project": project_id}
+        with event_span(self._events, "workflow started", attributes) as span:
+            return self._start_all([(project_id, input or {})], definition, span)[0]
 
     @retried("start workflows", idempotent=False)
     def start_many(
@@ -183,23 +183,196 @@ class WorkflowStore(WorkflowReads):
         """Start ``definition`` for each ``(project, input)`` in one transaction and one
         commit: all of them or, on an error, none (a project with a live workflow gets that
         one, as :meth:`start` gives it). Re-run after a commit cut off, it starts nothing
-        twice: the starts that landed are the projects' live workflows."""
+        twice: the starts that landed are the projects' live workflows.
+
+        One round trip for the batch: every insert and what each first event decides (its
+        history, jobs, outbox rows, domain events) are sent with the COMMIT and read after
+        it. A project found live fails that transaction on the one-live-workflow index: its
+        live workflow is read, and the others are sent again. A first event the careful path
+        would block (a definition that raises, a command the store refuses) is started by
+        that path: each insert read back, each decision under a savepoint
+        (:meth:`start_txn`)."""
+        return self._start_all(starts, definition, None)
+
+    def _start_all(
+        self, starts: Sequence[tuple[str, JsonObject]], definition: str, span: EventSpan | None
+    ) -> list[StartOutcome]:
+        chosen = self._registry.latest(definition)
+        # Each project's new workflow id, the same whichever attempt commits it (a traced
+        # start's span is in that workflow's trace).
+        ids = {project: uuid.uuid4() for project, _ in starts}
+        live: dict[str, Workflow] = {}
+        made: dict[str, Workflow] = {}
+        for _ in range(START_ROUNDS):
+            todo = _firsts(starts, live)
+            try:
+                made = self._start_fresh(todo, chosen, ids, span) if todo else {}
+                break
+            except pg_errors.UniqueViolation as exc:
+                if exc.diag.constraint_name != LIVE_INDEX:
+                    return self._start_carefully(starts, definition, ids, span)
+                live |= self._lives([project for project, _ in todo])
+            except (StoreError, psycopg.OperationalError):
+                raise
+            except Exception:  # noqa: BLE001 - the careful path blocks it, or raises it
+                return self._start_carefully(starts, definition, ids, span)
+        else:
+            return self._start_carefully(starts, definition, ids, span)
+        outcomes: list[StartOutcome] = []
+        for project, _ in starts:
+            if project in made:  # the first start of the project in the batch made it
+                outcomes.append(StartOutcome(made.pop(project), created=True))
+                live[project] = outcomes[-1].workflow
+            else:
+                outcomes.append(StartOutcome(live[project], created=False))
+        return outcomes
+
+    def _start_fresh(
+        self,
+        starts: Sequence[tuple[str, JsonObject]],
+        chosen: Definition[Any],
+        ids: Mapping[str, UUID],
+        span: EventSpan | None,
+    ) -> dict[str, Workflow]:
+        """Start each project (none has two starts here) in one unit and one round trip;
+        raises what the unit raised (a project's live workflow: ``UniqueViolation``)."""
         with self._jobs.units.begin() as unit:
-            return [
-                self.start_txn(unit, project, definition=definition, input=input)
+            made = [
+                self._send_start(unit, chosen, ids[project], project, input)
                 for project, input in starts
             ]
+            if span is not None:
+                first = made[0][0]
+                unit.trace(
+                    span.traceparent(
+                        first.id,
+                        {
+                            "vibey.workflow.id": str(first.id),
+                            "vibey.workflow.definition": first.definition,
+                        },
+                    )
+                )
+        workflows = [read() for _, read in made]  # their rows came back with the COMMIT
+        return {w.project_id: w for w in workflows}
+
+    def _send_start(
+        self,
+        unit: UnitOfWork,
+        chosen: Definition[Any],
+        workflow_id: UUID,
+        project_id: str,
+        input: JsonObject,
+    ) -> tuple[Workflow, Callable[[], Workflow]]:
+        """Send a new workflow's insert and its first event's writes, reading nothing: the
+        workflow as decided, and what reads its row once the unit committed."""
+        now = self._clock()
+        state = dict(chosen.encode_state(chosen.initial()))
+        workflow = Workflow(
+            id=workflow_id,
+            project_id=project_id,
+            definition=chosen.name,
+            version=chosen.version,
+            phase=chosen.first_phase,
+            cycle=0,
+            status=Status.RUNNING,
+            completion_mode=None,
+            reason=None,
+            input=dict(input),
+            state=state,
+            last_seq=0,
+            applied_seq=0,
+            created_at=now,  # the row's now(), read after the commit
+            updated_at=now,
+            finished_at=None,
+        )
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(
+            Q["insert_new_workflow"].encode(),
+            {
+                "id": workflow.id,
+                "project_id": project_id,
+                "definition": chosen.name,
+                "version": chosen.version,
+                "phase": chosen.first_phase,
+                "cycle": 0,
+                "input": Jsonb(dict(input)),
+                "state": Jsonb(state),
+            },
+        )
+        event = Started(input=dict(input))
+        started = self._decide(
+            unit, workflow, 1, event, now, pending=False, facts=recorded(event), created=True
+        )
+
+        def read() -> Workflow:
+            with cur:
+                row = cur.fetchone()
+            if row is None:  # pragma: no cover - a committed insert returned its row
+                raise StoreError(f"project {project_id}: the started workflow's row is missing")
+            inserted = workflow_from_row(row)
+            stamp = inserted.updated_at  # the transaction's now(), as its update stamped it
+            return replace(
+                started,
+                input=inserted.input,
+                created_at=inserted.created_at,
+                updated_at=stamp,
+                finished_at=stamp if started.status.finished else None,
+            )
+
+        return started, read
+
+    def _start_carefully(
+        self,
+        starts: Sequence[tuple[str, JsonObject]],
+        definition: str,
+        ids: Mapping[str, UUID],
+        span: EventSpan | None,
+    ) -> list[StartOutcome]:
+        """The starts one statement at a time (:meth:`start_txn`), in one unit."""
+        with self._jobs.units.begin() as unit:
+            outcomes = [
+                self.start_txn(
+                    unit, project, definition=definition, input=input, workflow_id=ids[project]
+                )
+                for project, input in starts
+            ]
+            first = outcomes[0].workflow
+            if span is not None and outcomes[0].created:
+                unit.trace(
+                    span.traceparent(
+                        first.id,
+                        {
+                            "vibey.workflow.id": str(first.id),
+                            "vibey.workflow.definition": first.definition,
+                        },
+                    )
+                )
+        return outcomes
+
+    def _lives(self, projects: Sequence[str]) -> dict[str, Workflow]:
+        """The live workflows of ``projects`` (one statement)."""
+        with statement(self._pool) as conn:
+            rows = fetch_all(conn, Q["lives_for_projects"], {"projects": list(projects)})
+        return {row["project_id"]: workflow_from_row(row) for row in rows}
 
     def start_txn(
-        self, unit: UnitOfWork, project_id: str, *, definition: str, input: JsonObject
+        self,
+        unit: UnitOfWork,
+        project_id: str,
+        *,
+        definition: str,
+        input: JsonObject,
+        workflow_id: UUID | None = None,
     ) -> StartOutcome:
+        """A start in the caller's unit, one statement at a time: the insert read back (a
+        conflict: the live workflow read), the first event decided under a savepoint."""
         conn = unit.conn
         chosen = self._registry.latest(definition)
         row = fetch_one(
             conn,
             Q["insert_workflow"],
             {
-                "id": uuid.uuid4(),
+                "id": workflow_id or uuid.uuid4(),
                 "project_id": project_id,
                 "definition": chosen.name,
                 "version": chosen.version,
@@ -273,7 +446,7 @@ class WorkflowStore(WorkflowReads):
             why = settlement.cancel_dependents
             conn.execute(Q["cancel_dependents"], {"job_id": job.id, "why": why})
         if evidence and self._ledger is not None:  # what the engine reports it did
-            self._ledger.append_txn(
+            self._ledger.append_on(
                 conn,
                 job.project_id,
                 engine_events(evidence),
@@ -306,7 +479,7 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         # One round trip: the workflow of a workflow gate, then the gate, locked in that order.
         locked = self._lock_of(unit, Q["lock_workflow_of_gate"], {"gate_id": gate_id})
-        found = self._jobs.lock_gate_txn(conn, gate_id)
+        found = self._jobs.lock_gate_txn(unit, gate_id)
         workflow = locked()
         if found is None:
             return GateAnswerOutcome(AnswerStatus.UNKNOWN_GATE)
@@ -321,7 +494,7 @@ class WorkflowStore(WorkflowReads):
                 fact = recorded(GateAnswered(gate=found.kind, answer=answer, by=by))
                 facts = [Draft(d.event_type, {**d.payload, "gate_id": str(gate_id)}) for d in fact]
                 correlation = None if found.workflow_id is None else str(found.workflow_id)
-                emit_txn(
+                emit_on(
                     conn,
                     found.project_id,
                     facts,
@@ -463,8 +636,15 @@ class WorkflowStore(WorkflowReads):
             event_json = Jsonb(encode_event(event))
             history = {"seq": seq, "event": event_json, "commands": Jsonb(commands), "at": now}
         drafts = [*facts, *implied(event, workflow.header, header, produced)]
-        self._emit(conn, workflow, drafts, cause[0])
-        self._carry_out(unit, workflow, header, produced, now)
+        rows = effects(str(workflow.id), workflow.header, header, produced, self._registry.kinds)
+        # The domain events go with the history row and the state (one statement fewer) when
+        # nothing in between writes events of its own (a gate's opening): their order holds.
+        events = _event_params(workflow, drafts, cause[0]) if history and not rows.gates else None
+        if events is None:
+            self._emit(conn, workflow, drafts, cause[0])
+        else:  # and a finished workflow's open gates are closed by that statement too
+            events["closing"] = None if rows.wind_down is None else rows.wind_down.closing
+        self._carry_out(unit, workflow, rows, now, close_gates=events is None, fresh=created)
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
@@ -481,6 +661,7 @@ class WorkflowStore(WorkflowReads):
             applied_seq=seq,
             read=read,
             history=history,
+            events=events,
         )
         if created:
             now_of_txn = workflow.updated_at
@@ -506,7 +687,7 @@ class WorkflowStore(WorkflowReads):
             return open_finding_ids((r["kind"], r["payload"]) for r in rows)
 
         events = hook(event, commands, open_findings)
-        self._ledger.append_txn(
+        self._ledger.append_on(
             conn,
             workflow.project_id,
             events,
@@ -537,7 +718,7 @@ class WorkflowStore(WorkflowReads):
     def _emit(
         self, conn: Conn, workflow: Workflow, drafts: Sequence[Draft], cause: str | None
     ) -> None:
-        emit_txn(
+        emit_on(
             conn,
             workflow.project_id,
             drafts,
@@ -549,30 +730,38 @@ class WorkflowStore(WorkflowReads):
         self,
         unit: UnitOfWork,
         workflow: Workflow,
-        header: Header,
-        commands: Sequence[Command],
+        implied: Effects,
         now: datetime,
+        *,
+        close_gates: bool = True,
+        fresh: bool = False,
     ) -> None:
-        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down."""
-        implied = effects(str(workflow.id), workflow.header, header, commands, self._registry.kinds)
+        """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down
+        (``close_gates``: its open gates closed here, else by the workflow's update).
+        ``fresh``: the workflow's row is new in this transaction (no job of it exists), so
+        its jobs are sent without being read back (``enqueue_fresh_txn``)."""
         if implied.steps:
-            requests = self._requests(unit.conn, workflow, implied.steps)
-            self._jobs.enqueue_batch_txn(unit, requests)
+            requests = self._requests(unit.conn, workflow, implied.steps, fresh=fresh)
+            if fresh and fresh_batch(requests):
+                self._jobs.enqueue_fresh_txn(unit, requests)
+            else:
+                self._jobs.enqueue_batch_txn(unit, requests)
         for gate in implied.gates:
             self._open_gate(unit.conn, workflow, gate, now)
         if implied.wind_down is not None:
-            self._wind_down(unit.conn, workflow, implied.wind_down)
+            self._wind_down(unit.conn, workflow, implied.wind_down, close_gates=close_gates)
 
     def _requests(
-        self, conn: Conn, workflow: Workflow, steps: Sequence[StepToRun]
+        self, conn: Conn, workflow: Workflow, steps: Sequence[StepToRun], *, fresh: bool = False
     ) -> list[EnqueueRequest]:
         """The steps as job requests, their ``after`` names resolved to job ids (this batch's,
-        or earlier steps' of the workflow)."""
+        or earlier steps' of the workflow: none when it is ``fresh``, nothing to read)."""
         chosen = {step.name: uuid.uuid4() for step in steps}
         wanted = sorted({a for step in steps for a in step.after} - set(chosen))
         known: dict[str, UUID] = dict(chosen)
         if wanted:
-            rows = fetch_all(conn, Q["step_ids"], {"workflow_id": workflow.id, "steps": wanted})
+            query = {"workflow_id": workflow.id, "steps": wanted}
+            rows = [] if fresh else fetch_all(conn, Q["step_ids"], query)
             known |= {r["step"]: r["id"] for r in rows}
             missing = [w for w in wanted if w not in known]
             if missing:
@@ -603,9 +792,13 @@ class WorkflowStore(WorkflowReads):
         )
         self._emit(conn, workflow, [gate_opened(gate_id, command, deadline_at)], None)
 
-    def _wind_down(self, conn: Conn, workflow: Workflow, wind_down: WindDown) -> None:
+    def _wind_down(
+        self, conn: Conn, workflow: Workflow, wind_down: WindDown, *, close_gates: bool = True
+    ) -> None:
         if wind_down.cancel_steps:
             conn.execute(Q["cancel_steps"], {"workflow_id": workflow.id, "why": wind_down.why})
+        if not close_gates:
+            return
         conn.execute(
             Q["close_open_gates"],
             {"workflow_id": workflow.id, "answer": wind_down.closing, "answered_by": "vibey"},
@@ -720,16 +913,21 @@ class WorkflowStore(WorkflowReads):
         applied_seq: int | None,
         read: bool = True,
         history: Mapping[str, Any] | None = None,
+        events: Mapping[str, Any] | None = None,
     ) -> Workflow:
         """``history``: the event's history row (seq, event, commands, at), written in the
-        same statement."""
+        same statement; with it, ``events``: its domain events (:func:`_event_params`)."""
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
         run = fetch_one if read else _queued
+        query = "update_workflow"
+        if history is not None:
+            query = "record_and_update_workflow" if events is None else "record_emit_and_update"
         stamps = run(
             conn,
-            Q["update_workflow" if history is None else "record_and_update_workflow"],
+            Q[query],
             dict(history or {})
+            | dict(events or {})
             | {
                 "id": workflow.id,
                 "phase": header.phase,
@@ -779,6 +977,34 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:
+    """The parameters of ``drafts`` as ``record_emit_and_update`` writes them (those of
+    ``store.events.emit_on``, whose ``insert_events`` it embeds); the caller adds
+    ``closing``, the note its open gates are closed with (None: they stay open)."""
+    return {
+        "project_id": workflow.project_id,
+        "correlation_id": str(workflow.id),
+        "causation_id": cause,
+        "event_ids": [uuid.uuid4() for _ in drafts],
+        "event_types": [d.event_type.value for d in drafts],
+        "payloads": [Jsonb(dict(d.payload)) for d in drafts],
+    }
+
+
+def _firsts(
+    starts: Sequence[tuple[str, JsonObject]], live: Mapping[str, Workflow]
+) -> list[tuple[str, JsonObject]]:
+    """The first start of each project without a live workflow, in order (a project's later
+    starts in the batch find the workflow its first made)."""
+    seen: set[str] = set()
+    firsts: list[tuple[str, JsonObject]] = []
+    for project, input in starts:
+        if project not in live and project not in seen:
+            seen.add(project)
+            firsts.append((project, input))
+    return firsts
 
 
 def _queued(conn: Conn, query: str, params: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -272,7 +272,9 @@ class Client(ClientReads):
         budget: Budget | None = None,
     ) -> Workflow:
         """Start ``definition`` (its newest version; default: the only or first registered)
-        for ``project``, or return the project's live workflow if it has one.
+        for ``project``, or return the project's live workflow if it has one. A new workflow
+        is one round trip to PostgreSQL and one commit: its row, history, first jobs, outbox
+        rows and domain events are sent with the COMMIT (``WorkflowStore.start_many``).
 
         ``budget``: what the workflow may spend (dollars, tokens) before its next engine step
         parks behind a ``budget_exhausted`` gate (default: ``[workflow] budget_dollars`` /
@@ -312,8 +314,9 @@ class Client(ClientReads):
         starts: Iterable[str | tuple[str, Mapping[str, Any] | None]],
         definition: str | None = None,
     ) -> list[Workflow]:
-        """Start ``definition`` for many projects in one transaction (one commit for the
-        batch, not one a workflow): each item a project id, or ``(project, input)``. All or
+        """Start ``definition`` for many projects in one transaction (one commit and one
+        round trip for the batch, not one a workflow): each item a project id, or
+        ``(project, input)``. All or
         none: an error starts nothing. A project with a live workflow gets that one, as
         :meth:`start` gives it. The list is in the order given. Each workflow's budget is the
         one its input holds, else the settings' default (:meth:`budgeted`)."""

@@ -96,7 +96,7 @@ def record(
 ) -> None:
     health = EngineHealthStore(pool=pool)
     with transaction(pool) as conn:
-        health.register_txn(
+        health.register_on(
             conn,
             spec.id,
             installed=installed(spec, worker_env),
@@ -104,7 +104,7 @@ def record(
             weight=spec.weight,
             capabilities=spec.capabilities,
         )
-        health.record_doctor_txn(conn, spec.id, passed=result.passed, at=at)
+        health.record_doctor_on(conn, spec.id, passed=result.passed, at=at)
 
 
 def _installed(spec: AgentSpec, worker_env: Mapping[str, str]) -> Check:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_workflow  # noqa: E402
 import psycopg  # noqa: E402
+from statements import Tally, counting  # noqa: E402
 from steps import (  # noqa: E402
     cpu_sample,
     cpu_spent,
@@ -77,6 +78,7 @@ from vibey.settings import load_settings  # noqa: E402
 from workflows.engine import Registry, Status  # noqa: E402
 
 STEPS = len(bench_workflow.STEPS)
+TOP_STATEMENTS = 16
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -163,22 +165,25 @@ def many(
 
 def profiled(
     args: argparse.Namespace, config: WorkerConfig, settings: Any, registry: Registry, url: str
-) -> pstats.Stats:
+) -> tuple[pstats.Stats, Tally]:
     """``--profile`` workflows through one in-process Runtime whose every thread runs under a
-    CPU-time profiler (the client's starts are not in it)."""
+    CPU-time profiler (the client's starts are not in it), and the statements and round trips
+    its threads sent (``statements.counting``)."""
     profilers: list[cProfile.Profile] = []
     threading.setprofile(profile_new_threads(profilers))
     try:
-        runtime = Runtime(config, owner="bench-profile")
-        try:
-            runtime.start()
-            with Client(settings, registry=registry, name="bench-profile") as client:
-                many(client, url, args.profile, batch=min(args.batch, args.profile), prefix="prof")
-        finally:
-            runtime.stop(timeout=30)
+        with counting() as tally:
+            runtime = Runtime(config, owner="bench-profile")
+            try:
+                runtime.start()
+                with Client(settings, registry=registry, name="bench-profile") as client:
+                    batch = min(args.batch, args.profile)
+                    many(client, url, args.profile, batch=batch, prefix="prof")
+            finally:
+                runtime.stop(timeout=30)
     finally:
         threading.setprofile(None)
-    return pstats.Stats(*profilers)
+    return pstats.Stats(*profilers), tally
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -303,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({b_started:.2f} s to start them = {n / b_started:,.0f}/s): "
         f"{n / b_window:,.0f} completed workflows/s ({n * STEPS / b_window:,.0f} steps/s)"
     )
-    steps = n * STEPS
+    steps, steps_p = n * STEPS, args.profile * STEPS
     print(
         f"  cpu per workflow step (one by one, first start → last completed; bench = the "
         f"client's starts and polls): {per_unit(found['cpu'], steps)}; load average "
@@ -320,11 +325,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"cluster-wide: other databases committed {pg.elsewhere:,} transactions meanwhile)"
     )
     if found["profile"] is not None:
-        print_top(
-            f"profile: {args.profile:,} workflows in one in-process worker",
-            found["profile"],
-            args.profile * STEPS,
+        stats, tally = found["profile"]
+        print_top(f"profile: {args.profile:,} workflows in one in-process worker", stats, steps_p)
+        print(
+            f"  statements per workflow step (the worker's threads, profile run): "
+            f"{tally.statements / steps_p:.2f}, round trips {tally.round_trips / steps_p:.2f}; "
+            f"the most sent (per step):"
         )
+        for line in tally.top(TOP_STATEMENTS, steps_p):
+            print(f"    {line}")
     if dbos is not None:
         rate = n / found["window"]
         print(

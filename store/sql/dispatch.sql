@@ -166,6 +166,10 @@ ORDER BY id
 -- A traced unit of work's rows, before its commit: the trace context their pointers continue.
 UPDATE job_outbox SET traceparent = %(traceparent)s WHERE id = ANY (%(ids)s::bigint[])
 
+-- name: trace_outbox_keys
+-- The same for rows the unit has not read back yet (a start's: ``read_after_commit``).
+UPDATE job_outbox SET traceparent = %(traceparent)s WHERE key = ANY (%(keys)s::text[])
+
 -- name: mark_sent
 -- After the broker confirmed (and did not return) each row's message.
 WITH sent AS (
@@ -178,6 +182,26 @@ UPDATE job
 SET dispatched_at = now()
 FROM sent
 WHERE job.id = sent.job_id AND job.dispatch_seq = sent.dispatch_seq
+
+-- name: mark_held_sent
+-- mark_sent for the one row a step held for the process that runs its job (UnitOfWork): a
+-- scalar id, so its prepared plan is generic (an array's is planned again at each use).
+WITH sent AS (
+    UPDATE job_outbox
+    SET sent_at = now()
+    WHERE id = %(id)s AND sent_at IS NULL
+    RETURNING job_id, dispatch_seq
+)
+UPDATE job
+SET dispatched_at = now()
+FROM sent
+WHERE job.id = sent.job_id AND job.dispatch_seq = sent.dispatch_seq
+
+-- name: release_held
+-- release_outbox for the one row a step holds (UnitOfWork.hold), by a scalar id.
+UPDATE job_outbox
+SET claimed_by = NULL, claimed_at = NULL
+WHERE id = %(id)s AND sent_at IS NULL
 
 -- name: release_outbox
 -- A publish failed: give the rows back for the next drain.

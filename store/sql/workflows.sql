@@ -15,6 +15,21 @@ VALUES (
 ON CONFLICT (project_id) WHERE status IN ('running', 'blocked') DO NOTHING
 RETURNING *
 
+-- name: insert_new_workflow
+-- A start in one round trip: sent with everything its first event writes and the COMMIT,
+-- read after them. A live workflow of the project fails it on the partial unique index
+-- (and with it the transaction); the caller then reads that one (lives_for_projects).
+INSERT INTO workflow (id, project_id, definition, version, phase, cycle, input, state)
+VALUES (
+    %(id)s, %(project_id)s, %(definition)s, %(version)s, %(phase)s, %(cycle)s, %(input)s,
+    %(state)s
+)
+RETURNING *
+
+-- name: lives_for_projects
+SELECT * FROM workflow
+WHERE project_id = ANY(%(projects)s) AND status IN ('running', 'blocked')
+
 -- name: lock_workflow
 SELECT * FROM workflow WHERE id = %(id)s FOR UPDATE
 
@@ -62,6 +77,41 @@ RETURNING updated_at, finished_at
 WITH history AS (
     INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
     VALUES (%(id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
+)
+UPDATE workflow
+SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
+    completion_mode = %(completion_mode)s, reason = %(reason)s, state = %(state)s,
+    last_seq = %(last_seq)s, applied_seq = %(applied_seq)s, updated_at = now(),
+    finished_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled')
+                       THEN coalesce(finished_at, now()) END
+WHERE id = %(id)s
+RETURNING updated_at, finished_at
+
+-- name: record_emit_and_update
+-- record_and_update_workflow with the event's domain events (events.sql's insert_events, in
+-- draft order) and, when the workflow finished (%(closing)s not null), close_open_gates: a
+-- step's settle writes its history, events and state in one statement.
+WITH history AS (
+    INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
+    VALUES (%(id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
+),
+events AS (
+    INSERT INTO domain_event (
+        event_id, event_type, tenant_id, project_id, correlation_id, causation_id, payload
+    )
+    SELECT e.event_id, e.event_type,
+           COALESCE((SELECT tenant_id FROM project_tenant WHERE project_id = %(project_id)s),
+                    'default'),
+           %(project_id)s, %(correlation_id)s, %(causation_id)s, e.payload
+    FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(payloads)s::jsonb[])
+         WITH ORDINALITY AS e (event_id, event_type, payload, n)
+    ORDER BY e.n
+),
+closed AS (
+    UPDATE gate
+    SET answer = %(closing)s, answered_by = 'vibey', answered_at = now(),
+        answer_source = 'closed'
+    WHERE %(closing)s::text IS NOT NULL AND workflow_id = %(id)s AND answered_at IS NULL
 )
 UPDATE workflow
 SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,

@@ -1,6 +1,6 @@
 """A chaos-test ledger appender: a real process appending in small transactions, killed at will.
 
-It appends 1-5 events a transaction (``Ledger.append_txn``) to projects chosen at random
+It appends 1-5 events a transaction (``Ledger.append_on``) to projects chosen at random
 among those not full, until ``--lifetime`` transactions committed or every project holds
 ``--target`` events. A project is full when an append would pass the target: the transaction
 that would pass it rolls back (taking its seqs with it) and the appender caps that project at
@@ -63,7 +63,7 @@ def append_once(
 ) -> tuple[int, int]:
     """One transaction: append, and commit unless it would pass the target (or is held)."""
     with transaction(pool) as conn:
-        written = ledger.append_txn(
+        written = ledger.append_on(
             conn, project, events, causation_id=token, correlation_id=f"chaos-{project}"
         )
         first, last = written[0].seq, written[-1].seq

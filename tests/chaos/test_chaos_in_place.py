@@ -164,6 +164,10 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
             ).fetchall()
             [(leased,)] = conn.execute("SELECT count(*) FROM job WHERE state = 'leased'")
             [(unsent,)] = conn.execute("SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+            unsent_rows = conn.execute(
+                "SELECT o.key, o.claimed_by, o.claimed_at, o.created_at, j.state, j.dispatch_seq,"
+                " now() FROM job_outbox o JOIN job j ON j.id = o.job_id WHERE o.sent_at IS NULL"
+            ).fetchall()
             [(in_place,)] = conn.execute(
                 "SELECT count(*) FROM job_outbox WHERE sent_at IS NOT NULL AND claimed_by IS NULL"
             )
@@ -178,7 +182,7 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
     )
     assert statuses == {"completed"}, statuses
     assert dupes == [], f"a step's result recorded more than once: {dupes}"
-    assert leased == 0 and unsent == 0
+    assert leased == 0 and unsent == 0, unsent_rows
     assert len(cut) >= KILLS, f"the chaos did not happen: {len(cut)} chains cut"
     assert in_place >= len(ids), "the steps did not continue in place"
     assert len(waits) == len(cut)

@@ -111,7 +111,7 @@ def test_the_stored_digest_is_the_documented_one(ledger: Ledger, pg_url: str) ->
     assert stored == digest(kind, payload) == digest("BudgetSpent", {"turns": 3, "usd": 1})
 
 
-def test_append_txn_joins_the_callers_transaction_and_a_rollback_frees_the_seqs(
+def test_append_on_joins_the_callers_transaction_and_a_rollback_frees_the_seqs(
     ledger: Ledger, pool: ConnectionPool
 ) -> None:
     ledger.append(PROJECT, events(2))
@@ -120,7 +120,7 @@ def test_append_txn_joins_the_callers_transaction_and_a_rollback_frees_the_seqs(
         pass
 
     with pytest.raises(Abandon), transaction(pool) as conn:
-        written = ledger.append_txn(conn, PROJECT, events(3, note="rolled back"))
+        written = ledger.append_on(conn, PROJECT, events(3, note="rolled back"))
         assert [e.seq for e in written] == [3, 4, 5]
         raise Abandon
     assert ledger.head(PROJECT) == 2
@@ -223,7 +223,7 @@ def test_a_transaction_holding_the_head_makes_the_next_appender_wait(
         done.set()
 
     with transaction(pool) as conn:
-        held = ledger.append_txn(conn, PROJECT, events(2, who="first"))
+        held = ledger.append_on(conn, PROJECT, events(2, who="first"))
         worker = threading.Thread(target=second)
         worker.start()
         started.wait(5)

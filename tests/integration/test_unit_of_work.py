@@ -61,6 +61,23 @@ def test_a_savepoint_undoes_only_its_block(pool: ConnectionPool) -> None:
     assert ids(pool) == [4, 8, 9]
 
 
+def test_nested_savepoints_of_one_name_undo_the_innermost_block(pool: ConnectionPool) -> None:
+    units = Units(pool=pool)
+    with units.begin() as unit:
+        with unit.savepoint():
+            insert(unit, 10)
+            with pytest.raises(ValueError), unit.savepoint():
+                insert(unit, 11)
+                raise ValueError("the inner block only")
+            insert(unit, 12)
+        with pytest.raises(ValueError), unit.savepoint():
+            insert(unit, 13)
+            with unit.savepoint():
+                insert(unit, 14)
+            raise ValueError("the outer block, with its released inner one")
+    assert ids(pool) == [10, 12]
+
+
 def test_only_a_committed_unit_publishes_and_a_savepoint_drops_its_pointers(
     pool: ConnectionPool,
 ) -> None:

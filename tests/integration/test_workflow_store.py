@@ -251,6 +251,29 @@ def test_cancel_stops_unfinished_steps_and_closes_gates(
     assert store.verify(wf.id).ok
 
 
+def test_a_cancel_at_a_gate_closes_it_with_the_workflow_and_records_its_events_in_order(
+    store: WorkflowStore, jobs: PostgresJobRepository, pool: ConnectionPool
+) -> None:
+    wf = store.start("p9g", definition="tiny").workflow
+    succeed(store, jobs, claim_one(jobs, "p9g"))
+    gate = gate_id(store, "p9g")
+    store.cancel(wf.id, by="ann", reason="not needed")
+    with pool.connection() as conn:
+        closed = conn.execute(
+            "SELECT answer, answered_by, answer_source FROM gate WHERE id = %s", (gate,)
+        ).fetchone()
+        types = [
+            r[0]
+            for r in conn.execute(
+                "SELECT event_type FROM domain_event WHERE project_id = 'p9g' ORDER BY seq"
+            ).fetchall()
+        ]
+    assert closed is not None and closed[1:] == ("vibey", "closed")
+    assert closed[0].startswith("(closed: workflow cancelled")
+    assert store.answer(gate, "yes", by="ann").status is AnswerStatus.ALREADY_ANSWERED
+    assert types[-1] == "workflow.cancelled" and types.index("gate.opened") < len(types) - 1
+
+
 def test_a_step_that_spends_its_attempts_reaches_the_workflow_as_a_failure(
     store: WorkflowStore, jobs: PostgresJobRepository
 ) -> None:
