@@ -10,14 +10,16 @@ once, at its start:
 - the reconciler alone (:class:`actors.reconcile_service.ReconcileService`): relay and
   reconciler, or only the reaper on the postgres backend;
 - the client (:class:`vibey.client.Client`; the CLI's commands and ``vibey console`` each
-  hold one): relay and stores;
+  hold one): relay and stores, assembled at its start when it has a relay, else at the
+  first call that needs them (a read command's client reads on its pool alone);
 - the loop service (:func:`actors.agents.service.build_service`) builds none of it: it
   hosts engine runs and reaches no database.
 
 The three that start from a :class:`actors.worker.WorkerConfig` read it in
-:func:`actors.worker.open_graph`; the client reads its settings. The handlers get the pool
-(``actors.handlers.HandlerContext``), not the graph. Nothing is started here, except a
-client's relay (``connect``): the process starts and stops what it runs.
+:func:`actors.worker.open_graph`; the client reads its settings. The handlers get the
+graph's pool and job repository (``actors.handlers.HandlerContext``: the handoff flow
+records each attempt's engine on the job through it), not the graph. Nothing is started
+here, except a client's relay (``connect``): the process starts and stops what it runs.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ from workflows.protocol.kinds import (
     REVIEW_DEMO,
     STEP_KINDS,
 )
-from workflows.queue import GateRequest, Job
+from workflows.queue import GateRequest, Job, JobRepository
 from workflows.steps import Defer, Failure, Handler, Handlers, Outcome, Park, Success
 
 CAPACITY_DELAY = timedelta(seconds=60)
@@ -142,7 +142,9 @@ class HandlerContext:
     """What the handlers need, passed in once. ``engines`` adds or overrides engines by
     name (a test registers a ``FakeEngine``); ``scripted`` and ``command`` are built in.
     ``records`` is what the handlers read (None: :class:`store.step_records.PostgresStepRecords`
-    on ``pool``, or nothing without one); the handoff flow writes through ``pool``."""
+    on ``pool``, or nothing without one); the handoff flow writes through ``pool``, and
+    records each attempt's engine through ``jobs``, the process's job repository (its graph's,
+    :mod:`actors.graph`; None: not recorded)."""
 
     pool: Pool | None
     workspace: Path
@@ -154,6 +156,7 @@ class HandlerContext:
     roster: tuple[AgentSpec, ...] = ()  # the configured engines ([engines.<id>])
     agent_env: Mapping[str, str] = field(default_factory=dict)  # the base they get
     records: StepRecords | None = None
+    jobs: JobRepository | None = None
     runs: RunClient | None = None  # service-mode engines' loop services (None: no broker)
     push_remote: str | None = None  # [project] push: build.integrate pushes there (None: not)
     push_branch: str = "vibey/{project}"  # the remote branch; {project} is the project id
@@ -232,7 +235,11 @@ class Steps:
         }
         # rotation and handoff: build.implement on any engine, every kind on the roster
         self.handoffs = Handoffs(
-            context.pool, specs=context.roster, agent_env=context.agent_env, records=self.records
+            context.pool,
+            specs=context.roster,
+            agent_env=context.agent_env,
+            records=self.records,
+            jobs=context.jobs,
         )
         self.leases = WorktreeLease(grace=LEASE_GRACE_S, fence=self._fence)
 

@@ -77,7 +77,6 @@ from actors.agents.script import Script
 from store.db import Pool, transaction
 from store.engine_health import EngineHealthStore
 from store.errors import StoreError
-from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.step_records import PostgresStepRecords, StepRecords
 from workflows import handoff as flow
@@ -98,7 +97,7 @@ from workflows.job import FailureClass
 from workflows.ledger import LedgerEvent, NewEvent, UnwritableEvent, engine_events
 from workflows.noloss import BriefMode, HandoffBrief, RuleFailure, Spec
 from workflows.phases import Phase
-from workflows.queue import GateRequest, Job
+from workflows.queue import GateRequest, Job, JobRepository
 from workflows.rotation import Boundary, Candidate, RotationPolicy, RotationState, Trigger, rotate
 from workflows.steps import Defer, Outcome, Park
 
@@ -200,9 +199,12 @@ class Handoffs:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         policy: RotationPolicy | None = None,
         records: StepRecords | None = None,
+        jobs: JobRepository | None = None,
     ) -> None:
         """``records``: where gate answers are read (None: PostgreSQL on ``pool``, or none
-        without one)."""
+        without one). ``jobs``: the process's job repository (its graph's,
+        :mod:`actors.graph`), on which each attempt's engine is recorded (None: not
+        recorded)."""
         self._pool = pool
         self._specs = tuple(specs)
         self._agent_env = dict(agent_env)
@@ -210,7 +212,7 @@ class Handoffs:
         self._policy = policy or RotationPolicy()
         self._health = EngineHealthStore(pool=pool) if pool is not None else None
         self._ledger = Ledger(pool) if pool is not None else None
-        self._jobs = PostgresJobRepository(pool=pool) if pool is not None else None
+        self._jobs = jobs
         if records is None and pool is not None:
             records = PostgresStepRecords(pool=pool)
         self._records = records

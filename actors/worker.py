@@ -132,8 +132,9 @@ def load_crash_points(config: WorkerConfig) -> Any:
     return loaded if hasattr(loaded, "reached") else loaded(config)
 
 
-def handler_context(config: WorkerConfig, pool: Any) -> Any:
-    """What a handlers factory is called with (the engines' workspace, command and caps)."""
+def handler_context(config: WorkerConfig, graph: Graph) -> Any:
+    """What a handlers factory is called with (the engines' workspace, command and caps, and
+    the graph's pool and job repository)."""
     from actors.handlers import HandlerContext  # the handlers pull in the engines
 
     engine, runs = config.engine, None
@@ -144,7 +145,8 @@ def handler_context(config: WorkerConfig, pool: Any) -> Any:
         engines = tuple(spec.id for spec in config.engines if spec.as_service)
         runs = RunClient(config.amqp_url, RunsTopology(config.bus.prefix, engines))
     return HandlerContext(
-        pool=pool,
+        pool=graph.pool,
+        jobs=graph.jobs,
         workspace=Path(engine.workspace),
         command=engine.command,
         command_timeout=timedelta(seconds=engine.timeout_seconds),
@@ -197,7 +199,7 @@ def config_runner(
     """The step runner of a process ``config`` starts; ``handlers`` default to
     ``config.worker.handlers`` (a factory gets the handler context)."""
     if handlers is None:
-        handlers = load_handlers(config.worker.handlers, handler_context(config, graph.pool))
+        handlers = load_handlers(config.worker.handlers, handler_context(config, graph))
     return step_runner(
         graph,
         handlers=handlers,

@@ -179,6 +179,15 @@ class WorkflowReads:
         return _compare(definition, workflow, replayed.header, replayed.state)
 
 
+class WorkflowLookup(WorkflowReads):
+    """The reads on ``pool`` that need no definition (a workflow, its steps, its history, the
+    open gates): what a read command's client asks, with no job repository built. Describing
+    and verifying need the definitions: :class:`store.workflows.WorkflowStore` does both."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+
 def describe(registry: Registry, workflow: Workflow) -> str:
     """What the workflow is doing or waits on, in its definition's words."""
     if workflow.status is Status.BLOCKED:

@@ -96,16 +96,11 @@ def rotate(
     json_output
         Print one JSON object.
     """
-    from store.engine_health import EngineHealthStore
-    from store.pool import open_pool
     from vibey.cli_workflow import whoami
+    from vibey.client import read_client
 
-    settings = load_settings()
-    pool = open_pool(settings.require_database_url(), min_size=1, max_size=1, name="vibey-cli")
-    try:
-        request = EngineHealthStore(pool=pool).request_rotation(project, by=by or whoami())
-    finally:
-        pool.close()
+    with read_client(load_settings()) as client:
+        request = client.rotate_engine(project, by=by or whoami())
     row = {
         "project": request.project_id,
         "away_from": request.away_from,
@@ -250,14 +245,10 @@ def _run_client(settings: Settings, specs: Any) -> Any:
 def _healths(settings: Settings) -> dict[str, Any]:
     if settings.database.url is None:
         return {}
-    from store.engine_health import EngineHealthStore
-    from store.pool import open_pool
+    from vibey.client import read_client
 
-    pool = open_pool(settings.database.url, min_size=1, max_size=1, name="vibey-cli")
-    try:
-        return {h.engine_id: h for h in EngineHealthStore(pool=pool).all()}
-    finally:
-        pool.close()
+    with read_client(settings) as client:
+        return {h.engine_id: h for h in client.engine_health()}
 
 
 def run_conformance(engine: str | None, *, record: bool, json_output: bool) -> ExitCode:

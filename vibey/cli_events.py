@@ -11,8 +11,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 from cyclopts import App, Parameter
@@ -22,25 +20,11 @@ from vibey.command_groups import help_of
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from store.events import EventLog
-    from vibey.settings import Settings
     from workflows.events import DomainEvent
 
 events_app = App(name="events", help=help_of("events"))
 tenant_app = App(name="tenant", help=help_of("tenant"))
 Json = Annotated[bool, Parameter(name="--json", negative=())]
-
-
-@contextmanager
-def _event_log(settings: Settings) -> Iterator[EventLog]:
-    from store.events import EventLog
-    from store.pool import open_pool
-
-    pool = open_pool(settings.require_database_url(), min_size=1, max_size=1, name="vibey-events")
-    try:
-        yield EventLog(pool=pool)
-    finally:
-        pool.close()
 
 
 @events_app.command
@@ -74,19 +58,22 @@ def tail(
     json_output
         Print NDJSON.
     """
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     stop = threading.Event()
     if follow:
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with _event_log(load_settings()) as log:
+    with read_client(load_settings()) as client:
         last = 0
-        for seq, event in log.recent(limit=limit, tenant=tenant, project=project, event_type=type_):
+        for seq, event in client.events(
+            limit=limit, tenant=tenant, project=project, event_type=type_
+        ):
             _print(event, json_output)
             last = seq
         while follow and not stop.is_set():
-            for seq, event in log.recent(
+            for seq, event in client.events(
                 limit=500,
                 after=last,
                 newest=False,
@@ -125,6 +112,7 @@ def set_(project: str, tenant: str, /) -> ExitCode:
     """
     import re
 
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", tenant) is None:
@@ -132,8 +120,8 @@ def set_(project: str, tenant: str, /) -> ExitCode:
             f"{tenant!r} is not a tenant name: lowercase letters, digits, '-' and '_'",
             ExitCode.USAGE,
         )
-    with _event_log(load_settings()) as log:
-        log.set_tenant(project, tenant)
+    with read_client(load_settings()) as client:
+        client.set_tenant(project, tenant)
     print(f"project {project} belongs to tenant {tenant}")
     return ExitCode.OK
 
@@ -141,10 +129,11 @@ def set_(project: str, tenant: str, /) -> ExitCode:
 @tenant_app.command
 def show(project: str, /) -> ExitCode:
     """Print the tenant PROJECT belongs to."""
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
-    with _event_log(load_settings()) as log:
-        print(log.tenant_of(project))
+    with read_client(load_settings()) as client:
+        print(client.tenant(project))
     return ExitCode.OK
 
 

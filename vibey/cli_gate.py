@@ -17,7 +17,7 @@ from cyclopts import App, Parameter
 
 from vibey import render
 from vibey.command_groups import help_of
-from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
+from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ def list_(
         Print one JSON object.
     """
     from store.listings import GateFilter
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     where = GateFilter(
@@ -86,12 +87,12 @@ def list_(
     )
     listing = Listing("gate list", "gates", "oldest", paging, filters_of(where))
     spec = listing.spec()
-    with listings(load_settings()) as lists:
+    with read_client(load_settings()) as client:
         if paging.all and json_output:
-            streamed = lists.stream_gates(where, newest_first=listing.newest_first)
+            streamed = client.iter_gates(where, newest_first=listing.newest_first)
             ndjson(render.gate_json(g, w) for g, w in streamed)
             return ExitCode.OK
-        page = lists.gates(where, spec)
+        page = client.gate_page(where, spec)
     if json_output:
         gates = [render.gate_json(g, w) for g, w in page.items]
         render.dump({"gates": gates, **listing.json_tail(page)})

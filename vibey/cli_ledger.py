@@ -24,38 +24,23 @@ JSON shapes:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 from cyclopts import App, Parameter
 
 from vibey import render
 from vibey.command_groups import help_of
-from vibey.paging import FIRST_PAGE, Listing, Paging, listings, ndjson
+from vibey.paging import FIRST_PAGE, Listing, Paging, ndjson
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from store.ledger import Ledger
-    from vibey.settings import Settings
     from workflows.ledger import LedgerEvent, LedgerVerification
 
 ledger_app = App(name="ledger", help=help_of("ledger"))
 
 Json = Annotated[bool, Parameter(name="--json", negative=())]
 PAYLOAD_CHARS = 80
-
-
-@contextmanager
-def _ledger(settings: Settings) -> Iterator[Ledger]:
-    from store.ledger import Ledger
-    from store.pool import open_pool
-
-    pool = open_pool(settings.require_database_url(), min_size=1, max_size=1, name="vibey-ledger")
-    try:
-        yield Ledger(pool)
-    finally:
-        pool.close()
 
 
 def _project(project: str) -> str:
@@ -99,23 +84,22 @@ def show(
     json_output
         Print one JSON object.
     """
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     listing = Listing("ledger show", "events", "oldest", paging, {"kind": kind}, by_seq=True)
     spec = listing.spec()
     settings = load_settings()
     project = _project(project)
-    with listings(settings) as lists:
-        last_seq = lists.ledger_head(project)
+    with read_client(settings) as client:
+        last_seq = client.ledger_head(project)
         if last_seq == 0:
             raise CommandError(_no_ledger(project))
         if paging.all and json_output:
-            ndjson(
-                event_json(e)
-                for e in lists.stream_ledger(project, kind, newest_first=listing.newest_first)
-            )
+            streamed = client.iter_ledger(project, kind=kind, newest_first=listing.newest_first)
+            ndjson(event_json(e) for e in streamed)
             return ExitCode.OK
-        page = lists.ledger(project, kind, spec)
+        page = client.ledger_page(project, spec, kind=kind)
     if json_output:
         events = [event_json(e) for e in page.items]
         render.dump(
@@ -153,12 +137,13 @@ def verify(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     settings = load_settings()
     project = _project(project)
-    with _ledger(settings) as ledger:
-        result = ledger.verify(project)
+    with read_client(settings) as client:
+        result = client.verify_ledger(project)
     empty = result.ok and result.count == 0
     problem = _no_ledger(project) if empty else result.problem
     if json_output:

@@ -95,9 +95,13 @@ def stats(
         "waiting" (queues holding pointers that no consumer serves),
         "problems": [{"what", "fix"}]}.
     """
-    from actors.queue_stats import gather
+    from vibey.client import read_client
+    from vibey.wiring import worker_config
 
-    found = _with_pool(gather)
+    settings = load_settings()
+    worker_config(settings)  # the fleet's settings hold before anything connects
+    with read_client(settings) as client:
+        found = client.queue_stats()
     if json_output:
         print(json.dumps(asdict(found), indent=2, default=str))
         return ExitCode.OK
@@ -150,11 +154,13 @@ def dead(
     """
     if not 1 <= limit <= 1000:
         raise SettingsError(f"--limit must be 1..1000, got {limit}")
-    from store.operations import OperationsStore
+    from vibey.client import read_client
+    from vibey.wiring import worker_config
 
-    rows = _with_pool(
-        lambda _config, pool: OperationsStore(pool).dead_letters(after=after, limit=limit)
-    )
+    settings = load_settings()
+    worker_config(settings)  # the fleet's settings hold before anything connects
+    with read_client(settings) as client:
+        rows = client.dead_letters(after=after, limit=limit)
     if json_output:
         shown = [{**asdict(r), "body": r.body.decode("utf-8", "replace")} for r in rows]
         print(json.dumps({"dead_letters": shown}, indent=2, default=str))
@@ -165,18 +171,6 @@ def dead(
     if not rows:
         print("no dead letters kept")
     return ExitCode.OK
-
-
-def _with_pool(fn: Any) -> Any:
-    from store.pool import open_pool
-    from vibey.wiring import worker_config
-
-    config = worker_config(load_settings())
-    pool = open_pool(config.pg_url, min_size=1, max_size=2, name="vibey-cli")
-    try:
-        return fn(config, pool)
-    finally:
-        pool.close()
 
 
 def stack_checks(settings: Settings, caps: Any) -> list[dict[str, Any]]:

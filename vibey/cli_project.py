@@ -84,12 +84,13 @@ def dedicate(project: str, /, *, json_output: Json = False) -> ExitCode:
     json_output
         {"project", "dedicated": true, "changed", "queues"}.
     """
-    from store.routes import dedicate as write
+    from vibey.client import read_client
 
     (project,) = check_project_ids([project], "fix the project id")
     by = f"vibey project dedicate@{socket.gethostname()}"
     queues = _declare(project)  # first: the resent pointers then have somewhere to wait
-    changed = _with_pool(lambda pool: write(pool, project, by=by))
+    with read_client(load_settings()) as client:
+        changed = client.dedicate(project, by=by)
     if json_output:
         payload = {"project": project, "dedicated": True, "changed": changed, "queues": queues}
         render.dump(payload)
@@ -113,10 +114,11 @@ def undedicate(project: str, /, *, json_output: Json = False) -> ExitCode:
     json_output
         {"project", "dedicated": false, "changed"}.
     """
-    from store.routes import undedicate as remove
+    from vibey.client import read_client
 
     (project,) = check_project_ids([project], "fix the project id")
-    changed = _with_pool(lambda pool: remove(pool, project))
+    with read_client(load_settings()) as client:
+        changed = client.undedicate(project)
     if json_output:
         render.dump({"project": project, "dedicated": False, "changed": changed})
         return ExitCode.OK
@@ -136,9 +138,10 @@ def list_(*, json_output: Json = False) -> ExitCode:
     """
     from dataclasses import asdict
 
-    from store.routes import list_routes
+    from vibey.client import read_client
 
-    routes = _with_pool(list_routes)
+    with read_client(load_settings()) as client:
+        routes = client.routes()
     if json_output:
         render.dump({"routes": [asdict(r) for r in routes]})
         return ExitCode.OK

@@ -16,11 +16,12 @@ from cyclopts import App, Parameter
 
 from vibey import render
 from vibey.command_groups import help_of
-from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, listings, ndjson, optional_age
+from vibey.paging import FIRST_PAGE, Listing, Paging, filters_of, ndjson, optional_age
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from contextlib import AbstractContextManager
 
     from store.workflow_reads import StartOutcome, Workflow
     from vibey.client import Client
@@ -310,10 +311,9 @@ def cost(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
-    from vibey.client import workflow_client
     from vibey.settings import load_settings
 
-    with workflow_client(load_settings()) as client:
+    with _reader(load_settings()) as client:
         found = client.cost(_project(project))
     if json_output:
         render.dump(found.to_json())
@@ -341,11 +341,10 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
     json_output
         Print one JSON object.
     """
-    from vibey.client import workflow_client
     from vibey.settings import load_settings
 
     settings = load_settings()
-    with workflow_client(settings) as client:
+    with _reader(settings) as client:
         workflow = client.status(_project(project))
         describe = client.describe(workflow)
         gates = [
@@ -374,6 +373,16 @@ def status(project: str, *, json_output: Json = False) -> ExitCode:
             f"(start one: {item['command']})"
         )
     return ExitCode.OK
+
+
+def _reader(settings: Settings) -> AbstractContextManager[Client]:
+    """A read command's client, checked as :func:`vibey.client.workflow_client` checks (the
+    database URL, then the definitions) but holding no relay: nothing here is dispatched."""
+    from vibey.client import read_client
+    from vibey.wiring import load_registry
+
+    settings.require_database_url()
+    return read_client(settings, registry=load_registry(settings))
 
 
 def _unserved(
@@ -445,7 +454,7 @@ def list_(
         Print one JSON object.
     """
     from store.listings import WorkflowFilter
-    from store.workflow_reads import describe
+    from vibey.client import read_client
     from vibey.settings import load_settings
     from vibey.wiring import load_registry
     from workflows.engine import Status
@@ -461,14 +470,14 @@ def list_(
     listing = Listing("workflow list", "workflows", "newest", paging, filters_of(where))
     spec = listing.spec()
     settings = load_settings()
-    registry = load_registry(settings)
-    with listings(settings) as lists:
+    registry = load_registry(settings)  # first: a bad definition is said before connecting
+    with read_client(settings, registry=registry) as client:
         if paging.all and json_output:
-            found = lists.stream_workflows(where, newest_first=listing.newest_first)
-            ndjson(render.workflow_json(wf, describe(registry, wf)) for wf in found)
+            found = client.iter_workflows(where, newest_first=listing.newest_first)
+            ndjson(render.workflow_json(wf, client.describe(wf)) for wf in found)
             return ExitCode.OK
-        page = lists.workflows(where, spec)
-    items = [(wf, describe(registry, wf)) for wf in page.items]
+        page = client.workflow_page(where, spec)
+        items = [(wf, client.describe(wf)) for wf in page.items]
     if json_output:
         listed = [render.workflow_json(wf, d) for wf, d in items]
         render.dump({"workflows": listed, **listing.json_tail(page)})
@@ -504,18 +513,19 @@ def history(
     json_output
         Print one JSON object.
     """
+    from vibey.client import read_client
     from vibey.settings import load_settings
 
     filters = {"kind": kind}
     listing = Listing("workflow history", "events", "oldest", paging, filters, by_seq=True)
     spec = listing.spec()
-    with listings(load_settings()) as lists:
-        workflow = lists.workflow_for_project(_project(project))
+    with read_client(load_settings()) as client:
+        workflow = client.status(_project(project))
         if paging.all and json_output:
-            found = lists.stream_history(workflow.id, kind, newest_first=listing.newest_first)
+            found = client.iter_history(workflow.id, kind=kind, newest_first=listing.newest_first)
             ndjson(render.history_event_json(e) for e in found)
             return ExitCode.OK
-        page = lists.history(workflow.id, kind, spec)
+        page = client.history_page(workflow.id, spec, kind=kind)
     if json_output:
         shown = render.history_json(workflow, page.items)
         render.dump({**shown, **listing.json_tail(page)})

@@ -11,6 +11,17 @@
         done = client.wait(run.id, timeout=30)     # the finished workflow, or a typed error
         spent = client.cost("acme")                # tokens and dollars so far, from the ledger
 
+Every `vibey` command a user runs goes through these methods, so Python can do what the
+command line does. Besides the workflow and gate methods here, the reads and routine writes of
+:class:`~vibey.client_reads.ClientReads` (which the client extends) use the pool alone: the
+pages and streams of ``gate_page``/``iter_gates``, ``workflow_page``/``iter_workflows``,
+``history_page``/``iter_history`` and ``ledger_page``/``iter_ledger`` (a
+:class:`~store.listings.PageSpec` in, a :class:`~store.listings.Page` out), ``ledger_head``,
+``verify_ledger``, ``events``, ``tenant``/``set_tenant``, ``routes``/``dedicate``/
+``undedicate``, ``engine_health``, ``rotate_engine`` and ``dead_letters``; and
+:meth:`Client.queue_stats`. :func:`read_client` is a command's client for those: one
+connection, no relay, nothing of :mod:`actors` loaded.
+
 One client holds a small connection pool and one relay (one AMQP connection, publisher
 confirms) for its whole life: every commit's dispatch pointers are handed to it right after
 the commit, and :meth:`flush` waits until the broker confirmed them. It routes a project's
@@ -39,32 +50,30 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from actors.graph import Bus, assemble
-from actors.relay import Router
-from actors.topology import QueueNames
-from actors.tracing import step_tracer
 from store.cost import CostReads, WorkflowCost
-from store.db import Pool
 from store.pool import open_pool
 from store.routes import read_routes
-from store.unit_of_work import OutboxRow
-from store.workflow_reads import (
-    GateAnswerOutcome,
-    HistoryEntry,
-    StartOutcome,
-    Verification,
-    Workflow,
-)
+from store.workflow_reads import GateAnswerOutcome, StartOutcome, Verification, Workflow
+from vibey.client_reads import ClientReads
 from vibey.render import answers_text, clock
 from vibey.settings import Settings, load_settings
-from vibey.wiring import load_registry
 from workflows.budget import Budget, budget_of, with_budget
 from workflows.engine import Registry, Status
 from workflows.queue import AnswerStatus, Gate
+
+if TYPE_CHECKING:
+    from actors.graph import Bus, Graph
+    from actors.queue_stats import QueueStats
+    from actors.relay import Router
+    from store.db import Pool
+    from store.dispatch import DispatchRecords
+    from store.jobs import PostgresJobRepository
+    from store.unit_of_work import OutboxRow
+    from store.workflows import WorkflowStore
 
 RELAY_CONNECT_SECONDS = 2.0
 FLUSH_SECONDS = 5.0
@@ -151,8 +160,13 @@ class Dispatch:
     tried: bool
 
 
-class Client:
-    """A pool, the workflow store and one persistent relay; close it (or use ``with``)."""
+class Client(ClientReads):
+    """A pool, the workflow store and one persistent relay; close it (or use ``with``).
+
+    The reads and routine writes of :class:`~vibey.client_reads.ClientReads` use the pool
+    alone. The rest of the graph (job repository, workflow store, relay: one
+    :func:`actors.graph.assemble`) is built with the client when ``connect_relay`` is true,
+    else at the first call that needs it."""
 
     def __init__(
         self,
@@ -166,49 +180,82 @@ class Client:
         name: str = "vibey-client",
     ) -> None:
         """``settings`` default to :func:`vibey.settings.load_settings`; ``registry`` to the
-        definitions they name. ``pool``: share one the caller owns (it is not closed).
-        ``name`` prefixes the relay's id (who holds an outbox row it was handed).
-        ``listen_routes=False`` reads the project routes once instead of following their
-        changes (one CLI command)."""
+        definitions they name (loaded on first use). ``pool``: share one the caller owns (it
+        is not closed). ``name`` prefixes the relay's id (who holds an outbox row it was
+        handed). ``listen_routes=False`` reads the project routes once instead of following
+        their changes (one CLI command)."""
         self.settings = settings if settings is not None else load_settings()
-        self.registry = registry if registry is not None else load_registry(self.settings)
         url = self.settings.require_database_url()
         self._owns_pool = pool is None
-        self._pool = pool or open_pool(url, min_size=1, max_size=pool_size, name="vibey-client")
+        pool = pool or open_pool(url, min_size=1, max_size=pool_size, name="vibey-client")
+        super().__init__(pool, registry)
         self._lock = threading.Lock()
         self._pending: deque[int] = deque(maxlen=PENDING_LIMIT)
-        rabbitmq = self.settings.queue.backend == "rabbitmq"
-        bus = self._bus(listen=url if listen_routes else None) if connect_relay else None
-        self._tried = bus is not None  # whether a relay was tried
-        tracing = self.settings.tracing
-        graph = assemble(
-            self._pool,
-            registry=self.registry,
-            leases=self.settings.queue.lease,
-            owner=f"{name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
-            tracer=step_tracer(tracing.otlp_endpoint, service_name=tracing.service_name),
-            dispatch=rabbitmq,
-            bus=bus,
-            connect=RELAY_CONNECT_SECONDS,
-            on_commit=self._committed,
-        )
-        self._relay, self._routes = graph.relay, graph.routes
-        self._records = graph.records
+        self._name, self._listen = name, url if listen_routes else None
+        self._connect = connect_relay
+        self._tried = connect_relay and self._bus_settings() is not None  # a relay was tried
+        self._graph: Graph | None = None
+        self._graph_lock = threading.Lock()
         self._published_before = 0
-        self.jobs, self.store = graph.jobs, graph.workflows
+        if connect_relay:
+            self._built()
 
-    def _bus(self, *, listen: str | None) -> Bus | None:
-        """Where this client's relay sends its pointers: none without an AMQP URL, or on the
-        postgres backend (the workers claim the jobs from PostgreSQL)."""
+    def _bus_settings(self) -> tuple[str, str] | None:
+        """The AMQP URL and prefix this client's relay sends to: none without an AMQP URL, or
+        on the postgres backend (the workers claim the jobs from PostgreSQL)."""
         settings = self.settings
         if settings.queue.backend != "rabbitmq" or settings.bus.amqp_url is None:
             return None
-        return Bus(
-            url=settings.bus.amqp_url,
-            names=QueueNames(settings.bus.prefix),
-            tiers=settings.queue.rabbitmq.wait_tiers,
-            listen=listen,
+        return settings.bus.amqp_url, settings.bus.prefix
+
+    def _built(self) -> Graph:
+        """The graph, assembled on first use (:mod:`actors.graph`, the composition root)."""
+        with self._graph_lock:
+            if self._graph is None:
+                self._graph = self._assemble()
+            return self._graph
+
+    def _assemble(self) -> Graph:
+        from actors.graph import assemble
+        from actors.tracing import step_tracer
+
+        tracing = self.settings.tracing
+        return assemble(
+            self._pool,
+            registry=self.registry,
+            leases=self.settings.queue.lease,
+            owner=f"{self._name}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            tracer=step_tracer(tracing.otlp_endpoint, service_name=tracing.service_name),
+            dispatch=self.settings.queue.backend == "rabbitmq",
+            bus=self._bus() if self._connect else None,
+            connect=RELAY_CONNECT_SECONDS,
+            on_commit=self._committed,
         )
+
+    def _bus(self) -> Bus | None:
+        from actors.graph import Bus
+        from actors.topology import QueueNames
+
+        found = self._bus_settings()
+        if found is None:
+            return None
+        url, prefix = found
+        return Bus(
+            url=url,
+            names=QueueNames(prefix),
+            tiers=self.settings.queue.rabbitmq.wait_tiers,
+            listen=self._listen,
+        )
+
+    @property
+    def store(self) -> WorkflowStore:
+        """The workflow store of this client's graph."""
+        return self._built().workflows
+
+    @property
+    def jobs(self) -> PostgresJobRepository:
+        """The job repository of this client's graph."""
+        return self._built().jobs
 
     def _committed(self, rows: Sequence[OutboxRow]) -> None:
         with self._lock:
@@ -284,24 +331,6 @@ class Client:
             return []
         return [o.workflow for o in self.store.start_many(batch, definition=name)]
 
-    def status(self, workflow: UUID | str) -> Workflow:
-        """A workflow by id, or a project's live (else latest) workflow by project id."""
-        if isinstance(workflow, UUID):
-            return self.store.get(workflow)
-        return self.store.for_project(workflow)
-
-    def describe(self, workflow: Workflow) -> str:
-        """The workflow in one line, as its definition describes it (``vibey workflow
-        status`` prints it under the header)."""
-        return self.store.describe(workflow)
-
-    def steps(self, workflow: UUID) -> list[Mapping[str, Any]]:
-        """The workflow's steps, one dict a step (``step``, ``kind``, ``state``, ...)."""
-        return [dict(row) for row in self.store.steps(workflow)]
-
-    def history(self, workflow: UUID) -> list[HistoryEntry]:
-        return self.store.history(workflow)
-
     def verify(self, workflow: UUID, *, block: bool = False) -> Verification:
         """Replay the workflow's history through the code this process runs and compare the
         result with the stored state. ``block``: a divergence blocks a running workflow behind
@@ -318,7 +347,7 @@ class Client:
         deadline = time.monotonic() + timeout
         delay = poll
         while True:
-            current = self.store.get(workflow)
+            current = self.status(workflow)
             if current.status is Status.COMPLETED:
                 return current
             if current.status is Status.FAILED:
@@ -334,23 +363,18 @@ class Client:
     def router(self) -> Router:
         """How pointers are routed now (the rabbitmq backend): each kind to its lane, each
         project to its dedicated queues when the project routes say so."""
-        routes = self._routes if self._routes is not None else read_routes(self._pool)
+        from actors.relay import Router
+        from actors.topology import QueueNames
+
+        routes = self._graph.routes if self._graph is not None else None
         return Router(
             names=QueueNames(self.settings.bus.prefix),
             tiers=self.settings.queue.rabbitmq.wait_tiers,
-            dedicated=routes,
+            dedicated=routes if routes is not None else read_routes(self._pool),
             kinds=self.registry.kinds,
         )
 
     # -- gates -------------------------------------------------------------------------------
-
-    def list_gates(self, project: str | None = None) -> list[Gate]:
-        """The open gates (workflow questions and parked jobs), oldest first."""
-        return [gate for gate, _ in self.inbox(project)]
-
-    def inbox(self, project: str | None = None) -> list[tuple[Gate, float]]:
-        """:meth:`list_gates`, each with the seconds it has waited by the database's clock."""
-        return self.store.inbox(project)
 
     def gate(self, gate: UUID) -> Gate | None:
         """One gate by id, open or answered (who answered it, when and how); None when there
@@ -376,6 +400,19 @@ class Client:
             raise AnswerRefused(outcome, named, str(value))
         return outcome.gate
 
+    # -- operations --------------------------------------------------------------------------
+
+    def queue_stats(self) -> QueueStats:
+        """Each queue's ready messages and consumers (RabbitMQ's, or the claimable rows on the
+        postgres backend), the leased jobs by lane, the dead letters, the outbox's lag, the
+        routed projects, the claimable job waiting longest, and each problem with the command
+        that fixes it (``vibey queue stats``). Raises
+        :class:`~vibey.settings.SettingsError` when the fleet's settings do not hold."""
+        from actors.queue_stats import gather
+        from vibey.wiring import worker_config
+
+        return gather(worker_config(self.settings), self._pool)
+
     # -- dispatch and life -------------------------------------------------------------------
 
     def flush(self, timeout: float = FLUSH_SECONDS) -> Dispatch:
@@ -384,24 +421,29 @@ class Client:
         with self._lock:
             ids = tuple(self._pending)
             self._pending.clear()
-        if self._relay is None:
+        relay = None if self._graph is None else self._graph.relay
+        if relay is None:
             return Dispatch(len(ids), 0, tried=self._tried)
-        if not self._relay.flush(timeout=timeout) or self._relay.returned:
-            self._records.release(ids)  # only rows still unsent: back to the reconcilers
-        published = self._relay.published - self._published_before
-        self._published_before = self._relay.published
+        if not relay.flush(timeout=timeout) or relay.returned:
+            self._records().release(ids)  # only rows still unsent: back to the reconcilers
+        published = relay.published - self._published_before
+        self._published_before = relay.published
         return Dispatch(len(ids), published, tried=True)
+
+    def _records(self) -> DispatchRecords:
+        return self._built().records
 
     publish = flush  # the CLI's name for it
 
     def close(self) -> None:
-        if self._relay is not None:
+        graph = self._graph
+        if graph is not None and graph.relay is not None:
             self.flush(timeout=STOP_SECONDS)
-            self._relay.stop(timeout=STOP_SECONDS)
-            self._relay = None
-        if self._routes is not None:
-            self._routes.stop()
-            self._routes = None
+            graph.relay.stop(timeout=STOP_SECONDS)
+        if graph is not None and graph.routes is not None:
+            graph.routes.stop()
+        if graph is not None:  # stopped: a second close stops nothing
+            self._graph = replace(graph, relay=None, router=None, routes=None)
         if self._owns_pool:
             self._pool.close()
 
@@ -422,11 +464,34 @@ class Client:
 def workflow_client(settings: Settings) -> Iterator[Client]:
     """A client for one CLI command, closed on the way out. Checks the database URL, then the
     definitions, then connects (DatabaseUnavailable if it cannot)."""
+    from vibey.wiring import load_registry
+
     settings.require_database_url()
     client = Client(
         settings,
         registry=load_registry(settings),
         pool_size=2,
+        listen_routes=False,
+        name="vibey-cli",
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def read_client(settings: Settings, *, registry: Registry | None = None) -> Iterator[Client]:
+    """A client for one read command (or a routine write on the pool alone): one
+    connection, no relay, the definitions (``registry``, else the settings') loaded only if a
+    workflow is described. Checks the database URL, then connects (DatabaseUnavailable if it
+    cannot); closed on the way out."""
+    settings.require_database_url()
+    client = Client(
+        settings,
+        registry=registry,
+        pool_size=1,
+        connect_relay=False,
         listen_routes=False,
         name="vibey-cli",
     )

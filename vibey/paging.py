@@ -21,8 +21,7 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -33,8 +32,7 @@ from cyclopts import Parameter
 from vibey.render import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from store.listings import Listings, Page, PageSpec
-    from vibey.settings import Settings
+    from store.listings import Page, PageSpec
 
 DEFAULT_LIMIT = 50  # store.listings.DEFAULT_LIMIT; the test of the flags checks they agree
 Order = Literal["oldest", "newest"]
@@ -215,17 +213,3 @@ class Listing:
 
     def _moment_key(self, cursor: str) -> Key:
         return moment_key(cursor, self.command, self.order, self.filters)
-
-
-@contextmanager
-def listings(settings: Settings) -> Iterator[Listings]:
-    """The list commands' reads on a one-connection pool of their own."""
-    from store.listings import Listings
-    from store.pool import open_pool
-
-    url = settings.require_database_url()
-    pool = open_pool(url, min_size=1, max_size=1, name="vibey-list")
-    try:
-        yield Listings(pool)
-    finally:
-        pool.close()

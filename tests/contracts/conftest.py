@@ -12,6 +12,14 @@
 * ``memory``: the in-memory fakes beside the store's seams (``store.memory``), under the same
   runner, held to the same contract.
 
+The two real backends build their parts as their processes do, through the composition root
+(:mod:`actors.graph`): ``assemble`` for the pool's job repository, dispatch records and (on
+RabbitMQ) the relay and its router, ``step_runner`` for each worker's runner. A drive loop
+process has one graph, so each worker the contract names gets its own; the fleet's workers
+share the one relay of the backend's graph (one worker process running several owners'
+steps), as the contract's worker names are cheap and a relay is a connection. The fakes have
+no builder: they are wired here.
+
 How the contract's ``claim`` and settles map onto a runner is ``tests/contracts/fleet.py``.
 The contract file itself never names a backend.
 """
@@ -33,12 +41,12 @@ from psycopg_pool import ConnectionPool
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.drive import reap_once
+from actors.graph import Bus, Graph, assemble, step_runner
 from actors.reconcile import Reconciler
-from actors.relay import Relay, Router
-from actors.steps import StepRunner
+from actors.steps import StepResult, StepRunner
+from actors.stub_broker import Publisher
 from actors.topology import QueueNames, Topology
 from actors.worker import LANE_PRIORITY, LaneWorker
-from store.dispatch import DispatchRecords
 from store.drive import Work, claim_next
 from store.jobs import PostgresJobRepository
 from store.memory import MemoryJobRepository
@@ -55,8 +63,9 @@ from tests.contracts.fleet import (
     Workers,
 )
 from workflows.dispatch import Lane, WaitTiers
+from workflows.engine import Registry
 from workflows.job import LeasePolicy
-from workflows.protocol.kinds import STEP_KINDS
+from workflows.protocol.definition import DEFINITIONS
 from workflows.queue import (
     EnqueueRequest,
     Job,
@@ -72,6 +81,8 @@ TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds
 # one thread, and it holds up to 40 at once.
 FLEET_THREADS = 64
 DRAIN_GRACE_S = 5.0
+RELAY_CONNECT_S = 10.0  # a producer's relay waits this long for the broker
+REGISTRY = Registry(DEFINITIONS)  # the protocol's definitions: the kinds the contract enqueues
 
 
 class Backend(Protocol):
@@ -140,12 +151,11 @@ class PostgresBackend(PostgresRecord):
 
     def __init__(self, url: str, stack: ExitStack) -> None:
         super().__init__(url, stack)
-        self.jobs = PostgresJobRepository(pool=self.pool)
+        self.jobs = self._graph("contract").jobs
         names = QueueNames("contract")
 
         def runner(owner: str) -> StepRunner:
-            records = DispatchRecords(pool=self.pool, relay_id=owner)
-            return contract_runner(self.jobs, records, None, names, owner)
+            return contract_runner(self._graph(owner), names)
 
         self.workers = Workers(self.jobs, runner)
         stack.callback(self.workers.close)
@@ -156,6 +166,10 @@ class PostgresBackend(PostgresRecord):
             reap=lambda: reap_once(self.jobs, operations, "contract-reaper"),
         )
 
+    def _graph(self, owner: str, leases: LeasePolicy | None = None) -> Graph:
+        """A drive loop's graph (actors.worker.open_graph, relay=False): no outbox, no relay."""
+        return assemble(self.pool, registry=REGISTRY, leases=leases or LeasePolicy(), owner=owner)
+
     def _take(
         self, project_id: str, owner: str, limit: int, kinds: Collection[str] | None
     ) -> list[Job]:
@@ -164,7 +178,7 @@ class PostgresBackend(PostgresRecord):
         )
 
     def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
-        producer = PostgresJobRepository(pool=self.pool, leases=leases)
+        producer = self._graph("contract-producer", leases).jobs
         return FleetRepository(workers=self.workers, claims=self.claims, producer=producer)
 
     def notifier(self) -> JobReadyNotifier:
@@ -183,6 +197,7 @@ class RabbitMqBackend(PostgresRecord):
 
     def __init__(self, url: str, amqp: Amqp, stack: ExitStack) -> None:
         super().__init__(url, stack)
+        self.amqp = amqp
         names = amqp.names
         tiers = dict(zip(TIERS.names, TIERS.tiers, strict=True))
         lanes = [lane.value for lane in Lane]
@@ -190,10 +205,10 @@ class RabbitMqBackend(PostgresRecord):
         connection = amqp.connect()
         caps = detect(connection)
         topology.declare(amqp.channel(connection), caps)  # recorded: the teardown deletes it
-        self.records = DispatchRecords(pool=self.pool, relay_id=f"relay-{uuid.uuid4().hex[:8]}")
-        router = Router(names=names, tiers=TIERS, kinds=STEP_KINDS)
-        self.relay = Relay(url=amqp.url, records=self.records, router=router)
-        self.jobs = self._producer(None)
+        self.graph = self._graph()
+        assert self.graph.relay is not None  # a bus was given: the graph has its relay
+        self.relay = self.graph.relay
+        self.jobs = self.graph.jobs
         self.broker = VibeyBroker(
             url=amqp.url,
             dead_exchange=names.dead_exchange,
@@ -201,11 +216,16 @@ class RabbitMqBackend(PostgresRecord):
         )
 
         def runner(owner: str) -> StepRunner:
-            return contract_runner(self.jobs, self.records, self.broker, names, owner)
+            return contract_runner(replace(self.graph, owner=owner), names, self.broker)
 
         self.workers = Workers(self.jobs, runner)
         reconciler = Reconciler(
-            jobs=self.jobs, records=self.records, relay=self.relay, url=amqp.url, names=names
+            jobs=self.jobs,
+            records=self.graph.records,
+            relay=self.relay,
+            url=amqp.url,
+            names=names,
+            owner=self.graph.owner,
         )
         self.deliveries = Deliveries(self.workers, reap=lambda: _reconciled(reconciler))
         queues = {}
@@ -231,14 +251,39 @@ class RabbitMqBackend(PostgresRecord):
         self.relay.start()
         worker.start()
 
-    def _producer(self, leases: LeasePolicy | None) -> PostgresJobRepository:
-        return PostgresJobRepository(
-            pool=self.pool,
-            leases=leases,
+    def _graph(self) -> Graph:
+        """A worker's graph (actors.worker.open_graph, relay=True): every commit's pointers go
+        to the outbox and its relay sends them. The project routes are read once (none is
+        routed here)."""
+        bus = Bus(url=self.amqp.url, names=self.amqp.names, tiers=TIERS)
+        owner = f"relay-{uuid.uuid4().hex[:8]}"
+        return assemble(
+            self.pool,
+            registry=REGISTRY,
+            leases=LeasePolicy(),
+            owner=owner,
             dispatch=True,
-            relay_id=self.records.relay_id,
-            after_commit=self.relay.submit,
+            bus=bus,
+        )  # not started: the backend starts its relay once the fleet is wired
+
+    def _producer(self, leases: LeasePolicy | None) -> PostgresJobRepository:
+        """The job repository the contract enqueues through: the workers' graph's, or, for
+        enqueues leased by ``leases``, that of a process of its own (a client: its graph and
+        relay, started at once, :class:`vibey.client.Client`'s way)."""
+        if leases is None:
+            return self.jobs
+        graph = assemble(
+            self.pool,
+            registry=REGISTRY,
+            leases=leases,
+            owner=f"producer-{uuid.uuid4().hex[:8]}",
+            dispatch=True,
+            bus=Bus(url=self.amqp.url, names=self.amqp.names, tiers=TIERS),
+            connect=RELAY_CONNECT_S,
         )
+        assert graph.relay is not None, "the producer's relay did not connect"
+        self._stack.callback(graph.relay.stop)
+        return graph.jobs
 
     def repo(self, *, leases: LeasePolicy | None = None) -> JobRepository:
         return FleetRepository(
@@ -265,7 +310,7 @@ class MemoryBackend:
         names = QueueNames("contract")
 
         def runner(owner: str) -> StepRunner:
-            return contract_runner(self.jobs, records, None, names, owner)
+            return memory_runner(self.jobs, records, names, owner)
 
         self.workers = Workers(self.jobs, runner)
         stack.callback(self.workers.close)
@@ -371,14 +416,25 @@ def claim_none(
     return claim_n(repo, project_id, owner=owner, n=1, timeout=settle)
 
 
-def contract_runner(
-    jobs: Any, records: Any, broker: Any, names: QueueNames, owner: str
-) -> StepRunner:
-    """A step runner as every backend's workers build it here: the contract's handlers and tiers."""
+def contract_runner(graph: Graph, names: QueueNames, broker: Publisher | None = None) -> StepRunner:
+    """A worker's step runner on ``graph`` (``actors.graph.step_runner``, as the fleet and the
+    drive loop build theirs): the contract's handlers and wait tiers."""
+    return step_runner(
+        graph, handlers=HANDLERS, names=names, tiers=TIERS, on_result=_ignored, broker=broker
+    )
+
+
+def _ignored(_result: StepResult) -> None:
+    """The runner's results: the contract reads each step's own (``fleet.Step``)."""
+
+
+def memory_runner(jobs: Any, records: Any, names: QueueNames, owner: str) -> StepRunner:
+    """The fakes' step runner, wired by hand as :func:`actors.graph.step_runner` wires a
+    graph's (the fakes have no graph)."""
     return StepRunner(
         jobs=jobs,
         records=records,
-        broker=broker,
+        broker=None,
         names=names,
         tiers=TIERS,
         handlers=HANDLERS,

@@ -24,8 +24,9 @@ one settle. This driver keeps the contract's words and runs the fleet's path und
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -33,6 +34,7 @@ from actors.steps import StepResult, StepRunner
 from store.ports import SettlingJobRepository
 from store.unit_of_work import OutboxRow
 from workflows.job import FailureClass, JobState
+from workflows.protocol.kinds import STEP_KINDS
 from workflows.queue import (
     NOT_APPLIED,
     AnswerOutcome,
@@ -46,25 +48,9 @@ from workflows.queue import (
     ReapResult,
     Settled,
 )
-from workflows.steps import Defer, Failure, Handler, Outcome, Park, Success
+from workflows.steps import Defer, Failure, Handlers, Outcome, Park, Success
 
 STEP_WAIT_S = 15.0  # a step's handler is reached, or its settle done, well within this
-
-
-class EveryKind(Mapping[str, Handler]):
-    """A handlers mapping with one handler for every kind."""
-
-    def __init__(self, handler: Handler) -> None:
-        self._handler = handler
-
-    def __getitem__(self, kind: str) -> Handler:
-        return self._handler
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
 
 
 class Step:
@@ -148,7 +134,11 @@ def _handler(job: Job) -> Outcome:
     return step.handle(job)
 
 
-HANDLERS = EveryKind(_handler)
+# One handler for every kind the contract enqueues: the protocol's kinds (their aliases too)
+# and one no definition declares. A plain mapping, as a worker's handlers are: the graph's
+# step runner (actors.graph.step_runner) instruments each one it is given.
+CONTRACT_KINDS = (*STEP_KINDS, *STEP_KINDS.aliases, "orders.charge")
+HANDLERS: Handlers = MappingProxyType(dict.fromkeys(CONTRACT_KINDS, _handler))
 
 RunnerFactory = Callable[[str], StepRunner]  # owner -> a worker's StepRunner (HANDLERS)
 

@@ -84,8 +84,11 @@ def engine() -> Recording:
 
 @pytest.fixture
 def implement(pool: ConnectionPool, tmp_path: Path, engine: Recording) -> Any:
+    # The job repository a worker's graph hands its handlers (actors.worker.handler_context):
+    # each attempt's engine is recorded on the job through it.
+    jobs = PostgresJobRepository(pool=pool)
     handlers = build_handlers(
-        HandlerContext(pool=pool, workspace=tmp_path, engines={"scripted": engine})
+        HandlerContext(pool=pool, jobs=jobs, workspace=tmp_path, engines={"scripted": engine})
     )
     return handlers["build.implement"]
 
@@ -377,8 +380,11 @@ def test_an_operator_rotation_moves_the_next_attempt_off_the_projects_last_engin
         [job] = jobs.claim(P, owner="w", kinds=["build.implement"])
         outcome = implement(job)
         assert isinstance(outcome, Success), outcome
+        engine = str(outcome.result["evidence"]["ledger"][0]["payload"]["engine"])
+        held = jobs.get(job.id)
+        assert held is not None and held.engine_id == engine  # recorded on the job
         assert jobs.ack(job.lease, result={}).applied
-        return str(outcome.result["evidence"]["ledger"][0]["payload"]["engine"])
+        return engine
 
     assert store.take_rotation(P) is None
     assert attempt(0) == "alpha"  # 3:1 — left alone, the next pick is alpha again

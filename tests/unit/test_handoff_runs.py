@@ -105,10 +105,13 @@ def parked_then_answered(
 def test_spent_credits_hand_the_item_to_the_next_engine(
     jobs: MemoryJobRepository, engine: Recording, tmp_path: Path
 ) -> None:
-    handoffs = Handoffs(None, records=MemoryStepRecords(jobs))
-    verdict = attempt(handoffs, enqueue(jobs, script()), engine, tmp_path)
+    handoffs = Handoffs(None, records=MemoryStepRecords(jobs), jobs=jobs)
+    job = enqueue(jobs, script())
+    verdict = attempt(handoffs, job, engine, tmp_path)
     assert isinstance(verdict, EngineVerdict) and verdict.status == "ok", verdict
     assert engine.ran() == ["alpha", "beta"]
+    held = jobs.get(job.id)  # each attempt's engine recorded on the job, the last one kept
+    assert held is not None and held.engine_id == "beta"
     assert "HandoffInitiated" in entries(verdict) and "HandoffAccepted" in entries(verdict)
     seed = engine.tasks[-1].input["handoff"]
     assert (seed["from"], seed["to"]) == ("alpha", "beta")
@@ -119,10 +122,12 @@ def test_spent_credits_hand_the_item_to_the_next_engine(
 def test_no_passing_brief_parks_behind_a_handoff_gate(
     jobs: MemoryJobRepository, engine: Recording, tmp_path: Path
 ) -> None:
-    handoffs = Handoffs(None, records=MemoryStepRecords(jobs))
+    handoffs = Handoffs(None, records=MemoryStepRecords(jobs))  # no job repository given:
     job = enqueue(jobs, script(failing_briefs=99))
     parked = attempt(handoffs, job, engine, tmp_path)
     assert isinstance(parked, Park), parked
+    held = jobs.get(job.id)
+    assert held is not None and held.engine_id is None  # ...no engine recorded
     gate = parked.gate
     assert (gate.kind, gate.answers) == ("handoff", ("retry", "cancel"))
     context = gate.context

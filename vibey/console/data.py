@@ -1,11 +1,11 @@
 """What the console shows and the one thing it writes, behind a small Protocol.
 
-:class:`ConsoleData` is the seam: :class:`StoreData` reads through the store's read functions
-(``store.listings``, ``store.workflow_reads``, ``store.ledger``, ``store.engine_health``, the
-queue stats of ``vibey queue stats``; a workflow's cost through :meth:`vibey.client.Client.cost`,
-what `vibey workflow cost` prints) and answers a gate through :meth:`vibey.client.Client.
-answer`, the path and validator of `vibey gate answer`; ``vibey.console.fake.FakeData`` is the
-in-memory one the unit tests use.
+:class:`ConsoleData` is the seam: :class:`StoreData` reads through :class:`vibey.client.Client`,
+the methods the CLI's commands call (the pages of `vibey workflow list` and `history`,
+`vibey ledger show` and `verify`, `vibey engine list`'s health, `vibey queue stats`, a
+workflow's cost as `vibey workflow cost` prints it), and answers a gate through
+:meth:`vibey.client.Client.answer`, the path and validator of `vibey gate answer`;
+``vibey.console.fake.FakeData`` is the in-memory one the unit tests use.
 """
 
 from __future__ import annotations
@@ -94,24 +94,18 @@ class StoreData:
     """The console's reads and its answer on the real store, through one client."""
 
     def __init__(self, *, settings: Settings, client: Client, pool: Pool) -> None:
-        from store.listings import Listings
-
         self._settings = settings
         self._client = client
         self._pool = pool
-        self._lists = Listings(pool)
 
     def workflows(self) -> list[WorkflowSummary]:
-        from store.listings import PageSpec, WorkflowFilter
+        from store.listings import PageSpec
 
-        page = self._lists.workflows(
-            WorkflowFilter(), PageSpec(limit=WORKFLOWS_SHOWN, newest_first=True)
-        )
+        page = self._client.workflow_page(page=PageSpec(limit=WORKFLOWS_SHOWN, newest_first=True))
         waiting = _gates_by_workflow(self.gates())
         return [self._summary(w, waiting.get(w.id, 0)) for w in page.items]
 
     def workflow(self, workflow_id: UUID) -> WorkflowDetail | None:
-        from store.ledger import Ledger
         from store.listings import PageSpec
         from store.workflow_reads import WorkflowNotFound
 
@@ -122,12 +116,12 @@ class StoreData:
         gates = [g for g in self.gates() if g.gate.workflow_id == workflow_id]
         entered = [
             phase
-            for entry in self._lists.stream_history(workflow_id, None, newest_first=False)
+            for entry in self._client.iter_history(workflow_id)
             for phase in phases_entered(entry.commands or [])
         ]
         newest = PageSpec(limit=ROWS_SHOWN, newest_first=True)
-        history = self._lists.history(workflow_id, None, newest)
-        ledger = self._lists.ledger(workflow.project_id, None, newest)
+        history = self._client.history_page(workflow_id, newest)
+        ledger = self._client.ledger_page(workflow.project_id, newest)
         return WorkflowDetail(
             summary=self._summary(workflow, len(gates), entered),
             gates=gates,
@@ -136,7 +130,7 @@ class StoreData:
             steps=self._client.steps(workflow_id),
             ledger=ledger.items,
             ledger_total=ledger.total,
-            verification=Ledger(self._pool).verify(workflow.project_id) if ledger.total else None,
+            verification=self._client.verify_ledger(workflow.project_id) if ledger.total else None,
             cost=self._client.cost(workflow_id),
         )
 
@@ -144,14 +138,11 @@ class StoreData:
         return [OpenGate(gate, waited) for gate, waited in self._client.inbox()]
 
     def health(self) -> Health:
-        from actors.queue_stats import gather
-        from store.engine_health import EngineHealthStore
         from vibey.settings import SettingsError
-        from vibey.wiring import worker_config
 
-        engines = EngineHealthStore(pool=self._pool).all()
+        engines = self._client.engine_health()
         try:
-            queues = gather(worker_config(self._settings), self._pool)
+            queues = self._client.queue_stats()
         except (SettingsError, OSError, ValueError) as exc:
             return Health(engines, None, str(exc))
         except Exception as exc:  # noqa: BLE001 - pika's errors: shown on the page, not raised
