@@ -85,13 +85,17 @@ def test_an_engine_out_of_credits_mid_build_hands_off_and_the_workflow_completes
     assert (worktree / ".vibey" / "handoff" / "ledger.jsonl").is_file()
 
 
-def _wait_for(predicate: Any, what: str, e2e: Stack, timeout: float = 60) -> None:
+def _wait_for(
+    predicate: Any, what: str, e2e: Stack, timeout: float = 60, state: Any = None
+) -> None:
+    """Wait for ``predicate``; on a timeout, say what ``state`` reads then and the worker's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.3)
-    raise AssertionError(f"{what} within {timeout}s\n{e2e.worker_log()}")
+    seen = f" (found {state()})" if state is not None else ""
+    raise AssertionError(f"{what} within {timeout}s{seen}\n{e2e.worker_log()}")
 
 
 def test_briefs_that_keep_failing_escalate_to_full_transcript_then_to_a_person(
@@ -153,6 +157,8 @@ def test_briefs_that_keep_failing_escalate_to_full_transcript_then_to_a_person(
         lambda: sql(pg_url, waiting)[0][0] == "awaiting_capacity",
         "the held item waits for capacity",
         e2e,
+        timeout=180,  # the answer, a step's claim and gamma's refusal: minutes on a loaded box
+        state=lambda: sql(pg_url, waiting),
     )
     [(_, reason)] = sql(pg_url, waiting)
     assert "cancelled by e2e" in reason and "gamma" in reason

@@ -122,12 +122,18 @@ def ready_in(amqp: Amqp, queue: str) -> int:
 def test_a_draining_worker_takes_no_new_pointer_while_its_last_step_runs(
     drained: Stack, pg_url: str, amqp: Amqp
 ) -> None:
-    """Two steps run (20 s and 4 s) and a third waits in the queue. SIGTERM: when the short
+    """Two steps run (28 s and 12 s) and a third waits in the queue. SIGTERM: when the short
     step ends its thread is free, but the draining worker takes nothing more, so the third
     pointer stays ready in the queue for another pod instead of waiting here behind the
-    long step; the next worker runs it."""
+    long step; the next worker runs it. The short step is long enough for the SIGTERM to
+    land before it ends on a loaded box (the third start and its publication take seconds
+    there); the long one ends inside the drain's grace (the longest lease, 30 s)."""
     drained.config = settings_file(drained.workspace.parent, 30)
-    drained.extra_env.update(VIBEY_TEST_LEASE_SECONDS="30", VIBEY_TEST_SHORT_STEP_SECONDS="4")
+    drained.extra_env.update(
+        VIBEY_TEST_LEASE_SECONDS="30",
+        VIBEY_TEST_STEP_SECONDS="28",
+        VIBEY_TEST_SHORT_STEP_SECONDS="12",
+    )
     worker = drained.start_worker(processes=1, threads=2)
     drained.vibey("workflow", "start", "long")
     drained.vibey("workflow", "start", "short")
@@ -145,7 +151,8 @@ def test_a_draining_worker_takes_no_new_pointer_while_its_last_step_runs(
         assert time.monotonic() < deadline, drained.worker_log()
         time.sleep(0.2)
     worker.send_signal(signal.SIGTERM)
-    time.sleep(9)  # the short step ended 5 s ago; the long one runs on
+    began = [float(line.split()[2]) for line in started.read_text().splitlines()]
+    time.sleep(max(0.0, min(began) + 12 + 4 - time.time()))  # the short step ended 4 s ago
     assert worker.poll() is None  # still draining
     assert ready_in(amqp, queue) == 1  # the third pointer was not taken
     assert started.read_text().count("\n") == 2

@@ -26,9 +26,9 @@ def test_the_locks_install_with_their_hashes_into_a_fresh_venv(tmp_path: Path) -
     for venv in (build, runtime):
         run(sys.executable, "-m", "venv", venv)
     # pip's cache is kept (every file is still checked against the lock's hash, cached or
-    # not), and no bytecode is compiled: neither is what this test checks.
-    pip = ("--disable-pip-version-check", "--no-compile")
-    lock = ("--require-hashes", "--no-deps", "-r")
+    # not), and installs compile no bytecode: neither is what this test checks.
+    pip = ("--disable-pip-version-check",)
+    lock = ("--no-compile", "--require-hashes", "--no-deps", "-r")
     run(build / "bin" / "pip", "install", *pip, *lock, ROOT / "requirements-build.lock")
     run(runtime / "bin" / "pip", "install", *pip, *lock, ROOT / "requirements.lock")
     run(runtime / "bin" / "pip", "check")
@@ -38,7 +38,7 @@ def test_the_locks_install_with_their_hashes_into_a_fresh_venv(tmp_path: Path) -
         "--wheel-dir", wheels, ROOT,
     )  # fmt: skip
     (wheel,) = wheels.glob("vibey-*.whl")
-    run(runtime / "bin" / "pip", "install", *pip, "--no-deps", wheel)
+    run(runtime / "bin" / "pip", "install", *pip, "--no-compile", "--no-deps", wheel)
     run(runtime / "bin" / "pip", "check")
     assert "worker" in run(runtime / "bin" / "vibey", "--help", cwd=tmp_path)
     installed = run(runtime / "bin" / "pip", "list", "--format=freeze")
