@@ -50,8 +50,8 @@ demo: venv
 migrate: venv
     .venv/bin/vibey migrate
 
-# The whole test suite: parallel tests first, the real coding CLIs among them (installed at
-# their pinned versions first), then the chaos tests (they kill real processes).
+# The whole test suite: parallel tests first, then the real coding CLIs (installed at their
+# pinned versions first), then the chaos tests (they kill real processes).
 test *args: venv real-cli-install
     #!/usr/bin/env bash
     set -uo pipefail
@@ -66,7 +66,8 @@ test *args: venv real-cli-install
     }
     # Work stealing: a worker that runs dry takes half of another's queue, so the long
     # end-to-end tests do not finish one after another on one worker while the others idle.
-    run -n 4 --dist worksteal -m "not chaos" {{args}}
+    run -n 4 --dist worksteal -m "not chaos and not real_cli" {{args}}
+    run -n 2 -m real_cli {{args}}
     run -m chaos -n 3 --dist loadgroup {{args}}
 
 # Install the four coding CLIs at their pinned versions (ops/real-cli) into .vibey/real-cli.
