@@ -43,8 +43,8 @@ from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane
 REPO = Path(__file__).resolve().parents[2]
 UP, DOWN = REPO / "ops" / "local" / "up.sh", REPO / "ops" / "local" / "down.sh"
 VIBEY = str(Path(sys.executable).with_name("vibey"))
-BUDGET_S = 150.0  # up starts the web console too, and a loaded 2-core box needs the margin
-DOWN_S = 15.0  # kept back for down, whatever the steps before it took
+BUDGET_S = 300.0  # up starts the web console too, and a loaded 2-core box needs the margin
+DOWN_S = 30.0  # kept back for down, whatever the steps before it took
 ANSWER_LINE = re.compile(r"^\s*vibey gate answer ([0-9a-f-]{36}) (.+)$", re.MULTILINE)
 ENDED = ("completed", "failed", "cancelled")
 
