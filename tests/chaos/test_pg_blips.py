@@ -280,7 +280,10 @@ def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Pa
                 with ConnectionPool(
                     url, min_size=1, max_size=2, kwargs={"autocommit": True}
                 ) as pool:
-                    total += start_workflows(pool, amqp, OUTAGE_WORKFLOWS, first=total)
+                    # A later round's batch is larger: its rest must outlast the stop itself
+                    # (a fast stop's shutdown checkpoint takes seconds on a slow box).
+                    batch = OUTAGE_WORKFLOWS * (1 if rounds == 0 else 3)
+                    total += start_workflows(pool, amqp, batch, first=total)
                 rounds += 1
                 trigger = before + (OUTAGE_WORKFLOWS // 5 if rounds == 1 else 1)
                 while (now := sample(url, COMPLETED)) is not None and now[1] < trigger:
