@@ -288,16 +288,7 @@ class WorkflowStore(WorkflowReads):
         cur = unit.conn.cursor(row_factory=dict_row)
         cur.execute(
             Q["insert_new_workflow"].encode(),
-            {
-                "id": workflow.id,
-                "project_id": project_id,
-                "definition": chosen.name,
-                "version": chosen.version,
-                "phase": chosen.first_phase,
-                "cycle": 0,
-                "input": Jsonb(dict(input)),
-                "state": Jsonb(state),
-            },
+            _new_row(workflow.id, project_id, chosen, input, state),
         )
         event = Started(input=dict(input))
         started = self._decide(
@@ -371,16 +362,13 @@ class WorkflowStore(WorkflowReads):
         row = fetch_one(
             conn,
             Q["insert_workflow"],
-            {
-                "id": workflow_id or uuid.uuid4(),
-                "project_id": project_id,
-                "definition": chosen.name,
-                "version": chosen.version,
-                "phase": chosen.first_phase,
-                "cycle": 0,
-                "input": Jsonb(dict(input)),
-                "state": Jsonb(dict(chosen.encode_state(chosen.initial()))),
-            },
+            _new_row(
+                workflow_id or uuid.uuid4(),
+                project_id,
+                chosen,
+                input,
+                dict(chosen.encode_state(chosen.initial())),
+            ),
         )
         if row is None:  # the project has a live workflow (the partial unique index)
             live = fetch_one(conn, Q["live_for_project"], {"project_id": project_id})
@@ -990,6 +978,27 @@ def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None
         "event_ids": [uuid.uuid4() for _ in drafts],
         "event_types": [d.event_type.value for d in drafts],
         "payloads": [Jsonb(dict(d.payload)) for d in drafts],
+    }
+
+
+def _new_row(
+    workflow_id: UUID,
+    project_id: str,
+    chosen: Definition[Any],
+    input: JsonObject,
+    state: JsonObject,
+) -> dict[str, Any]:
+    """The parameters of a new workflow's row (``insert_workflow``, ``insert_new_workflow``):
+    ``chosen``'s first phase, cycle 0, its initial ``state``."""
+    return {
+        "id": workflow_id,
+        "project_id": project_id,
+        "definition": chosen.name,
+        "version": chosen.version,
+        "phase": chosen.first_phase,
+        "cycle": 0,
+        "input": Jsonb(dict(input)),
+        "state": Jsonb(state),
     }
 
 

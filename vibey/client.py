@@ -49,7 +49,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -467,17 +467,16 @@ def workflow_client(settings: Settings) -> Iterator[Client]:
     from vibey.wiring import load_registry
 
     settings.require_database_url()
-    client = Client(
-        settings,
-        registry=load_registry(settings),
-        pool_size=2,
-        listen_routes=False,
-        name="vibey-cli",
-    )
-    try:
+    with closing(
+        Client(
+            settings,
+            registry=load_registry(settings),
+            pool_size=2,
+            listen_routes=False,
+            name="vibey-cli",
+        )
+    ) as client:
         yield client
-    finally:
-        client.close()
 
 
 @contextmanager
@@ -487,15 +486,14 @@ def read_client(settings: Settings, *, registry: Registry | None = None) -> Iter
     workflow is described. Checks the database URL, then connects (DatabaseUnavailable if it
     cannot); closed on the way out."""
     settings.require_database_url()
-    client = Client(
-        settings,
-        registry=registry,
-        pool_size=1,
-        connect_relay=False,
-        listen_routes=False,
-        name="vibey-cli",
-    )
-    try:
+    with closing(
+        Client(
+            settings,
+            registry=registry,
+            pool_size=1,
+            connect_relay=False,
+            listen_routes=False,
+            name="vibey-cli",
+        )
+    ) as client:
         yield client
-    finally:
-        client.close()
