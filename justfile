@@ -82,12 +82,14 @@ real-cli *args: venv real-cli-install
 test-fast *args: venv
     .venv/bin/python -m pytest -n 4 -m unit -q {{args}}
 
-# Format check, lint, types and the import contracts (the layering, and no import circles).
+# Format check, lint, types, the import contracts (the layering, and no import circles) and
+# every production module used by production code (ops/check/used_modules.py).
 check: venv
     .venv/bin/ruff format --check .
     .venv/bin/ruff check .
     .venv/bin/mypy
     .venv/bin/lint-imports
+    {{python}} ops/check/used_modules.py
 
 # The capacity model (docs/capacity.md): the step benchmark's figures, sized for 10k-1M steps/day.
 capacity *args: venv

@@ -13,7 +13,10 @@ once, at its start:
   hold one): relay and stores, assembled at its start when it has a relay, else at the
   first call that needs them (a read command's client reads on its pool alone);
 - the loop service (:func:`actors.agents.service.build_service`) builds none of it: it
-  hosts engine runs and reaches no database.
+  hosts engine runs and reaches no database;
+- the memory backend (:func:`assemble_memory`): the same parts as in-memory fakes
+  (:mod:`store.memory`), under the same step runner, for the unit tests and the contract
+  suite, which hold the fakes to the real backends' contract.
 
 The three that start from a :class:`actors.worker.WorkerConfig` read it in
 :func:`actors.worker.open_graph`; the client reads its settings. The handlers get the
@@ -28,6 +31,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from actors import metrics, tracing
 from actors.in_place import InPlace
@@ -46,6 +50,10 @@ from workflows.dispatch import WaitTiers
 from workflows.engine import Registry
 from workflows.job import LeasePolicy
 from workflows.steps import Handlers
+
+if TYPE_CHECKING:
+    from store.memory import Clock, MemoryJobRepository
+    from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
 
 STOP_S = 5.0  # how long a relay whose broker did not answer gets to stop
 
@@ -118,6 +126,43 @@ def assemble(
     return Graph(pool, owner, registry, tracer, records, jobs, workflows, relay, router, routes)
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryGraph:
+    """A :class:`Graph`'s step parts as the in-memory fakes: no pool, no relay."""
+
+    owner: str
+    registry: Registry
+    tracer: tracing.StepTracer | None
+    records: MemoryDispatchRecords
+    jobs: MemoryJobRepository
+    workflows: MemoryWorkflowStore
+
+
+def assemble_memory(
+    *,
+    registry: Registry,
+    owner: str,
+    clock: Clock | None = None,
+    tracer: tracing.StepTracer | None = None,
+    dispatch: bool = False,
+    on_commit: Publish | None = None,
+) -> MemoryGraph:
+    """The graph on the in-memory fakes (:mod:`store.memory`, :mod:`store.memory_records`):
+    one job repository holds the record, read by the pointer claims and settled through the
+    workflow side as :func:`assemble`'s are. ``clock``: the fakes' time (default: the system's;
+    a test moves a :class:`store.memory.ManualClock`). ``dispatch`` and ``on_commit`` as for
+    :func:`assemble`: each unit's pointers go to ``on_commit`` (a stub broker, a wakeup)."""
+    from store.memory import MemoryJobRepository, system_clock
+    from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
+
+    jobs = MemoryJobRepository(
+        clock=clock or system_clock, dispatch=dispatch, after_commit=on_commit
+    )
+    return MemoryGraph(
+        owner, registry, tracer, MemoryDispatchRecords(jobs), jobs, MemoryWorkflowStore(jobs)
+    )
+
+
 def _relay(
     pool: Pool,
     bus: Bus | None,
@@ -167,7 +212,7 @@ def _after_commit(on_commit: Publish | None, relay: Relay | None) -> Publish | N
 
 
 def step_runner(
-    graph: Graph,
+    graph: Graph | MemoryGraph,
     *,
     handlers: Handlers,
     names: QueueNames,

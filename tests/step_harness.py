@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 
 from actors import tracing
+from actors.graph import assemble_memory
 from actors.steps import StepResult, StepRunner
 from actors.stub_broker import StubPublisher
 from actors.topology import QueueNames
@@ -21,12 +22,15 @@ from actors.tracing import StepTracer
 from store.memory import ManualClock, MemoryJobRepository
 from store.memory_records import MemoryDispatchRecords, MemoryWorkflowStore
 from workflows.dispatch import DEFAULT_WAIT_TIERS
+from workflows.engine import Registry
+from workflows.protocol.definition import DEFINITIONS
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Handler, Outcome, Short, Success
 
 P = "proj"
 KIND = "design.interview"
 NAMES = QueueNames("unit")
+REGISTRY = Registry(DEFINITIONS)
 
 
 @dataclass
@@ -86,11 +90,14 @@ class Harness:
 
 
 def harness() -> Harness:
-    """A fresh harness: a manual clock, the memory job store dispatching to a stub broker."""
+    """A fresh harness: a manual clock, the memory graph (``actors.graph.assemble_memory``)
+    dispatching to a stub broker."""
     clock = ManualClock()
     broker = StubPublisher()
-    jobs = MemoryJobRepository(clock=clock, dispatch=True, after_commit=broker.submit)
-    return Harness(clock, jobs, MemoryDispatchRecords(jobs), broker, MemoryWorkflowStore(jobs), [])
+    graph = assemble_memory(
+        registry=REGISTRY, owner="worker-1", clock=clock, dispatch=True, on_commit=broker.submit
+    )
+    return Harness(clock, graph.jobs, graph.records, broker, graph.workflows, [])
 
 
 def ok(job: Job) -> Outcome:

@@ -41,7 +41,7 @@ FIRST_PAGE = PageSpec()  # the first DEFAULT_LIMIT rows, oldest first
 
 
 class ClientReads:
-    """The pool-only half of :class:`vibey.client.Client` (its module docstring)."""
+    """The pool-only part of :class:`vibey.client.Client` (its module docstring)."""
 
     settings: Settings
     _pool: Pool

@@ -182,7 +182,7 @@ def diagram(phase: str) -> str | None:
 
 
 def dispatch_note(rows: int, published: int, *, tried: bool) -> str:
-    """What became of the step pointers a command committed (``vibey.client.Dispatch``)."""
+    """What became of the step pointers a command committed (``vibey.client_graph.Dispatch``)."""
     steps = "step" if rows == 1 else "steps"
     if published == rows:
         return f"{rows} {steps} dispatched"

@@ -12,13 +12,13 @@
 * ``memory``: the in-memory fakes beside the store's seams (``store.memory``), under the same
   runner, held to the same contract.
 
-The two real backends build their parts as their processes do, through the composition root
-(:mod:`actors.graph`): ``assemble`` for the pool's job repository, dispatch records and (on
-RabbitMQ) the relay and its router, ``step_runner`` for each worker's runner. A drive loop
-process has one graph, so each worker the contract names gets its own; the fleet's workers
-share the one relay of the backend's graph (one worker process running several owners'
-steps), as the contract's worker names are cheap and a relay is a connection. The fakes have
-no builder: they are wired here.
+Every backend builds its parts through the composition root (:mod:`actors.graph`), the real
+ones as their processes do: ``assemble`` for the pool's job repository, dispatch records and
+(on RabbitMQ) the relay and its router, ``assemble_memory`` for the fakes, ``step_runner`` for
+each worker's runner. A drive loop process has one graph, so each worker the contract names
+gets its own; the fleet's workers share the one relay of the backend's graph (one worker
+process running several owners' steps), as the contract's worker names are cheap and a relay
+is a connection; the fakes' workers share the one fake that holds the record.
 
 How the contract's ``claim`` and settles map onto a runner is ``tests/contracts/fleet.py``.
 The contract file itself never names a backend.
@@ -41,7 +41,7 @@ from psycopg_pool import ConnectionPool
 from actors.broker import VibeyBroker, step_actor_name
 from actors.capabilities import detect
 from actors.drive import reap_once
-from actors.graph import Bus, Graph, assemble, step_runner
+from actors.graph import Bus, Graph, MemoryGraph, assemble, assemble_memory, step_runner
 from actors.reconcile import Reconciler
 from actors.steps import StepResult, StepRunner
 from actors.stub_broker import Publisher
@@ -49,8 +49,6 @@ from actors.topology import QueueNames, Topology
 from actors.worker import LANE_PRIORITY, LaneWorker
 from store.drive import Work, claim_next
 from store.jobs import PostgresJobRepository
-from store.memory import MemoryJobRepository
-from store.memory_records import MemoryDispatchRecords
 from store.notify import PostgresJobReadyNotifier
 from store.operations import OperationsStore
 from tests.amqp_fixtures import Amqp
@@ -298,19 +296,21 @@ class RabbitMqBackend(PostgresRecord):
 
 
 class MemoryBackend:
-    """The fakes: ``MemoryJobRepository`` (dispatching, its pointers waking the wakeup),
-    ``MemoryDispatchRecords``, the runner as on the drive loop."""
+    """The fakes' graph (``actors.graph.assemble_memory``: the job repository dispatching, its
+    pointers waking the wakeup), the runner as on the drive loop."""
 
     name = "memory"
 
     def __init__(self, stack: ExitStack) -> None:
         self.wakeup = PointerWakeup()
-        self.jobs = MemoryJobRepository(dispatch=True, after_commit=self.wakeup.submit)
-        records = MemoryDispatchRecords(self.jobs)
+        self.graph = assemble_memory(
+            registry=REGISTRY, owner="contract", dispatch=True, on_commit=self.wakeup.submit
+        )
+        self.jobs = self.graph.jobs
         names = QueueNames("contract")
 
         def runner(owner: str) -> StepRunner:
-            return memory_runner(self.jobs, records, names, owner)
+            return contract_runner(replace(self.graph, owner=owner), names)
 
         self.workers = Workers(self.jobs, runner)
         stack.callback(self.workers.close)
@@ -416,7 +416,9 @@ def claim_none(
     return claim_n(repo, project_id, owner=owner, n=1, timeout=settle)
 
 
-def contract_runner(graph: Graph, names: QueueNames, broker: Publisher | None = None) -> StepRunner:
+def contract_runner(
+    graph: Graph | MemoryGraph, names: QueueNames, broker: Publisher | None = None
+) -> StepRunner:
     """A worker's step runner on ``graph`` (``actors.graph.step_runner``, as the fleet and the
     drive loop build theirs): the contract's handlers and wait tiers."""
     return step_runner(
@@ -426,17 +428,3 @@ def contract_runner(graph: Graph, names: QueueNames, broker: Publisher | None = 
 
 def _ignored(_result: StepResult) -> None:
     """The runner's results: the contract reads each step's own (``fleet.Step``)."""
-
-
-def memory_runner(jobs: Any, records: Any, names: QueueNames, owner: str) -> StepRunner:
-    """The fakes' step runner, wired by hand as :func:`actors.graph.step_runner` wires a
-    graph's (the fakes have no graph)."""
-    return StepRunner(
-        jobs=jobs,
-        records=records,
-        broker=None,
-        names=names,
-        tiers=TIERS,
-        handlers=HANDLERS,
-        owner=owner,
-    )

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
+from tests.console_fake import FakeData, gate, workflow
 from vibey.console.app import create_app
 from vibey.console.auth import Access, hash_secret, verify_secret
-from vibey.console.fake import FakeData, gate, workflow
 from vibey.settings import ConsoleSettings, SettingsError, load_settings, replace
 
 PASSWORD = "correct horse"

@@ -8,8 +8,8 @@ import json
 from datetime import UTC, datetime
 from uuid import uuid4
 
+from tests.console_fake import FakeEvents
 from vibey.console.app import _sse_change
-from vibey.console.fake import FakeEvents
 from vibey.console.feed import Change, ChangeFeed
 from workflows.events import DomainEvent, EventType
 

@@ -5,7 +5,7 @@ the methods the CLI's commands call (the pages of `vibey workflow list` and `his
 `vibey ledger show` and `verify`, `vibey engine list`'s health, `vibey queue stats`, a
 workflow's cost as `vibey workflow cost` prints it), and answers a gate through
 :meth:`vibey.client.Client.answer`, the path and validator of `vibey gate answer`;
-``vibey.console.fake.FakeData`` is the in-memory one the unit tests use.
+``tests/console_fake.py``'s ``FakeData`` is the in-memory one the unit tests use.
 """
 
 from __future__ import annotations
