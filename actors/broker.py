@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import pika
@@ -117,6 +118,22 @@ class PointerConsumer(_RabbitmqConsumer):
     def nack(self, message: MessageProxy) -> None:
         if self._mine(message, "nack"):
             super().nack(message)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        """Hand ``messages`` (delivered here, never started) back to their queue at once:
+        Basic.Reject with requeue, sent by the thread that owns the connection. Dramatiq's
+        RabbitMQ consumer does nothing here and leaves them to the channel's close, so a
+        draining worker held its buffered pointers until its drain ended."""
+        for message in messages:
+            if not self._mine(message, "requeue") or message._tag not in self.known_tags:
+                continue
+            self.known_tags.remove(message._tag)
+            try:
+                self.connection.add_callback_threadsafe(
+                    partial(self.channel.basic_reject, message._tag, requeue=True)
+                )
+            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+                raise ConnectionClosed(exc) from None  # closed: the broker requeued it
 
     def _mine(self, message: MessageProxy, what: str) -> bool:
         if message.options.get("vibey_consumer") == self.serial:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -32,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import dramatiq
-from dramatiq.common import join_all
+from dramatiq.common import iter_queue, join_all, q_name
+from dramatiq.errors import ConnectionClosed
+from dramatiq.worker import ConsumerThread
 
 from actors import metrics, tracing
 from actors.broker import VibeyBroker, step_actor_name
@@ -322,6 +325,8 @@ class Runtime:
         the grace: their leases stop beating when this process exits, and the reconciler
         reaps them once they expire (their deliveries go back to the queue unacknowledged)."""
         grace = self.config.drain_grace.total_seconds() if timeout is None else timeout
+        if self._worker is not None:
+            self._worker.stop_taking()  # first: the reconciler may be mid-pass
         self.reconciler.stop()
         self.events.stop()
         cut = 0 if self._worker is None else self._worker.drain(grace)
@@ -346,37 +351,82 @@ def event_service(config: WorkerConfig, pool: Any, workflows: WorkflowStore) -> 
 
 
 class LaneWorker(dramatiq.Worker):
-    """A Dramatiq worker with a prefetch per queue (``_add_consumer`` is Dramatiq's private
-    hook; dramatiq is pinned to 2.2.*) and a drain bounded by the grace it is given."""
+    """A Dramatiq worker with a prefetch per queue, consumer threads a drain can turn off
+    (``_add_consumer`` is Dramatiq's private hook; dramatiq is pinned to 2.2.*) and a drain
+    bounded by the grace it is given."""
 
     def __init__(self, broker: Any, *, prefetch: Mapping[str, int], worker_threads: int) -> None:
         super().__init__(
             broker, queues=set(prefetch), worker_threads=worker_threads, worker_timeout=WAKE_MS
         )
         self._prefetch = dict(prefetch)
+        self._taking = True
 
     def _add_consumer(self, queue_name: str, *, delay: bool = False) -> None:
-        self.queue_prefetch = self._prefetch.get(queue_name, self.queue_prefetch)
-        super()._add_consumer(queue_name, delay=delay)
+        """Dramatiq's, with this queue's prefetch and a :class:`DrainingConsumer`."""
+        if queue_name in self.consumers or (
+            self.consumer_whitelist and q_name(queue_name) not in self.consumer_whitelist
+        ):
+            return
+        consumer = self.consumers[queue_name] = DrainingConsumer(
+            broker=self.broker,
+            queue_name=queue_name,
+            prefetch=self.delay_prefetch
+            if delay
+            else self._prefetch.get(queue_name, self.queue_prefetch),
+            work_queue=self.work_queue,
+            worker_timeout=self.worker_timeout,
+        )
+        consumer.start()
+
+    def stop_taking(self) -> None:
+        """Take no more work, at once (the drain's first part; once only): every worker
+        thread finishes the step it runs and takes no other; every consumer cancels its
+        subscription (the broker sends it nothing more, so a pointer is not held here for
+        hours while another pod could run it); then the pointers buffered here and not
+        started go back to their queues. The channels stay open: a finishing step
+        acknowledges its delivery on its own channel."""
+        if not self._taking:
+            return
+        self._taking = False
+        for thread in self.workers:
+            thread.stop()
+        cancelled = [
+            consumer.drain()
+            for consumer in self.consumers.values()
+            if isinstance(consumer, DrainingConsumer)
+        ]
+        # Once a consumer thread has cancelled, whatever it had received is in the work
+        # queue, and it hands back what comes after. One that did not answer in time (its
+        # connection lost) leaves what it buffered to its channel's close.
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        for done in cancelled:
+            done.wait(max(deadline - time.monotonic(), 0.0))
+        buffered: dict[str, list[Any]] = {}
+        for item in iter_queue(self.work_queue):  # type: ignore[no-untyped-call]
+            buffered.setdefault(item.message.queue_name, []).append(item.message)
+            self.work_queue.task_done()
+        for queue_name, messages in buffered.items():
+            try:
+                self.consumers[queue_name].requeue_messages(messages)
+            except ConnectionClosed:
+                log.debug("drain: the consumer of %s is closed; its channel requeued", queue_name)
+        if buffered:
+            log.info(
+                "drain: %d buffered pointer(s) handed back to their queues",
+                sum(map(len, buffered.values())),
+            )
 
     def drain(self, grace: float) -> int:
-        """Stop taking work, wait up to ``grace`` seconds for the running steps, then close
+        """:meth:`stop_taking`, wait up to ``grace`` seconds for the running steps, then close
         the consumers; returns how many steps were still running (cut).
 
         Dramatiq's ``Worker.stop`` joins the worker threads for its timeout (600 s by
         default) and its threads are daemons, so whatever runs past it dies with the
-        process. Here every worker thread is told to stop first (it finishes the step it
-        runs and takes no other), every consumer cancels its subscription (the broker sends
-        it nothing more, so a pointer is not held here for hours while another pod could
-        run it), and the joins share one deadline, the grace. The channels stay open
-        meanwhile: a finishing step acknowledges its delivery on its own channel. Pointers
-        buffered but not started go back to their queue when the consumers close.
+        process. Here the joins share one deadline, the grace.
         """
         deadline = time.monotonic() + max(grace, 0.0)
-        for thread in self.workers:
-            thread.stop()
-        for consumer_thread in self.consumers.values():
-            _stop_deliveries(consumer_thread)
+        self.stop_taking()
         for thread in self.workers:
             thread.join(timeout=max(deadline - time.monotonic(), 0.0))
         cut = sum(1 for thread in self.workers if thread.is_alive())
@@ -389,8 +439,8 @@ class LaneWorker(dramatiq.Worker):
             )
         # Not Dramatiq's stop: it would join a cut thread for its timeout once more. The
         # consumers close their channels, and RabbitMQ requeues every delivery they held
-        # unacknowledged (the unstarted ones, and a cut step's, whose claim then meets its
-        # lease until the reconciler reaps it).
+        # unacknowledged (a cut step's, whose claim then meets its lease until the
+        # reconciler reaps it).
         self.broker.emit_before("worker_shutdown", self)
         for consumer in self.consumers.values():
             consumer.stop()
@@ -405,27 +455,64 @@ class LaneWorker(dramatiq.Worker):
 # default): a drain waits that long for each, so an idle process stops within 2 x WAKE_MS.
 WAKE_MS = 100
 CONSUMER_STOP_MS = 10_000  # a consumer thread notices its stop within WAKE_MS
+CANCEL_WAIT_S = 5.0  # a consumer thread runs its cancel within WAKE_MS
 
 
-def _stop_deliveries(consumer_thread: Any) -> None:
-    """Ask ``consumer_thread``'s channel to cancel its subscription (Basic.Cancel), in the
-    thread that owns the connection. The channel stays open and its consumer thread keeps
-    driving it (acknowledgements, heartbeats); only new deliveries stop."""
-    consumer = getattr(consumer_thread, "consumer", None)
-    if consumer is None:
-        return
+class DrainingConsumer(ConsumerThread):
+    """Dramatiq's consumer thread, which a drain turns off (:meth:`drain`).
 
-    def cancel() -> None:
+    Off, it cancels its subscription (Basic.Cancel) and hands every delivery it still gets
+    back to its queue instead of buffering it for a worker thread: one the broker sent before
+    it saw the cancel, or one sent to a consumer Dramatiq restarted after a lost connection
+    (which then cancels too, so the pointer is not bounced between the broker and here)."""
+
+    draining = False
+
+    def drain(self) -> threading.Event:
+        """Turn this consumer off. The cancel is sent by this thread, which owns the
+        connection (pika's ``add_callback_threadsafe``: it runs when the consumer next
+        processes the connection's events, within ``WAKE_MS``); the event is set once it
+        ran, or at once if the connection is closed (it delivers nothing more)."""
+        self.draining = True
+        done = threading.Event()
+        consumer = self.consumer
+        if consumer is None:
+            done.set()
+            return done
+
+        def cancel() -> None:
+            try:
+                _cancel(consumer)
+            finally:
+                done.set()
+
         try:
-            for tag in consumer.channel.consumer_tags:
-                consumer.channel.basic_cancel(tag)
-        except Exception:  # noqa: BLE001 - the drain goes on; closing requeues the rest
-            log.warning("drain: cancelling the consumer of %s failed", consumer.queue_name)
+            consumer.connection.add_callback_threadsafe(cancel)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a closed connection delivers nothing more anyway
+            log.debug("drain: the consumer of %s is already closed", self.queue_name)
+            done.set()
+        return done
 
+    def handle_message(self, message: Any) -> None:
+        if not self.draining:
+            super().handle_message(message)
+            return
+        if self.consumer is not None:
+            _cancel(self.consumer)
+        try:
+            self.requeue_messages([message])
+        except ConnectionClosed:
+            log.debug("drain: the consumer of %s is closed; its channel requeued", self.queue_name)
+
+
+def _cancel(consumer: Any) -> None:
+    """Cancel ``consumer``'s subscription (Basic.Cancel), in the thread that owns its
+    connection. Its channel stays open (the running steps' acknowledgements, heartbeats)."""
     try:
-        consumer.connection.add_callback_threadsafe(cancel)
-    except Exception:  # noqa: BLE001 - a closed connection delivers nothing more anyway
-        log.debug("drain: the consumer of %s is already closed", consumer.queue_name)
+        for tag in consumer.channel.consumer_tags:
+            consumer.channel.basic_cancel(tag)
+    except Exception:  # noqa: BLE001 - the drain goes on; closing requeues the rest
+        log.warning("drain: cancelling the consumer of %s failed", consumer.queue_name)
 
 
 def dead_queue_depth(config: WorkerConfig) -> metrics.QueueDepth | None:
