@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from actors.relay import Router
-from store.unit_of_work import OutboxRow
+from store.unit_of_work import OutboxRow, UnitOfWork
 
 DEFAULT_STEPS = 16  # a chain's steps at most ([queue.rabbitmq] in_place_steps)
 DEFAULT_BUDGET_S = 0.25  # wall time a chain may run before its next pointer is published
@@ -71,6 +71,25 @@ class Chain:
             if self.policy.router.queue(row.kind, row.project_id) in self.policy.queues:
                 return row
         return None
+
+    def taker(
+        self, unit: UnitOfWork, running: object, short: Callable[[str], bool]
+    ) -> Callable[[str, str], bool]:
+        """What :meth:`UnitOfWork.hold_next` offers a job about to be dispatched at once (due
+        now, not solo) in ``unit``: taken when :meth:`pick` would take its pointer and none
+        written before it in the unit."""
+
+        def take(kind: str, project_id: str) -> bool:
+            if self.steps >= self.policy.max_steps or time.monotonic() >= self.deadline:
+                return False
+            if (
+                not short(kind)
+                or self.policy.router.queue(kind, project_id) not in self.policy.queues
+            ):
+                return False
+            return self.pick(unit.pointers, running, short) is None
+
+        return take
 
     def keep(self, row: OutboxRow) -> None:
         """``row``'s commit landed: its job is this chain's next step."""

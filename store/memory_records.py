@@ -113,7 +113,13 @@ class MemoryWorkflowStore:
             return self.settle_txn(unit, job, outcome)
 
     def settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        *,
+        locked: Workflow | None = None,
+        claimed: bool = False,
     ) -> Settled:
         settled = settle_txn(self._jobs, unit, job, outcome)
         if settled.applied and job.workflow_id is not None and job.step is not None:

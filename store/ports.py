@@ -90,7 +90,13 @@ class StepWorkflows(Protocol):
     def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]: ...
 
     def settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        *,
+        locked: Workflow | None = None,
+        claimed: bool = False,
     ) -> Settled: ...
 
     def settle(self, job: Job, outcome: Outcome) -> Settled: ...

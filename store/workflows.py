@@ -42,7 +42,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
-from store.errors import StoreError
+from store.errors import SettleRefused, StoreError
 from store.event_spans import (
     NO_SPANS,
     EventSpan,
@@ -100,6 +100,7 @@ from workflows.engine import (
 from workflows.events import Draft, gate_opened, implied, recorded, status_changed
 from workflows.gates import BUDGET_EXHAUSTED, RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
+from workflows.job import JobState
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     AnswerStatus,
@@ -109,7 +110,7 @@ from workflows.queue import (
     JsonObject,
     Settled,
 )
-from workflows.steps import Outcome
+from workflows.steps import Outcome, Success
 
 Q = load("workflows.sql")
 __all__ = [
@@ -127,6 +128,7 @@ REPLAY_CACHE = 10_000
 WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 LIVE_INDEX = "workflow_one_live_per_project"  # one running or blocked workflow a project
 START_ROUNDS = 5  # starts sent again after projects found live, before the careful path
+ACKED = Settled(True, JobState.SUCCEEDED)  # an ack that applied
 
 
 class WorkflowStore(WorkflowReads):
@@ -412,23 +414,56 @@ class WorkflowStore(WorkflowReads):
             return self.settle_txn(unit, job, outcome)
 
     def settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        *,
+        locked: Workflow | None = None,
+        claimed: bool = False,
     ) -> Settled:
         """A step's settle, in the caller's unit of work: the fenced write ``outcome`` asks
         for (ack, nack, defer, park) and, for a workflow's step, first the workflow's lock
         (unless the caller took it: ``locked``) and, when the write applied and finished the
         step, its event (``StepSucceeded``/``TimerFired``/``StepFailed``) with everything
-        it decides."""
+        it decides.
+
+        ``claimed``: the caller claimed the job in this unit (a short step), so its fence
+        holds till the commit. A success's ack is then not read before the event is decided:
+        it travels with the decision's statements, and is checked before the commit (one
+        round trip fewer); one that did not apply raises :class:`SettleRefused`, and the
+        unit rolls back, the event with it."""
         if job.workflow_id is None or job.step is None:
             return settle_txn(self._jobs, unit, job, outcome)
         conn = unit.conn
         workflow = locked or self._lock(conn, job.workflow_id)
-        settled = settle_txn(self._jobs, unit, job, outcome)
-        if not settled.applied:
+        if claimed and isinstance(outcome, Success):
+            acked = self._jobs.ack_unread_txn(unit, job.lease, result=outcome.result)
+            self._settled(unit, workflow, job, job.step, outcome, ACKED)
+            settled = acked()
+            if settled != ACKED:
+                raise SettleRefused(f"job {job.id}: the ack of a job claimed in its unit missed")
             return settled
+        settled = settle_txn(self._jobs, unit, job, outcome)
+        if settled.applied:
+            self._settled(unit, workflow, job, job.step, outcome, settled)
+        return settled
+
+    def _settled(
+        self,
+        unit: UnitOfWork,
+        workflow: Workflow,
+        job: Job,
+        step: str,
+        outcome: Outcome,
+        settled: Settled,
+    ) -> None:
+        """What a step's applied settle records on its workflow: its event, and what that
+        decides (cancelled dependents, the engine's ledger evidence)."""
+        conn = unit.conn
         result, failure, evidence = event_facts(outcome)
         settlement = settled_event(
-            job.kind, job.step, job.payload, settled.state, result=result, failure=failure
+            job.kind, step, job.payload, settled.state, result=result, failure=failure
         )
         if settlement.cancel_dependents is not None:
             why = settlement.cancel_dependents
@@ -445,7 +480,6 @@ class WorkflowStore(WorkflowReads):
             )
         if settlement.event is not None:
             self._record(unit, workflow, settlement.event, cause=str(job.id), job_id=job.id)
-        return settled
 
     @retried("answer a gate", idempotent=False)
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
