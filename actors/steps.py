@@ -240,13 +240,11 @@ class StepRunner:
         sent: int | None,
     ) -> StepResult:
         with self._jobs.units.begin() as unit:
-            if sent is not None:
-                unit.mark_sent(sent)
             locked = (
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
             )
             job = self._records.claim_pointer_txn(
-                unit, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+                unit, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner, sent=sent
             )
             workflow = None if locked is None else locked()
             if job is None:

@@ -40,7 +40,14 @@ class MemoryDispatchRecords:
         self.claims = 0  # claims attempted, hit or miss
 
     def claim_pointer_txn(
-        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self,
+        unit: UnitOfWork,
+        *,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        owner: str,
+        sent: int | None = None,
     ) -> Job | None:
         self.claims += 1
         jobs, now = self._jobs, self._jobs.clock()

@@ -71,7 +71,14 @@ class PointerClaims(Protocol):
     """The fenced claim of pointer (job, generation), and what a missed claim reads."""
 
     def claim_pointer_txn(
-        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self,
+        unit: UnitOfWork,
+        *,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        owner: str,
+        sent: int | None = None,
     ) -> Job | None: ...
 
     def claim_pointer(

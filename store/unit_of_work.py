@@ -92,7 +92,8 @@ class UnitOfWork:
 
     def hold(self, row: OutboxRow) -> None:
         """Keep ``row`` from the relay after the commit: the caller runs its job in place and
-        marks it sent in that step's unit (:meth:`mark_sent`). In this transaction the row
+        marks it sent in that step's unit (its claim does: ``store.dispatch``'s
+        ``claim_pointer_txn`` with ``sent``). In this transaction the row
         is released, so if the caller dies first a reconciler's drain sends it at its next
         pass, as it sends any unsent row nobody holds. (A row chosen before its insert,
         :meth:`hold_next`, is written released: no statement of its own.)"""
@@ -114,11 +115,6 @@ class UnitOfWork:
             return False
         self._may_hold = None
         return True
-
-    def mark_sent(self, row_id: int) -> None:
-        """Mark a held outbox row sent, in the transaction of the step that claims its job:
-        the pointer went no further than this process."""
-        self.conn.execute(Q["mark_held_sent"].encode(), {"id": row_id})
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
