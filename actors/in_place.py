@@ -1,13 +1,14 @@
 """Continue in place: the next step of a workflow on the worker that settled the last one.
 
 When a short step's settle releases a job this process would consume anyway (its queue, its
-project), the step runner keeps that job's pointer from the relay and runs the job itself
-right after the commit, on the same thread: no broker hop between the two steps. Nothing of
-the record changes: the pointer is written to the outbox as always, released in the settle's
-transaction, and marked sent in the transaction of the step that claims it (fenced on its
-generation, as a delivery's claim is). A process that dies between the two leaves the row
-unsent and unheld, so a reconciler's drain publishes it at its next pass: a cut chain costs
-at most one reconcile interval, never a lease.
+project), the step runner keeps that job's pointer from the relay and runs the job itself right
+after the commit, on the same thread: no broker hop between the two steps. Nothing of the
+record changes: the pointer is written to the outbox as always, released in the settle's
+transaction (a job the settle's decision inserts is chosen before its insert, which writes the
+row released: ``UnitOfWork.hold_next``), and marked sent by the claim of the step that runs it
+(fenced on its generation, as a delivery's claim is). A process that dies between the two
+leaves the row unsent and unheld, so a reconciler's drain publishes it at its next pass: a cut
+chain costs at most one reconcile interval, never a lease.
 
 A chain is bounded (``max_steps``, and ``budget`` seconds of wall time), then its next
 pointer goes through the broker as any other, so workflows and lanes take turns. Only the

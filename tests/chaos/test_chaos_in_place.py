@@ -2,15 +2,16 @@
 
 Three short steps per workflow, so a worker that settles ``a`` holds ``b`` and runs it itself,
 then ``c``; half the workflows schedule all three at their start (each waiting on the one
-before), half schedule each step when the one before succeeded (``one-by-one``). The crash point kills a seeded fraction of the processes right after a settle
-committed (``tests/chaos/in_place_chaos.py``): the next step's outbox row is released and
-unsent, and no broker message carries it. Workflows are started until at least ``KILLS`` kills
-cut a chain (by construction, whatever the box's speed). At the end: every workflow completed,
-no step recorded twice, nothing leased or unsent, and a cut chain went on within one reconcile
-interval of its kill: the next drain pass sends the held row (a reconciler of its own runs
-beside the fleet, as `vibey reconcile` does in a cluster; the workers' reconcilers die with
-them). A cut whose drainer is killed too before it sent the row waits for ``reclaim_after``
-beside that: every cut is bounded by two intervals plus ``reclaim_after``; the median by one.
+before), half schedule each step when the one before succeeded (``one-by-one``). The crash
+point kills a seeded fraction of the processes right after a settle committed
+(``tests/chaos/in_place_chaos.py``): the next step's outbox row is released and unsent, and no
+broker message carries it. Workflows are started until at least ``KILLS`` kills cut a chain (by
+construction, whatever the box's speed). At the end: every workflow completed, no step recorded
+twice, nothing leased or unsent, and a cut chain went on within one reconcile interval of its
+kill: the next drain pass sends the held row (a reconciler of its own runs beside the fleet, as
+`vibey reconcile` does in a cluster; the workers' reconcilers die with them). A cut whose
+drainer is killed too before it sent the row waits for ``reclaim_after`` beside that: every cut
+is bounded by two intervals plus ``reclaim_after``; the median by one.
 
 Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
 """

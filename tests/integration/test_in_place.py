@@ -235,7 +235,7 @@ def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_nine_stat
     runtime = runtime_of(proxied, amqp, in_place_steps=3)
     try:
         runtime.jobs.units._publish = lambda rows: None
-        warm, warm_first = one_by_one(runtime, "wire-warm")
+        _, warm_first = one_by_one(runtime, "wire-warm")
         assert deliver(runtime, warm_first) is StepResult.SUCCEEDED  # statements prepared
         workflow, first = one_by_one(runtime, "wire")
         wire.reset()
