@@ -38,7 +38,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
@@ -638,15 +638,58 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
+        replayed: Callable[[], None] | None = None
         if ruled is not None:  # no definition needed (it may be the thing that is broken)
             produced: tuple[Command, ...] = ()
             header, encoded = ruled, None
         else:
             definition = self._registry.get(workflow.definition, workflow.version)
-            self._check_replays(conn, workflow)
-            state = definition.decode_state(workflow.state)
-            header, decision = apply(definition, workflow.header, state, event, now)
+            replayed = self._replay_check(conn, workflow)
+            try:
+                state = definition.decode_state(workflow.state)
+                header, decision = apply(definition, workflow.header, state, event, now)
+            except Exception:
+                _replayed_first(replayed)
+                raise
             produced, encoded = decision.commands, definition.encode_state(decision.state)
+        try:
+            return self._write_decision(
+                unit,
+                workflow,
+                seq,
+                event,
+                now,
+                (header, encoded, produced, definition),
+                pending=pending,
+                cause=cause,
+                facts=facts,
+                created=created,
+                replayed=replayed,
+            )
+        except Exception:
+            _replayed_first(replayed)
+            raise
+
+    def _write_decision(
+        self,
+        unit: UnitOfWork,
+        workflow: Workflow,
+        seq: int,
+        event: Event,
+        now: datetime,
+        decided: tuple[Header, JsonObject | None, tuple[Command, ...], Definition[Any] | None],
+        *,
+        pending: bool,
+        cause: tuple[str | None, UUID | None],
+        facts: Sequence[Draft],
+        created: bool,
+        replayed: Callable[[], None] | None,
+    ) -> Workflow:
+        """What :meth:`_decide` decided, written. ``replayed``: the non-determinism guard whose
+        history read travels with the first read here, checked before the workflow's update
+        (within the caller's savepoint: a divergence undoes the writes sent before it)."""
+        conn = unit.conn
+        header, encoded, produced, definition = decided
         commands = encode_commands(produced)
         history: dict[str, Any] | None = None  # written with the workflow's update
         if pending:
@@ -670,6 +713,8 @@ class WorkflowStore(WorkflowReads):
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
+        if replayed is not None:
+            replayed()
         # A step's settle does not read the new stamps back (one round trip fewer); the
         # workflow it returns keeps the old updated_at/finished_at. Nor does a start: the row
         # it inserted carries this transaction's now(), which is what the update stamps.
@@ -719,15 +764,41 @@ class WorkflowStore(WorkflowReads):
             workflow_id=workflow.id,
         )
 
-    def _check_replays(self, conn: Conn, workflow: Workflow) -> None:
+    def _replay_check(self, conn: Conn, workflow: Workflow) -> Callable[[], None] | None:
         """The non-determinism guard: the first time this process touches a workflow, replay
         its history through the definition this process runs. A definition changed under the
-        same version raises here, and the event blocks the workflow behind a gate instead of
-        being decided by code that would not have made the history it extends."""
+        same version raises (``WorkflowError``), and the event blocks the workflow behind a gate
+        instead of being decided by code that would not have made the history it extends.
+
+        The history read is sent now and the check made when the returned function is called
+        (None: nothing to check), so that the read travels with the caller's next one instead
+        of costing a round trip of its own."""
         key = (workflow.id, workflow.definition, workflow.version)
         if workflow.applied_seq == 0 or key in self._replayed:
-            return
-        divergence = self._diverges(workflow, self._history(conn, workflow.id))
+            return None
+        cur = conn.cursor(row_factory=dict_row)
+        cur.execute(Q["history"].encode(), {"workflow_id": workflow.id, "after": 0})
+        verdict: list[WorkflowError | None] = []  # once checked: its divergence, or None
+
+        def check() -> None:
+            if not verdict:
+                with cur:
+                    rows = cur.fetchall()
+                try:
+                    self._replays(workflow, rows)
+                except WorkflowError as exc:
+                    verdict.append(exc)
+                    raise
+                verdict.append(None)
+            elif (divergence := verdict[0]) is not None:
+                raise divergence
+
+        return check
+
+    def _replays(self, workflow: Workflow, history: Sequence[DictRow]) -> None:
+        """Raise ``WorkflowError`` unless ``history`` replays to the workflow's row."""
+        key = (workflow.id, workflow.definition, workflow.version)
+        divergence = self._diverges(workflow, history)
         if divergence is not None:
             raise WorkflowError(
                 f"non-determinism: {divergence} (the {workflow.definition} v{workflow.version} "
@@ -999,6 +1070,20 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _replayed_first(check: Callable[[], None] | None) -> None:
+    """On a decision's error: the non-determinism guard's verdict first (its
+    ``WorkflowError`` is what blocks the workflow, as when it ran before the decision); its
+    read failing too leaves the decision's error to propagate."""
+    if check is None:
+        return
+    try:
+        check()
+    except WorkflowError:
+        raise
+    except Exception:  # noqa: BLE001 - the caller raises the decision's error
+        pass
 
 
 def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:
