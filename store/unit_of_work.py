@@ -80,7 +80,7 @@ MayHold = Callable[[str, str], bool]  # (kind, project): may this process run th
 class UnitOfWork:
     """One open transaction (``conn``) and the outbox rows written in it so far."""
 
-    __slots__ = ("_may_hold", "_pointers", "_traced", "_unread", "conn", "held")
+    __slots__ = ("_may_hold", "_pointers", "_savepoints", "_traced", "_unread", "conn", "held")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
@@ -89,6 +89,7 @@ class UnitOfWork:
         self._traced: str | None = None  # the traceparent of the rows read after the commit
         self.held: OutboxRow | None = None  # kept from the relay: this process runs it next
         self._may_hold: MayHold | None = None  # offered the next job dispatched at once
+        self._savepoints = 0  # savepoint blocks open (:meth:`savepoint`)
 
     def hold(self, row: OutboxRow) -> None:
         """Keep ``row`` from the relay after the commit: the caller runs its job in place and
@@ -188,9 +189,15 @@ class UnitOfWork:
 
         One name for every savepoint: PostgreSQL keeps a shadowed savepoint, and ``ROLLBACK
         TO``/``RELEASE`` take the most recent of that name, which nesting makes this block's.
-        Fixed texts are prepared once per connection, as every other statement is."""
+        Fixed texts are prepared once per connection, as every other statement is.
+
+        Only a nested block releases its savepoint (else the enclosing block's ``ROLLBACK
+        TO`` would take it). An outermost one's is left to the ``COMMIT``, one statement
+        fewer: a later block's ``SAVEPOINT`` shadows it, so nothing can roll back to it."""
         kept, unread = len(self._pointers), len(self._unread)
         held, may_hold = self.held, self._may_hold
+        nested = self._savepoints > 0
+        self._savepoints += 1
         self.conn.execute(b"SAVEPOINT unit")
         try:
             yield
@@ -201,7 +208,10 @@ class UnitOfWork:
             del self._unread[unread:]  # their statements were rolled back
             self.held, self._may_hold = held, may_hold  # a row held in the block is gone
             raise
-        self.conn.execute(b"RELEASE SAVEPOINT unit")
+        finally:
+            self._savepoints -= 1
+        if nested:
+            self.conn.execute(b"RELEASE SAVEPOINT unit")
 
 
 class Units:
