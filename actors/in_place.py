@@ -1,13 +1,14 @@
 """Continue in place: the next step of a workflow on the worker that settled the last one.
 
 When a short step's settle releases a job this process would consume anyway (its queue, its
-project), the step runner keeps that job's pointer from the relay and runs the job itself
-right after the commit, on the same thread: no broker hop between the two steps. Nothing of
-the record changes: the pointer is written to the outbox as always, released in the settle's
-transaction, and marked sent in the transaction of the step that claims it (fenced on its
-generation, as a delivery's claim is). A process that dies between the two leaves the row
-unsent and unheld, so a reconciler's drain publishes it at its next pass: a cut chain costs
-at most one reconcile interval, never a lease.
+project), the step runner keeps that job's pointer from the relay and runs the job itself right
+after the commit, on the same thread: no broker hop between the two steps. Nothing of the
+record changes: the pointer is written to the outbox as always, released in the settle's
+transaction (a job the settle's decision inserts is chosen before its insert, which writes the
+row released: ``UnitOfWork.hold_next``), and marked sent by the claim of the step that runs it
+(fenced on its generation, as a delivery's claim is). A process that dies between the two
+leaves the row unsent and unheld, so a reconciler's drain publishes it at its next pass: a cut
+chain costs at most one reconcile interval, never a lease.
 
 A chain is bounded (``max_steps``, and ``budget`` seconds of wall time), then its next
 pointer goes through the broker as any other, so workflows and lanes take turns. Only the
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from actors.relay import Router
-from store.unit_of_work import OutboxRow
+from store.unit_of_work import OutboxRow, UnitOfWork
 
 DEFAULT_STEPS = 16  # a chain's steps at most ([queue.rabbitmq] in_place_steps)
 DEFAULT_BUDGET_S = 0.25  # wall time a chain may run before its next pointer is published
@@ -71,6 +72,25 @@ class Chain:
             if self.policy.router.queue(row.kind, row.project_id) in self.policy.queues:
                 return row
         return None
+
+    def taker(
+        self, unit: UnitOfWork, running: object, short: Callable[[str], bool]
+    ) -> Callable[[str, str], bool]:
+        """What :meth:`UnitOfWork.hold_next` offers a job about to be dispatched at once (due
+        now, not solo) in ``unit``: taken when :meth:`pick` would take its pointer and none
+        written before it in the unit."""
+
+        def take(kind: str, project_id: str) -> bool:
+            if self.steps >= self.policy.max_steps or time.monotonic() >= self.deadline:
+                return False
+            if (
+                not short(kind)
+                or self.policy.router.queue(kind, project_id) not in self.policy.queues
+            ):
+                return False
+            return self.pick(unit.pointers, running, short) is None
+
+        return take
 
     def keep(self, row: OutboxRow) -> None:
         """``row``'s commit landed: its job is this chain's next step."""

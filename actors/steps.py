@@ -29,7 +29,7 @@ from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.stub_broker import Publisher
 from actors.topology import QueueNames
-from store.errors import CommitUnknown, DatabaseUnavailable
+from store.errors import CommitUnknown, DatabaseUnavailable, SettleRefused
 from store.ports import PointerClaims, SettlingJobRepository, StepWorkflows
 from store.retry import retrying
 from store.settle import settle, settle_txn
@@ -223,14 +223,28 @@ class StepRunner:
         (``actors.in_place``): marked sent in this unit, claim or miss. With ``chain``, the
         first job the settle releases that the chain may run is held for it."""
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
+        try:
+            return self._run_short_unit(job_id, project_id, seq, kind, routing_key, chain, sent)
+        except SettleRefused:  # nothing committed: the job is as it was, its row unsent
+            log.exception("job %s: the settle of its claim refused; rolled back", job_id)
+            return self._record(StepResult.STALE)
+
+    def _run_short_unit(
+        self,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        kind: str,
+        routing_key: str,
+        chain: Chain | None,
+        sent: int | None,
+    ) -> StepResult:
         with self._jobs.units.begin() as unit:
-            if sent is not None:
-                unit.mark_sent(sent)
             locked = (
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
             )
             job = self._records.claim_pointer_txn(
-                unit, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner
+                unit, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner, sent=sent
             )
             workflow = None if locked is None else locked()
             if job is None:
@@ -240,12 +254,15 @@ class StepRunner:
             else:
                 missed, outcome = False, self._handle(job)
                 self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
+                if chain is not None:  # the job the settle dispatches first, chosen at its insert
+                    unit.hold_next(chain.taker(unit, job.id, self._short))
                 result = self._settle_txn(unit, job, outcome, workflow)
                 if (
                     chain is not None
+                    and unit.held is None
                     and (row := chain.pick(unit.pointers, job.id, self._short)) is not None
                 ):
-                    unit.hold(row)
+                    unit.hold(row)  # one released otherwise (a dependent): held by an UPDATE
         if chain is not None and unit.held is not None:
             chain.keep(unit.held)
         if missed or job is None:
@@ -355,7 +372,7 @@ class StepRunner:
     ) -> StepResult:
         """The settle as one store call in the caller's unit of work (the short path's)."""
         if self._workflows is not None:
-            settled = self._workflows.settle_txn(unit, job, outcome, locked=workflow)
+            settled = self._workflows.settle_txn(unit, job, outcome, locked=workflow, claimed=True)
         else:
             settled = settle_txn(self._jobs, unit, job, outcome)
         return self._applied(job, _LABELS[type(outcome)], settled)

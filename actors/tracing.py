@@ -269,11 +269,18 @@ class _TracedClaims:
         self._tracer = tracer
 
     def claim_pointer_txn(
-        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self,
+        unit: UnitOfWork,
+        *,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        owner: str,
+        sent: int | None = None,
     ) -> Job | None:
         started = time.time_ns()
         job = self._inner.claim_pointer_txn(
-            unit, job_id=job_id, project_id=project_id, seq=seq, owner=owner
+            unit, job_id=job_id, project_id=project_id, seq=seq, owner=owner, sent=sent
         )
         if job is not None:
             self._tracer.claimed(job, started)

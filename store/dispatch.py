@@ -68,10 +68,22 @@ class DispatchRecords:
         return statement(self._pool)
 
     def claim_pointer_txn(
-        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self,
+        unit: UnitOfWork,
+        *,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        owner: str,
+        sent: int | None = None,
     ) -> Job | None:
+        """``sent``: the outbox row of a pointer this process held (``UnitOfWork.hold``),
+        marked sent by the same statement, claim or miss."""
         params = {"job_id": job_id, "project_id": project_id, "seq": seq, "owner": owner}
-        row = fetch_one(unit.conn, Q["claim_pointer"], params)
+        if sent is None:
+            row = fetch_one(unit.conn, Q["claim_pointer"], params)
+        else:
+            row = fetch_one(unit.conn, Q["claim_held_pointer"], params | {"sent": sent})
         return None if row is None else job_from_row(row)
 
     @retried("claim a pointer", idempotent=False)  # an unknown commit: read the row

@@ -51,6 +51,11 @@ class CommitUnknown(DatabaseUnavailable):
     """The connection failed while a commit may have been in flight: it may have landed."""
 
 
+class SettleRefused(StoreError):
+    """The fenced settle of a job claimed in the same unit of work did not apply: the unit
+    rolls back (nothing of the step is committed) rather than record an unsettled step."""
+
+
 class SchemaNotMigrated(StoreError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"{detail}. Have you run `vibey migrate`?")

@@ -212,7 +212,17 @@ class PostgresJobRepository:
             if missing:
                 raise UnknownDependencyError([row["id"] for row in missing])
         job_id = request.job_id or uuid.uuid4()
-        row = fetch_one(conn, Q["insert_job"], self._insert_params(request, job_id, depends_on))
+        params = self._insert_params(request, job_id, depends_on)
+        # Dispatched at once and due now: the unit's holder may run it next (UnitOfWork.hold_next),
+        # its outbox row then written released, for the holder or, if it dies, a drain.
+        held = (
+            params["dispatch_now"]
+            and request.delay <= timedelta(0)
+            and unit.holding(request.kind, request.project_id)
+        )
+        if held:
+            params["relay"] = None
+        row = fetch_one(conn, Q["insert_job"], params)
         if row is None:
             # A duplicate committed while the insert waited on it: this new statement (READ
             # COMMITTED) sees it.
@@ -229,7 +239,7 @@ class PostgresJobRepository:
             return Enqueued(job=job_from_row(row), created=False)
         if not row["created"]:
             return Enqueued(job=job_from_row(row), created=False)
-        unit.wrote_json(row["outbox_rows"])
+        unit.wrote_json(row["outbox_rows"], held=held)
         if depends_on:
             conn.execute(Q["insert_dependencies"], {"job_id": job_id, "ids": depends_on})
         return Enqueued(job=job_from_row(row), created=True)
@@ -319,6 +329,31 @@ class PostgresJobRepository:
             "wake": self._wake,
         }
         row = fetch_one(unit.conn, Q["ack"], params)
+        return self._acked(unit, lease, row)
+
+    def ack_unread_txn(
+        self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
+    ) -> Callable[[], Settled]:
+        """:meth:`ack_txn` sent now and read when the returned function is called: the
+        statements the caller sends meanwhile travel with it (a pipeline's one round trip).
+        Its dependents are released at the read. For a lease claimed in this same unit,
+        whose fence holds till its commit: the caller writes as if it applied and checks
+        before the commit."""
+        params = _fence(lease) | {
+            "result": None if result is None else Jsonb(dict(result)),
+            "wake": self._wake,
+        }
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(Q["ack"].encode(), params)
+
+        def read() -> Settled:
+            with cur:
+                return self._acked(unit, lease, cur.fetchone())
+
+        return read
+
+    def _acked(self, unit: UnitOfWork, lease: Lease, row: DictRow | None) -> Settled:
+        """An ack's row: its dependents released (dispatching), its result."""
         if self._dispatch and row is not None and row["dependents"]:
             unit.conn.execute(Q["lock_dependents"], {"job_id": lease.job_id})
             self._dispatch_released(unit, parent=lease.job_id)

@@ -40,7 +40,14 @@ class MemoryDispatchRecords:
         self.claims = 0  # claims attempted, hit or miss
 
     def claim_pointer_txn(
-        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self,
+        unit: UnitOfWork,
+        *,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        owner: str,
+        sent: int | None = None,
     ) -> Job | None:
         self.claims += 1
         jobs, now = self._jobs, self._jobs.clock()
@@ -113,7 +120,13 @@ class MemoryWorkflowStore:
             return self.settle_txn(unit, job, outcome)
 
     def settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        *,
+        locked: Workflow | None = None,
+        claimed: bool = False,
     ) -> Settled:
         settled = settle_txn(self._jobs, unit, job, outcome)
         if settled.applied and job.workflow_id is not None and job.step is not None:

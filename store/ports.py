@@ -71,7 +71,14 @@ class PointerClaims(Protocol):
     """The fenced claim of pointer (job, generation), and what a missed claim reads."""
 
     def claim_pointer_txn(
-        self, unit: UnitOfWork, *, job_id: UUID, project_id: str, seq: int, owner: str
+        self,
+        unit: UnitOfWork,
+        *,
+        job_id: UUID,
+        project_id: str,
+        seq: int,
+        owner: str,
+        sent: int | None = None,
     ) -> Job | None: ...
 
     def claim_pointer(
@@ -90,7 +97,13 @@ class StepWorkflows(Protocol):
     def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]: ...
 
     def settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        *,
+        locked: Workflow | None = None,
+        claimed: bool = False,
     ) -> Settled: ...
 
     def settle(self, job: Job, outcome: Outcome) -> Settled: ...

@@ -74,12 +74,13 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
 
 Q = load("dispatch.sql")
 Publish = Callable[[Sequence[OutboxRow]], None]
+MayHold = Callable[[str, str], bool]  # (kind, project): may this process run the job next
 
 
 class UnitOfWork:
     """One open transaction (``conn``) and the outbox rows written in it so far."""
 
-    __slots__ = ("_pointers", "_traced", "_unread", "conn", "held")
+    __slots__ = ("_may_hold", "_pointers", "_savepoints", "_traced", "_unread", "conn", "held")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
@@ -87,19 +88,34 @@ class UnitOfWork:
         self._unread: list[tuple[Callable[[], None], str]] = []  # (read, its outbox row's key)
         self._traced: str | None = None  # the traceparent of the rows read after the commit
         self.held: OutboxRow | None = None  # kept from the relay: this process runs it next
+        self._may_hold: MayHold | None = None  # offered the next job dispatched at once
+        self._savepoints = 0  # savepoint blocks open (:meth:`savepoint`)
 
     def hold(self, row: OutboxRow) -> None:
         """Keep ``row`` from the relay after the commit: the caller runs its job in place and
-        marks it sent in that step's unit (:meth:`mark_sent`). In this transaction the row
+        marks it sent in that step's unit (its claim does: ``store.dispatch``'s
+        ``claim_pointer_txn`` with ``sent``). In this transaction the row
         is released, so if the caller dies first a reconciler's drain sends it at its next
-        pass, as it sends any unsent row nobody holds."""
+        pass, as it sends any unsent row nobody holds. (A row chosen before its insert,
+        :meth:`hold_next`, is written released: no statement of its own.)"""
         self.conn.execute(Q["release_held"].encode(), {"id": row.id})
         self.held = row
 
-    def mark_sent(self, row_id: int) -> None:
-        """Mark a held outbox row sent, in the transaction of the step that claims its job:
-        the pointer went no further than this process."""
-        self.conn.execute(Q["mark_held_sent"].encode(), {"id": row_id})
+    def hold_next(self, may_hold: MayHold) -> None:
+        """Offer the next job this unit inserts dispatched at once (due now, no dependency)
+        to ``may_hold`` (its kind and project): the first it takes has its outbox row written
+        released (unclaimed, as :meth:`hold` leaves a row) in its insert, and held."""
+        self._may_hold = may_hold
+
+    def holding(self, kind: str, project_id: str) -> bool:
+        """Whether the job about to be inserted (dispatched at once, due now) is the one held
+        (:meth:`hold_next`): its insert then writes its outbox row released and passes it to
+        :meth:`wrote_json` with ``held``. Offered once: the first job taken uses the offer."""
+        may_hold = self._may_hold
+        if may_hold is None or self.held is not None or not may_hold(kind, project_id):
+            return False
+        self._may_hold = None
+        return True
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
@@ -123,8 +139,9 @@ class UnitOfWork:
             traced = [replace(p, traceparent=self._traced) for p in self._pointers[kept:]]
             self._pointers[kept:] = traced
 
-    def wrote_json(self, rows: Iterable[Mapping[str, Any]] | None) -> None:
-        """Outbox rows aggregated by a statement as ``jsonb_agg`` (``None``: none)."""
+    def wrote_json(self, rows: Iterable[Mapping[str, Any]] | None, *, held: bool = False) -> None:
+        """Outbox rows aggregated by a statement as ``jsonb_agg`` (``None``: none); ``held``:
+        the one row of a job :meth:`holding` took, written released, is :attr:`held`."""
         for row in rows or ():
             self._pointers.append(
                 OutboxRow(
@@ -140,6 +157,8 @@ class UnitOfWork:
                     workflow_id=UUID(row["workflow_id"]) if row.get("workflow_id") else None,
                 )
             )
+            if held:
+                self.held = self._pointers[-1]
 
     def trace(self, traceparent: str | None) -> None:
         """Mark the rows written so far with the W3C ``traceparent`` their pointers continue
@@ -170,8 +189,15 @@ class UnitOfWork:
 
         One name for every savepoint: PostgreSQL keeps a shadowed savepoint, and ``ROLLBACK
         TO``/``RELEASE`` take the most recent of that name, which nesting makes this block's.
-        Fixed texts are prepared once per connection, as every other statement is."""
+        Fixed texts are prepared once per connection, as every other statement is.
+
+        Only a nested block releases its savepoint (else the enclosing block's ``ROLLBACK
+        TO`` would take it). An outermost one's is left to the ``COMMIT``, one statement
+        fewer: a later block's ``SAVEPOINT`` shadows it, so nothing can roll back to it."""
         kept, unread = len(self._pointers), len(self._unread)
+        held, may_hold = self.held, self._may_hold
+        nested = self._savepoints > 0
+        self._savepoints += 1
         self.conn.execute(b"SAVEPOINT unit")
         try:
             yield
@@ -180,8 +206,12 @@ class UnitOfWork:
             self.conn.execute(b"ROLLBACK TO SAVEPOINT unit")
             del self._pointers[kept:]
             del self._unread[unread:]  # their statements were rolled back
+            self.held, self._may_hold = held, may_hold  # a row held in the block is gone
             raise
-        self.conn.execute(b"RELEASE SAVEPOINT unit")
+        finally:
+            self._savepoints -= 1
+        if nested:
+            self.conn.execute(b"RELEASE SAVEPOINT unit")
 
 
 class Units:
@@ -209,7 +239,8 @@ class Units:
                 self._publish_landed(unit.pointers)
             raise
         unit.read_unread()
-        sent = [p for p in unit.pointers if p is not unit.held]
+        held = None if unit.held is None else unit.held.id
+        sent = [p for p in unit.pointers if p.id != held]
         if sent and self._publish is not None:
             self._publish(sent)
 

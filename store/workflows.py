@@ -38,11 +38,11 @@ from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
-from store.errors import StoreError
+from store.errors import SettleRefused, StoreError
 from store.event_spans import (
     NO_SPANS,
     EventSpan,
@@ -100,6 +100,7 @@ from workflows.engine import (
 from workflows.events import Draft, gate_opened, implied, recorded, status_changed
 from workflows.gates import BUDGET_EXHAUSTED, RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
+from workflows.job import JobState
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     AnswerStatus,
@@ -109,7 +110,7 @@ from workflows.queue import (
     JsonObject,
     Settled,
 )
-from workflows.steps import Outcome
+from workflows.steps import Outcome, Success
 
 Q = load("workflows.sql")
 __all__ = [
@@ -127,6 +128,7 @@ REPLAY_CACHE = 10_000
 WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 LIVE_INDEX = "workflow_one_live_per_project"  # one running or blocked workflow a project
 START_ROUNDS = 5  # starts sent again after projects found live, before the careful path
+ACKED = Settled(True, JobState.SUCCEEDED)  # an ack that applied
 
 
 class WorkflowStore(WorkflowReads):
@@ -412,23 +414,56 @@ class WorkflowStore(WorkflowReads):
             return self.settle_txn(unit, job, outcome)
 
     def settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, *, locked: Workflow | None = None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        *,
+        locked: Workflow | None = None,
+        claimed: bool = False,
     ) -> Settled:
         """A step's settle, in the caller's unit of work: the fenced write ``outcome`` asks
         for (ack, nack, defer, park) and, for a workflow's step, first the workflow's lock
         (unless the caller took it: ``locked``) and, when the write applied and finished the
         step, its event (``StepSucceeded``/``TimerFired``/``StepFailed``) with everything
-        it decides."""
+        it decides.
+
+        ``claimed``: the caller claimed the job in this unit (a short step), so its fence
+        holds till the commit. A success's ack is then not read before the event is decided:
+        it travels with the decision's statements, and is checked before the commit (one
+        round trip fewer); one that did not apply raises :class:`SettleRefused`, and the
+        unit rolls back, the event with it."""
         if job.workflow_id is None or job.step is None:
             return settle_txn(self._jobs, unit, job, outcome)
         conn = unit.conn
         workflow = locked or self._lock(conn, job.workflow_id)
-        settled = settle_txn(self._jobs, unit, job, outcome)
-        if not settled.applied:
+        if claimed and isinstance(outcome, Success):
+            acked = self._jobs.ack_unread_txn(unit, job.lease, result=outcome.result)
+            self._settled(unit, workflow, job, job.step, outcome, ACKED)
+            settled = acked()
+            if settled != ACKED:
+                raise SettleRefused(f"job {job.id}: the ack of a job claimed in its unit missed")
             return settled
+        settled = settle_txn(self._jobs, unit, job, outcome)
+        if settled.applied:
+            self._settled(unit, workflow, job, job.step, outcome, settled)
+        return settled
+
+    def _settled(
+        self,
+        unit: UnitOfWork,
+        workflow: Workflow,
+        job: Job,
+        step: str,
+        outcome: Outcome,
+        settled: Settled,
+    ) -> None:
+        """What a step's applied settle records on its workflow: its event, and what that
+        decides (cancelled dependents, the engine's ledger evidence)."""
+        conn = unit.conn
         result, failure, evidence = event_facts(outcome)
         settlement = settled_event(
-            job.kind, job.step, job.payload, settled.state, result=result, failure=failure
+            job.kind, step, job.payload, settled.state, result=result, failure=failure
         )
         if settlement.cancel_dependents is not None:
             why = settlement.cancel_dependents
@@ -445,7 +480,6 @@ class WorkflowStore(WorkflowReads):
             )
         if settlement.event is not None:
             self._record(unit, workflow, settlement.event, cause=str(job.id), job_id=job.id)
-        return settled
 
     @retried("answer a gate", idempotent=False)
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
@@ -604,15 +638,58 @@ class WorkflowStore(WorkflowReads):
         conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
+        replayed: Callable[[], None] | None = None
         if ruled is not None:  # no definition needed (it may be the thing that is broken)
             produced: tuple[Command, ...] = ()
             header, encoded = ruled, None
         else:
             definition = self._registry.get(workflow.definition, workflow.version)
-            self._check_replays(conn, workflow)
-            state = definition.decode_state(workflow.state)
-            header, decision = apply(definition, workflow.header, state, event, now)
+            replayed = self._replay_check(conn, workflow)
+            try:
+                state = definition.decode_state(workflow.state)
+                header, decision = apply(definition, workflow.header, state, event, now)
+            except Exception:
+                _replayed_first(replayed)
+                raise
             produced, encoded = decision.commands, definition.encode_state(decision.state)
+        try:
+            return self._write_decision(
+                unit,
+                workflow,
+                seq,
+                event,
+                now,
+                (header, encoded, produced, definition),
+                pending=pending,
+                cause=cause,
+                facts=facts,
+                created=created,
+                replayed=replayed,
+            )
+        except Exception:
+            _replayed_first(replayed)
+            raise
+
+    def _write_decision(
+        self,
+        unit: UnitOfWork,
+        workflow: Workflow,
+        seq: int,
+        event: Event,
+        now: datetime,
+        decided: tuple[Header, JsonObject | None, tuple[Command, ...], Definition[Any] | None],
+        *,
+        pending: bool,
+        cause: tuple[str | None, UUID | None],
+        facts: Sequence[Draft],
+        created: bool,
+        replayed: Callable[[], None] | None,
+    ) -> Workflow:
+        """What :meth:`_decide` decided, written. ``replayed``: the non-determinism guard whose
+        history read travels with the first read here, checked before the workflow's update
+        (within the caller's savepoint: a divergence undoes the writes sent before it)."""
+        conn = unit.conn
+        header, encoded, produced, definition = decided
         commands = encode_commands(produced)
         history: dict[str, Any] | None = None  # written with the workflow's update
         if pending:
@@ -636,6 +713,8 @@ class WorkflowStore(WorkflowReads):
         if definition is not None and not workflow.status.finished:
             self._write_ledger(conn, workflow, definition, event, produced, cause)
         last = max(seq, workflow.last_seq)
+        if replayed is not None:
+            replayed()
         # A step's settle does not read the new stamps back (one round trip fewer); the
         # workflow it returns keeps the old updated_at/finished_at. Nor does a start: the row
         # it inserted carries this transaction's now(), which is what the update stamps.
@@ -685,15 +764,41 @@ class WorkflowStore(WorkflowReads):
             workflow_id=workflow.id,
         )
 
-    def _check_replays(self, conn: Conn, workflow: Workflow) -> None:
+    def _replay_check(self, conn: Conn, workflow: Workflow) -> Callable[[], None] | None:
         """The non-determinism guard: the first time this process touches a workflow, replay
         its history through the definition this process runs. A definition changed under the
-        same version raises here, and the event blocks the workflow behind a gate instead of
-        being decided by code that would not have made the history it extends."""
+        same version raises (``WorkflowError``), and the event blocks the workflow behind a gate
+        instead of being decided by code that would not have made the history it extends.
+
+        The history read is sent now and the check made when the returned function is called
+        (None: nothing to check), so that the read travels with the caller's next one instead
+        of costing a round trip of its own."""
         key = (workflow.id, workflow.definition, workflow.version)
         if workflow.applied_seq == 0 or key in self._replayed:
-            return
-        divergence = self._diverges(workflow, self._history(conn, workflow.id))
+            return None
+        cur = conn.cursor(row_factory=dict_row)
+        cur.execute(Q["history"].encode(), {"workflow_id": workflow.id, "after": 0})
+        verdict: list[WorkflowError | None] = []  # once checked: its divergence, or None
+
+        def check() -> None:
+            if not verdict:
+                with cur:
+                    rows = cur.fetchall()
+                try:
+                    self._replays(workflow, rows)
+                except WorkflowError as exc:
+                    verdict.append(exc)
+                    raise
+                verdict.append(None)
+            elif (divergence := verdict[0]) is not None:
+                raise divergence
+
+        return check
+
+    def _replays(self, workflow: Workflow, history: Sequence[DictRow]) -> None:
+        """Raise ``WorkflowError`` unless ``history`` replays to the workflow's row."""
+        key = (workflow.id, workflow.definition, workflow.version)
+        divergence = self._diverges(workflow, history)
         if divergence is not None:
             raise WorkflowError(
                 f"non-determinism: {divergence} (the {workflow.definition} v{workflow.version} "
@@ -965,6 +1070,20 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _replayed_first(check: Callable[[], None] | None) -> None:
+    """On a decision's error: the non-determinism guard's verdict first (its
+    ``WorkflowError`` is what blocks the workflow, as when it ran before the decision); its
+    read failing too leaves the decision's error to propagate."""
+    if check is None:
+        return
+    try:
+        check()
+    except WorkflowError:
+        raise
+    except Exception:  # noqa: BLE001 - the caller raises the decision's error
+        pass
 
 
 def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:

@@ -138,12 +138,33 @@ class ThreeSteps:
         return f"three-steps at {state.stage}"
 
 
+class OneByOne(ThreeSteps):
+    """The three steps of :class:`ThreeSteps`, each scheduled when the one before succeeded
+    (no dependencies): a step's settle inserts the next job, dispatched at once."""
+
+    name = "one-by-one"
+
+    def decide(self, state: TinyState, event: Event, now: datetime) -> Decision[TinyState]:
+        match event:
+            case Started():
+                first = ScheduleStep(step="a", kind="design.research")
+                return Decision(replace(state, stage="a"), (TransitionPhase("design", 0), first))
+            case StepSucceeded(step="a"):
+                step = ScheduleStep(step="b", kind="design.synthesize")
+                return Decision(replace(state, stage="b"), (step,))
+            case StepSucceeded(step="b"):
+                return Decision(
+                    replace(state, stage="c"), (ScheduleStep(step="c", kind="design.spec"),)
+                )
+        return super().decide(state, event, now)
+
+
 def _done(job: Job) -> Outcome:
     return Success({"step": job.step})
 
 
 DEFINITIONS: tuple[Any, ...] = (Tiny(),)
-THREE_STEPS: tuple[Any, ...] = (ThreeSteps(),)
+THREE_STEPS: tuple[Any, ...] = (ThreeSteps(), OneByOne())
 THREE_STEP_HANDLERS = {
     kind: _done for kind in ("design.research", "design.synthesize", "design.spec")
 }

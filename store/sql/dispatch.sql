@@ -32,6 +32,57 @@ WHERE id = %(job_id)s
   )
 RETURNING *
 
+-- name: claim_held_pointer
+-- claim_pointer for a pointer a chain held (UnitOfWork.hold), with mark_held_sent: its outbox
+-- row marked sent in the same statement, claim or miss (the pointer went no further than this
+-- process). The job's dispatched_at is stamped by the claim, or, when it misses, by the last
+-- sub-statement: one row is never updated twice in a statement.
+WITH sent AS (
+    UPDATE job_outbox
+    SET sent_at = now()
+    WHERE id = %(sent)s AND sent_at IS NULL
+    RETURNING job_id, dispatch_seq
+),
+claimed AS (
+    UPDATE job
+    SET state = 'leased',
+        attempts = attempts + 1,
+        last_error = CASE WHEN state = 'leased'
+                          THEN 'lease expired on attempt ' || attempts || ' of ' || max_attempts
+                          ELSE last_error END,
+        lease_expired = lease_expired OR state = 'leased',
+        sweeps = 0,
+        lease_owner = %(owner)s,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + lease_ms * interval '1 millisecond',
+        updated_at = now(),
+        dispatched_at = CASE WHEN EXISTS (SELECT 1 FROM sent s
+                                          WHERE s.job_id = job.id
+                                            AND s.dispatch_seq = job.dispatch_seq)
+                             THEN now() ELSE dispatched_at END
+    WHERE id = %(job_id)s
+      AND project_id = %(project_id)s
+      AND dispatch_seq = %(seq)s
+      AND (state IN ('ready', 'awaiting_capacity')
+           OR (state = 'leased' AND lease_expires_at <= now() AND attempts < max_attempts))
+      AND run_after <= now()
+      AND NOT EXISTS (
+          SELECT 1
+          FROM job_dependency d
+          JOIN job p ON p.id = d.depends_on
+          WHERE d.job_id = job.id AND p.state <> 'succeeded'
+      )
+    RETURNING *
+),
+missed AS (
+    UPDATE job
+    SET dispatched_at = now()
+    FROM sent
+    WHERE job.id = sent.job_id AND job.dispatch_seq = sent.dispatch_seq
+      AND NOT EXISTS (SELECT 1 FROM claimed)
+)
+SELECT * FROM claimed
+
 -- name: snapshot
 -- What the miss policy needs to know about a pointer's row, read on the database clock.
 SELECT j.state, j.dispatch_seq, j.run_after, j.lease_expires_at, now() AS now,
@@ -176,20 +227,6 @@ WITH sent AS (
     UPDATE job_outbox
     SET sent_at = now()
     WHERE id = ANY (%(ids)s::bigint[]) AND sent_at IS NULL
-    RETURNING job_id, dispatch_seq
-)
-UPDATE job
-SET dispatched_at = now()
-FROM sent
-WHERE job.id = sent.job_id AND job.dispatch_seq = sent.dispatch_seq
-
--- name: mark_held_sent
--- mark_sent for the one row a step held for the process that runs its job (UnitOfWork): a
--- scalar id, so its prepared plan is generic (an array's is planned again at each use).
-WITH sent AS (
-    UPDATE job_outbox
-    SET sent_at = now()
-    WHERE id = %(id)s AND sent_at IS NULL
     RETURNING job_id, dispatch_seq
 )
 UPDATE job

@@ -1,15 +1,17 @@
 """Chaos: workers SIGKILLed in the middle of in-place chains (``actors.in_place``).
 
 Three short steps per workflow, so a worker that settles ``a`` holds ``b`` and runs it itself,
-then ``c``. The crash point kills a seeded fraction of the processes right after a settle
-committed (``tests/chaos/in_place_chaos.py``): the next step's outbox row is released and
-unsent, and no broker message carries it. Workflows are started until at least ``KILLS`` kills
-cut a chain (by construction, whatever the box's speed). At the end: every workflow completed,
-no step recorded twice, nothing leased or unsent, and a cut chain went on within one reconcile
-interval of its kill: the next drain pass sends the held row (a reconciler of its own runs
-beside the fleet, as `vibey reconcile` does in a cluster; the workers' reconcilers die with
-them). A cut whose drainer is killed too before it sent the row waits for ``reclaim_after``
-beside that: every cut is bounded by two intervals plus ``reclaim_after``; the median by one.
+then ``c``; half the workflows schedule all three at their start (each waiting on the one
+before), half schedule each step when the one before succeeded (``one-by-one``). The crash
+point kills a seeded fraction of the processes right after a settle committed
+(``tests/chaos/in_place_chaos.py``): the next step's outbox row is released and unsent, and no
+broker message carries it. Workflows are started until at least ``KILLS`` kills cut a chain (by
+construction, whatever the box's speed). At the end: every workflow completed, no step recorded
+twice, nothing leased or unsent, and a cut chain went on within one reconcile interval of its
+kill: the next drain pass sends the held row (a reconciler of its own runs beside the fleet, as
+`vibey reconcile` does in a cluster; the workers' reconcilers die with them). A cut whose
+drainer is killed too before it sent the row waits for ``reclaim_after`` beside that: every cut
+is bounded by two intervals plus ``reclaim_after``; the median by one.
 
 Reproduce with ``VIBEY_CHAOS_SEED=<seed printed by the run>``.
 """
@@ -56,6 +58,9 @@ INTERVAL = timedelta(seconds=2)  # the reconcilers' pass
 RECLAIM = timedelta(seconds=4)  # rows a killed relay had claimed are drained again after this
 SLACK_S = 2.0  # a pass's own time, the publish and the claim, on a loaded box
 DEADLINE_S = 300.0
+# Both kinds of chain: the next step waiting on its dependency (released by the ack), and the
+# next step inserted by the settle's decision (its outbox row written held).
+DEFINITIONS = ("three-steps", "one-by-one")
 
 
 def cut_chains(pool: ConnectionPool, kills: Path) -> list[tuple[UUID, float]]:
@@ -66,10 +71,10 @@ def cut_chains(pool: ConnectionPool, kills: Path) -> list[tuple[UUID, float]]:
             job, at = line.split()
             found.append((UUID(job), float(at)))
     with pool.connection() as conn:
-        parents = {
+        parents = {  # a step with a next one: a or b (either definition)
             row[0]
             for row in conn.execute(
-                "SELECT DISTINCT depends_on FROM job_dependency WHERE depends_on = ANY(%s)",
+                "SELECT id FROM job WHERE id = ANY(%s) AND step IN ('a', 'b')",
                 ([job for job, _ in found],),
             )
         }
@@ -84,9 +89,10 @@ def resumed_after(pool: ConnectionPool, cut: list[tuple[UUID, float]]) -> list[f
     waits = []
     with pool.connection() as conn:
         for job, at in cut:
-            row = conn.execute(
-                "SELECT min(o.sent_at) FROM job_dependency d JOIN job_outbox o "
-                "ON o.job_id = d.job_id WHERE d.depends_on = %s",
+            row = conn.execute(  # the next step's job: waiting on it, or inserted by its settle
+                "SELECT min(o.sent_at) FROM job j JOIN job n ON n.workflow_id = j.workflow_id"
+                " AND n.step = CASE j.step WHEN 'a' THEN 'b' ELSE 'c' END"
+                " JOIN job_outbox o ON o.job_id = n.id WHERE j.id = %s",
                 (job,),
             ).fetchone()
             sent: datetime | None = None if row is None else row[0]
@@ -137,7 +143,8 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
         def more() -> None:
             for _ in range(BATCH):
                 n = len(ids)
-                ids.append(store.start(f"ip{n:04d}", definition="three-steps").workflow.id)
+                definition = DEFINITIONS[n % len(DEFINITIONS)]
+                ids.append(store.start(f"ip{n:04d}", definition=definition).workflow.id)
 
         more()
         fleet.start()

@@ -8,15 +8,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
 from actors.capabilities import detect
-from actors.config import BusSettings, DatabaseSettings, QueueSettings, RabbitMqSettings
+from actors.config import (
+    BusSettings,
+    DatabaseSettings,
+    QueueSettings,
+    RabbitMqSettings,
+    WorkflowSettings,
+)
 from actors.steps import CrashPoint, StepResult
 from actors.worker import Runtime, WorkerConfig
 from tests.amqp_fixtures import Amqp
+from tests.integration.test_workflow_start import Wire
+from tests.tiny_definition import THREE_STEP_HANDLERS
 from workflows.job import JobState
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Handlers, Short, Success
@@ -24,6 +33,7 @@ from workflows.steps import Handlers, Short, Success
 P = "inplace"
 HANDLERS: Handlers = {
     "design.interview": Short(lambda job: Success({"subject": job.subject})),
+    **{kind: Short(handler) for kind, handler in THREE_STEP_HANDLERS.items()},
 }
 
 
@@ -33,6 +43,7 @@ def runtime_of(pg_url: str, amqp: Amqp, in_place_steps: int) -> Runtime:
         database=DatabaseSettings(url=pg_url),
         bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
         queue=QueueSettings(rabbitmq=RabbitMqSettings(in_place_steps=in_place_steps)),
+        workflow=WorkflowSettings(definitions="tests.tiny_definition:THREE_STEPS"),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
@@ -72,7 +83,11 @@ def chain(runtime: Runtime, length: int) -> list[Job]:
 
 def deliver(runtime: Runtime, job: Job) -> StepResult:
     return runtime.runner.run(
-        job_id=str(job.id), project_id=P, seq=job.dispatch_seq, kind=job.kind, routing_key="r"
+        job_id=str(job.id),
+        project_id=job.project_id,
+        seq=job.dispatch_seq,
+        kind=job.kind,
+        routing_key="r",
     )
 
 
@@ -156,3 +171,84 @@ def test_a_chain_cut_leaves_the_pointer_to_the_drain(runtime: Runtime, pg_url: s
     assert outbox(pg_url, jobs[1]) == [(False, False)]
     runtime.runner._crash = None
     assert runtime.relay.drain() == 1  # the relay's claim of unsent rows nobody holds
+
+
+def one_by_one(runtime: Runtime, project: str = P) -> tuple[Any, Job]:
+    """A started ``one-by-one`` workflow (each step scheduled when the one before succeeded)
+    and its first step's job."""
+    workflow = runtime.workflows.start(project, definition="one-by-one").workflow
+    [first] = [j for j in runtime.jobs.list_for_cycle(project, 0) if j.workflow_id == workflow.id]
+    return workflow, first
+
+
+def steps_of(runtime: Runtime, workflow: Any) -> dict[str | None, Job]:
+    jobs = runtime.jobs.list_for_cycle(workflow.project_id, 0)
+    return {j.step: j for j in jobs if j.workflow_id == workflow.id}
+
+
+def test_a_step_the_settle_schedules_runs_in_place_its_row_written_held(
+    runtime: Runtime, pg_url: str
+) -> None:
+    sent: list[Any] = []
+    runtime.jobs.units._publish = sent.extend
+    workflow, first = one_by_one(runtime)
+    sent.clear()
+    assert deliver(runtime, first) is StepResult.SUCCEEDED
+    assert runtime.workflows.get(workflow.id).status.value == "completed"
+    assert sent == []  # b and c ran here: no pointer went to the broker
+    steps = steps_of(runtime, workflow)
+    assert sorted(s for s in steps if s) == ["a", "b", "c"]
+    for step in ("b", "c"):
+        assert outbox(pg_url, steps[step]) == [(True, False)]  # held, then sent by its claim
+
+
+def test_a_cut_after_a_settle_that_scheduled_the_next_step_leaves_it_to_the_drain(
+    runtime: Runtime, pg_url: str
+) -> None:
+    sent: list[Any] = []
+    runtime.jobs.units._publish = sent.extend
+    workflow, first = one_by_one(runtime)
+    sent.clear()
+    runtime.runner._crash = DieAfterSettle()
+    with pytest.raises(Die):
+        deliver(runtime, first)
+    assert sent == []
+    following = steps_of(runtime, workflow)["b"]
+    assert following.state is JobState.READY
+    # Written unclaimed by its insert (no relay holds it) and unsent: the drain's to send.
+    assert outbox(pg_url, following) == [(False, False)]
+    runtime.runner._crash = None
+    assert runtime.relay.drain() == 1
+
+
+def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_eight_statements(
+    pg_url: str, amqp: Amqp
+) -> None:
+    """Per step: the lock and the fenced claim (which marks a held row sent); the ack with
+    the decision's first statements (the next job's insert, its outbox row written held);
+    the workflow's history, events and state with the COMMIT. No statement releases the
+    held row or marks it sent on its own."""
+    parts = urlsplit(pg_url)
+    wire = Wire(parts.hostname or "127.0.0.1", parts.port or 5432)
+    netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{wire.port}"
+    proxied = urlunsplit(parts._replace(netloc=netloc, query="sslmode=disable"))
+    runtime = runtime_of(proxied, amqp, in_place_steps=3)
+    try:
+        runtime.jobs.units._publish = lambda rows: None
+        _, warm_first = one_by_one(runtime, "wire-warm")
+        assert deliver(runtime, warm_first) is StepResult.SUCCEEDED  # statements prepared
+        workflow, first = one_by_one(runtime, "wire")
+        wire.reset()
+        assert deliver(runtime, first) is StepResult.SUCCEEDED
+        waits, statements = wire.waits, wire.count(b"E")
+        assert runtime.workflows.get(workflow.id).status.value == "completed"
+        # a, b (held), c (held, the last: its ack checked before the COMMIT): three each; the
+        # history this process reads the first time it touches the workflow (the
+        # non-determinism guard, at a) travels with a's ack and insert
+        assert waits == 3 + 3 + 3
+        # BEGIN, lock, claim, ack, SAVEPOINT (left to the COMMIT), insert (a and b only),
+        # update, COMMIT; and a's history read
+        assert statements == 8 + 8 + 7 + 1
+    finally:
+        close(runtime)
+        wire.close()

@@ -78,6 +78,25 @@ def test_nested_savepoints_of_one_name_undo_the_innermost_block(pool: Connection
     assert ids(pool) == [10, 12]
 
 
+def test_an_outermost_savepoint_left_to_the_commit_traps_no_later_rollback(
+    pool: ConnectionPool,
+) -> None:
+    """An outermost block's savepoint is not released: a later block's rollback still takes
+    its own savepoint, never the earlier one (which would undo what ran between them)."""
+    units = Units(pool=pool)
+    with units.begin() as unit:
+        with unit.savepoint():
+            insert(unit, 20)
+        insert(unit, 21)
+        with pytest.raises(ValueError), unit.savepoint():
+            insert(unit, 22)
+            raise ValueError("the second block only")
+        insert(unit, 23)
+        with unit.savepoint():
+            insert(unit, 24)
+    assert ids(pool) == [20, 21, 23, 24]
+
+
 def test_only_a_committed_unit_publishes_and_a_savepoint_drops_its_pointers(
     pool: ConnectionPool,
 ) -> None:

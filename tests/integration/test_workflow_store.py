@@ -231,6 +231,49 @@ def test_a_worker_running_a_changed_definition_blocks_the_workflow_at_its_next_e
     assert claim_one(jobs, "p14").kind == TIMER_KIND
 
 
+def test_a_process_new_to_a_workflow_reports_the_decision_error_when_its_history_replays(
+    pool: ConnectionPool, jobs: PostgresJobRepository
+) -> None:
+    """The guard's history read travels with the decision: a decision that raises in a
+    process that has not replayed the workflow yet blocks it with its own error."""
+    good = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny()]))
+    wf = good.start("p15", definition="tiny").workflow
+    succeed(good, jobs, claim_one(jobs, "p15"))
+    fresh = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny()]))
+    assert fresh.answer(gate_id(fresh, "p15"), "boom", by="ann").status is AnswerStatus.ANSWERED
+    blocked = fresh.get(wf.id)
+    assert blocked.status is Status.BLOCKED and "RuntimeError: boom" in (blocked.reason or "")
+    assert "non-determinism" not in (blocked.reason or "")
+
+
+def test_a_changed_definition_that_also_raises_is_reported_as_the_divergence(
+    pool: ConnectionPool, jobs: PostgresJobRepository
+) -> None:
+    good = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny()]))
+    wf = good.start("p16", definition="tiny").workflow
+    succeed(good, jobs, claim_one(jobs, "p16"))
+    drifted = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny(gate_name="h")]))
+    assert drifted.answer(gate_id(good, "p16"), "boom", by="ann").status is AnswerStatus.ANSWERED
+    blocked = drifted.get(wf.id)
+    assert blocked.status is Status.BLOCKED
+    assert "non-determinism" in (blocked.reason or "") and "gate g" in (blocked.reason or "")
+
+
+def test_a_changed_definition_blocks_a_step_settle_and_undoes_what_it_wrote(
+    pool: ConnectionPool, jobs: PostgresJobRepository
+) -> None:
+    """A step's settle in a process new to the workflow: the drifted decision's writes (the
+    next steps it schedules) are sent before the guard's verdict, and undone by it."""
+    good = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny(chain=True)]))
+    wf = good.start("p17", definition="tiny").workflow
+    first = claim_one(jobs, "p17")
+    drifted = WorkflowStore(pool=pool, jobs=jobs, registry=Registry([Tiny(gate_name="h")]))
+    assert drifted.settle(first, Success({})).applied
+    blocked = drifted.get(wf.id)
+    assert blocked.status is Status.BLOCKED and "non-determinism" in (blocked.reason or "")
+    assert [g.name for g, _ in drifted.inbox("p17") if g.kind != "workflow_error"] == []
+
+
 def test_cancel_stops_unfinished_steps_and_closes_gates(
     store: WorkflowStore, jobs: PostgresJobRepository
 ) -> None:
