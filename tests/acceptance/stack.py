@@ -1,5 +1,6 @@
 """A vibey stack for end-to-end tests: `vibey worker` fleets and the `vibey` command, run as
-subprocesses against the test's own database and broker namespace.
+processes against the test's own database and broker namespace (a command forked from a
+process that imported the CLI once, where :data:`FORKED_CLI` is set: tests/cli_fork.py).
 
 Everything a test starts is stopped by pid (process group) when the test ends."""
 
@@ -20,6 +21,8 @@ from typing import Any
 
 import psycopg
 
+from tests.cli_fork import forked_cli
+
 REPO = Path(__file__).resolve().parents[2]
 VIBEY = str(Path(sys.executable).with_name("vibey"))
 DEMO_SCRIPT = REPO / "ops" / "demo" / "demo.toml"
@@ -34,6 +37,10 @@ SELECT md5(concat_ws('|',
                        ORDER BY id) FROM gate),
     (SELECT string_agg(concat_ws(':', id, state, attempts), ',' ORDER BY id) FROM job)))
 """
+# A command runs forked from a process that imported the CLI (tests/cli_fork.py) where this is
+# set: the acceptance tests set it (tests/acceptance/conftest.py); the workers always start as
+# `vibey worker` processes of their own.
+FORKED_CLI = False
 REREAD_S = 3.0  # the CLI reads again after this long even when the digest did not change
 
 Answerer = Callable[[Mapping[str, Any]], str | None]
@@ -92,14 +99,17 @@ class Stack:
     def vibey(
         self, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [VIBEY, *args],
-            env=self.env,
-            cwd=self.workspace.parent,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        if FORKED_CLI:
+            done = forked_cli().run(args, cwd=self.workspace.parent, env=self.env, timeout=timeout)
+        else:
+            done = subprocess.run(
+                [VIBEY, *args],
+                env=self.env,
+                cwd=self.workspace.parent,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         if check and done.returncode != 0:
             raise AssertionError(
                 f"vibey {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}"
