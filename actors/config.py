@@ -564,9 +564,8 @@ def keys() -> Iterator[Key]:
     """Every declared setting, in declaration order."""
     for section in sections():
         for name, field in section.model_fields.items():
-            key = Key(section, name, field)
-            if key.env is not None or field.description:
-                yield key
+            if isinstance(field.json_schema_extra, dict):  # declared with setting()
+                yield Key(section, name, field)
 
 
 def in_effect(settings: Settings, redact: Callable[[str], str]) -> list[tuple[str, Any]]:
@@ -589,7 +588,7 @@ def table() -> str:
     for key in keys():
         default = key.field.default
         shown = "unset" if default is None else _toml(default)
-        what = key.field.description
+        what = key.help
         rows.append(f"| `[{key.table}] {key.name}` | `{key.env or ''}` | {shown} | {what} |")
     return "\n".join(rows) + "\n"
 

@@ -6,11 +6,15 @@ naming the key and its fix (:func:`explain`). The declarations themselves: actor
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 import shlex
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import cache
 from typing import Annotated, Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
@@ -136,9 +140,9 @@ class Section(BaseModel):
     """One ``[table]`` of the settings. Constructing one checks it as loading does: a
     refusal is a :class:`SettingsError` (``replace`` folds the command line's choices in)."""
 
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True
-    )
+    # The keys' docstrings are read when asked for (:attr:`Key.help`), not at import: reading
+    # them is the source parsed again, paid by every command that loads the settings.
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
     table: ClassVar[str] = ""
 
     def __init__(self, **values: Any) -> None:
@@ -206,6 +210,11 @@ class Key:
         return _kind(self.field.annotation, self.field.metadata)
 
     @property
+    def help(self) -> str:
+        """The docstring below the key's declaration."""
+        return _docstrings(self.section).get(self.name, "")
+
+    @property
     def fix(self) -> str:
         """What a refusal tells the user to fix."""
         flag = f"{self.flag}, " if self.flag else ""
@@ -215,6 +224,24 @@ class Key:
 
     def path(self) -> tuple[str, ...]:
         return (*self.table.split("."), self.name)
+
+
+@cache
+def _docstrings(section: type[Section]) -> dict[str, str]:
+    """Each key of ``section`` with the string literal right below its declaration."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(section))).body[0]
+    assert isinstance(body, ast.ClassDef)
+    found = {}
+    for node, after in zip(body.body, body.body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            found[node.target.id] = inspect.cleandoc(after.value.value)
+    return found
 
 
 def _extra(field: FieldInfo, name: str) -> str | None:

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
 from store.events import emit_on
+from store.gate_rows import gate_from_row
 from store.ledger import append_on as ledger_append_on
 from store.retry import retried, retrying
 from store.sql import load
@@ -697,30 +698,6 @@ def job_from_row(row: DictRow) -> Job:
         workflow_id=row.get("workflow_id"),
         step=row.get("step"),
         lease_expired=row.get("lease_expired", False),
-    )
-
-
-def gate_from_row(row: DictRow) -> Gate:
-    return Gate(
-        id=row["id"],
-        project_id=row["project_id"],
-        job_id=row["job_id"],
-        kind=row["kind"],
-        prompt=row["prompt"],
-        answers=tuple(row["answers"]),
-        context=row["context"],
-        opened_at=row["opened_at"],
-        answer=row["answer"],
-        answered_by=row["answered_by"],
-        answered_at=row["answered_at"],
-        workflow_id=row.get("workflow_id"),
-        name=row.get("name"),
-        schema=row.get("schema") or {},
-        evidence=row.get("evidence") or {},
-        deadline_at=row.get("deadline_at"),
-        on_deadline=row.get("on_deadline"),
-        default_answer=row.get("default_answer"),
-        answer_source=row.get("answer_source"),
     )
 
 

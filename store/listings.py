@@ -102,7 +102,7 @@ def _after_seq(key: Key | None) -> dict[str, Any]:
 
 
 def _gate_item(row: DictRow) -> tuple[Gate, float]:
-    from store.jobs import gate_from_row
+    from store.gate_rows import gate_from_row
 
     return gate_from_row(row), (row["now"] - row["opened_at"]).total_seconds()
 

@@ -16,7 +16,7 @@ from psycopg.rows import DictRow
 
 from store.db import Conn, Pool, fetch_all, fetch_one, transaction
 from store.errors import StoreError
-from store.jobs import gate_from_row
+from store.gate_rows import gate_from_row
 from store.retry import retried
 from store.sql import load
 from workflows.engine import (

@@ -52,7 +52,8 @@ from store.event_spans import (
     traced_unit,
 )
 from store.events import emit_on
-from store.jobs import PostgresJobRepository, fresh_batch, gate_from_row
+from store.gate_rows import gate_from_row
+from store.jobs import PostgresJobRepository, fresh_batch
 from store.ledger import Ledger
 from store.retry import retried
 from store.settle import event_facts, is_one_statement, settle_txn

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance import stack as stack_module
 from tests.acceptance.stack import Stack, declare_topology, stack
 from tests.amqp_fixtures import Amqp
 
@@ -18,3 +19,10 @@ def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
     declare_topology(pg_url, amqp)
     with stack(pg_url, amqp.url, amqp.prefix, tmp_path) as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def _forked_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's `vibey` commands fork from a process that imported the CLI once
+    (tests/cli_fork.py): each is still a process, without an interpreter's start."""
+    monkeypatch.setattr(stack_module, "FORKED_CLI", True)

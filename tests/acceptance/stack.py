@@ -1,5 +1,6 @@
 """A vibey stack for end-to-end tests: `vibey worker` fleets and the `vibey` command, run as
-subprocesses against the test's own database and broker namespace.
+processes against the test's own database and broker namespace (a command forked from a
+process that imported the CLI once, where :data:`FORKED_CLI` is set: tests/cli_fork.py).
 
 Everything a test starts is stopped by pid (process group) when the test ends."""
 
@@ -18,9 +19,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
+from tests.cli_fork import forked_cli
+
 REPO = Path(__file__).resolve().parents[2]
 VIBEY = str(Path(sys.executable).with_name("vibey"))
 DEMO_SCRIPT = REPO / "ops" / "demo" / "demo.toml"
+
+# What `gate list`, `workflow list` and `workflow status` show, as one digest: the workflows'
+# progress, the gates' answers and the steps' states.
+MARK = """
+SELECT md5(concat_ws('|',
+    (SELECT string_agg(concat_ws(':', id, status, phase, cycle, last_seq, applied_seq), ','
+                       ORDER BY id) FROM workflow),
+    (SELECT string_agg(concat_ws(':', id, answered_at, escalated_at, reminded), ','
+                       ORDER BY id) FROM gate),
+    (SELECT string_agg(concat_ws(':', id, state, attempts), ',' ORDER BY id) FROM job)))
+"""
+# A command runs forked from a process that imported the CLI (tests/cli_fork.py) where this is
+# set: the acceptance tests set it (tests/acceptance/conftest.py); the workers always start as
+# `vibey worker` processes of their own.
+FORKED_CLI = False
+REREAD_S = 3.0  # the CLI reads again after this long even when the digest did not change
 
 Answerer = Callable[[Mapping[str, Any]], str | None]
 
@@ -54,6 +75,7 @@ class Stack:
     config: Path | None = None  # a vibey.toml for every command and worker
     extra_env: dict[str, str] = field(default_factory=dict)  # for every command and worker
     _logs: list[Any] = field(default_factory=list)
+    _db: psycopg.Connection[Any] | None = None  # for :meth:`_mark`
 
     @property
     def env(self) -> dict[str, str]:
@@ -77,14 +99,17 @@ class Stack:
     def vibey(
         self, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [VIBEY, *args],
-            env=self.env,
-            cwd=self.workspace.parent,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        if FORKED_CLI:
+            done = forked_cli().run(args, cwd=self.workspace.parent, env=self.env, timeout=timeout)
+        else:
+            done = subprocess.run(
+                [VIBEY, *args],
+                env=self.env,
+                cwd=self.workspace.parent,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         if check and done.returncode != 0:
             raise AssertionError(
                 f"vibey {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}"
@@ -134,6 +159,8 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
         for log in self._logs:
             log.close()
+        if self._db is not None:
+            self._db.close()
 
     def worker_log(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs.glob("*.log"))
@@ -157,10 +184,16 @@ class Stack:
         until: Callable[[Any], bool] | None = None,
     ) -> dict[str, Any]:
         """Answer every open gate of ``projects`` with ``answer`` until each workflow is
-        finished (or ``until(status)`` holds, or ``answer`` returns None for a gate)."""
+        finished (or ``until(status)`` holds, or ``answer`` returns None for a gate).
+
+        The gates and the workflows are read through the ``vibey`` command, after each
+        change of the rows they show (:meth:`_mark`, one query), and every few seconds even
+        without one: a read command costs a process start, which polling at a fixed pace
+        paid several times a second for the whole run."""
         done: dict[str, Any] = {}
         answered: list[tuple[str, str, str]] = []
         started = time.monotonic()
+        seen, read_at = None, 0.0
         while len(done) < len(projects):
             if time.monotonic() - started > deadline_s:
                 states = {p: self.status(p)["workflow"] for p in projects if p not in done}
@@ -168,6 +201,11 @@ class Stack:
                     f"not finished in {deadline_s}s: {states}\nanswered: {answered}\n"
                     f"{self.worker_log()}"
                 )
+            mark = self._mark()
+            if mark is not None and mark == seen and time.monotonic() - read_at < REREAD_S:
+                time.sleep(0.1)
+                continue
+            seen, read_at = mark, time.monotonic()
             waiting = [p for p in projects if p not in done]
             replies = self._answer_gates(waiting, answer, done)
             answered += [(g["project"], g["name"] or g["kind"], r) for g, r in replies]
@@ -175,6 +213,18 @@ class Stack:
             if not replies:
                 time.sleep(0.2)
         return done
+
+    def _mark(self) -> str | None:
+        """A digest of what the CLI's reads show (workflows, gates, steps): when it is the
+        same, so is what they would print. None when the database does not answer."""
+        try:
+            if self._db is None or self._db.closed:
+                self._db = psycopg.connect(self.pg_url, autocommit=True, connect_timeout=5)
+            row = self._db.execute(MARK).fetchone()
+        except psycopg.Error:
+            self._db = None
+            return None
+        return None if row is None else str(row[0])
 
     def _answer_gates(
         self, projects: list[str], answer: Answerer, done: dict[str, Any]

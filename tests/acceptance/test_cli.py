@@ -25,6 +25,7 @@ from actors.config import keys
 from actors.topology import QueueNames
 from store.migrate import shipped
 from tests.amqp_fixtures import Amqp
+from tests.cli_fork import forked_cli
 from vibey.cli import DoctorReport
 from vibey.settings import AMQP_FIX
 from workflows.dispatch import DEFAULT_WAIT_TIERS, Lane
@@ -52,16 +53,22 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def vibey(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> Run:
-    done = subprocess.run(
-        [sys.executable, "-m", "vibey", *args],
-        cwd=cwd,
-        env=clean_env() if env is None else dict(env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def vibey(*args: str, cwd: Path, env: Mapping[str, str] | None = None, forked: bool = False) -> Run:
+    """``vibey ARGS`` as a fresh interpreter (``python -m vibey``), or, ``forked``, forked from
+    a process that imported the CLI once (tests/cli_fork.py): a process of its own either way."""
+    env = clean_env() if env is None else dict(env)
+    if forked:
+        done = forked_cli().run(args, cwd=cwd, env=env, timeout=120)
+    else:
+        done = subprocess.run(
+            [sys.executable, "-m", "vibey", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     return Run(done.returncode, done.stdout, done.stderr)
 
 

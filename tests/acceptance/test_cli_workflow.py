@@ -80,13 +80,15 @@ def tiny_env(pg_url: str, **extra: str) -> dict[str, str]:
 
 
 class Cli:
-    """``vibey`` in one working directory with one environment."""
+    """``vibey`` in one working directory with one environment: each command a process forked
+    from one that imported the CLI (tests/cli_fork.py), or, ``forked=False``, a fresh
+    interpreter as a user's shell starts it."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
+    def __init__(self, cwd: Path, env: dict[str, str], *, forked: bool = True) -> None:
+        self.cwd, self.env, self.forked = cwd, env, forked
 
     def __call__(self, *args: str, **env: str) -> Run:
-        return vibey(*args, cwd=self.cwd, env={**self.env, **env})
+        return vibey(*args, cwd=self.cwd, env={**self.env, **env}, forked=self.forked)
 
     def ok(self, *args: str, **env: str) -> Run:
         run = self(*args, **env)
@@ -119,23 +121,29 @@ def cli(tmp_path: Path, pg_url: str) -> Cli:
     return Cli(tmp_path, tiny_env(pg_url))
 
 
+@pytest.fixture
+def exec_cli(tmp_path: Path, pg_url: str) -> Cli:
+    """Commands as fresh interpreters: the workflow and gate families each keep tests so."""
+    return Cli(tmp_path, tiny_env(pg_url), forked=False)
+
+
 # --- workflow start ------------------------------------------------------------------------
 
 
-def test_start_prints_the_workflow_and_a_second_start_changes_nothing(cli: Cli) -> None:
-    first = cli.ok("workflow", "start", "demo")
+def test_start_prints_the_workflow_and_a_second_start_changes_nothing(exec_cli: Cli) -> None:
+    first = exec_cli.ok("workflow", "start", "demo")
     assert first.stdout.startswith("started; 1 step committed; the workers' reconcilers")
     assert "INTAKE → *DESIGN* → [VISUAL_DESIGN]" in first.stdout
     assert "tiny: answers so far []" in first.stdout
 
-    again = cli.ok("workflow", "start", "demo")
+    again = exec_cli.ok("workflow", "start", "demo")
     assert again.stdout.startswith("already live since ")
     assert "nothing changed" in again.stdout.splitlines()[0]
 
-    created = cli.json("workflow", "start", "demo")
+    created = exec_cli.json("workflow", "start", "demo")
     assert created["created"] is False
     assert set(created) == {"workflow", "created"}
-    listed = cli.json("workflow", "list")["workflows"]
+    listed = exec_cli.json("workflow", "list")["workflows"]
     assert [w["id"] for w in listed] == [created["workflow"]["id"]]
 
 
@@ -332,10 +340,10 @@ def test_gate_list_and_show(cli: Cli) -> None:
     assert 'context:  {"why": "a test"}' in human
 
 
-def test_gate_answer_commits_and_the_workflow_moves_on(cli: Cli) -> None:
-    workflow = cli.json("workflow", "start", "demo")["workflow"]
-    approve = cli.gate_named("approve")
-    out = cli.json("gate", "answer", approve["id"], "yes", "--by", "alice")
+def test_gate_answer_commits_and_the_workflow_moves_on(exec_cli: Cli) -> None:
+    workflow = exec_cli.json("workflow", "start", "demo")["workflow"]
+    approve = exec_cli.gate_named("approve")
+    out = exec_cli.json("gate", "answer", approve["id"], "yes", "--by", "alice")
     assert set(out) == {"gate", "workflow", "dispatch"}
     assert set(out["gate"]) == GATE_KEYS
     assert (out["gate"]["answer"], out["gate"]["answered_by"]) == ("yes", "alice")
@@ -345,17 +353,17 @@ def test_gate_answer_commits_and_the_workflow_moves_on(cli: Cli) -> None:
     # "second" waits on "first": it is not claimable, so no pointer is written yet.
     assert out["dispatch"] == {"rows": 0, "published": 0}
 
-    status = cli.json("workflow", "status", "demo")
+    status = exec_cli.json("workflow", "status", "demo")
     assert [s["step"] for s in status["steps"]] == ["first", "second"]
     assert [g["name"] for g in status["gates"]] == ["rating"]
-    events = cli.json("workflow", "history", "demo")["events"]
+    events = exec_cli.json("workflow", "history", "demo")["events"]
     assert events[-1]["event"] == {
         "type": "gate_answered",
         "gate": "approve",
         "answer": "yes",
         "by": "alice",
     }
-    assert "*BUILD*" in cli.ok("workflow", "status", "demo").stdout
+    assert "*BUILD*" in exec_cli.ok("workflow", "status", "demo").stdout
 
 
 def test_gate_answer_in_human_form_defaults_by_to_the_user(cli: Cli) -> None:
@@ -368,20 +376,20 @@ def test_gate_answer_in_human_form_defaults_by_to_the_user(cli: Cli) -> None:
     assert shown["answered_by"]
 
 
-def test_answering_twice_exits_1_and_changes_nothing(cli: Cli) -> None:
-    cli.ok("workflow", "start", "demo")
-    approve = cli.gate_named("approve")
-    cli.ok("gate", "answer", approve["id"], "no", "--by", "alice")
-    before = cli.json("workflow", "history", "demo")
-    line = cli.refused(1, "gate", "answer", approve["id"], "yes", "--by", "bob")
-    answered_at = cli.json("gate", "show", approve["id"])["answered_at"]
+def test_answering_twice_exits_1_and_changes_nothing(exec_cli: Cli) -> None:
+    exec_cli.ok("workflow", "start", "demo")
+    approve = exec_cli.gate_named("approve")
+    exec_cli.ok("gate", "answer", approve["id"], "no", "--by", "alice")
+    before = exec_cli.json("workflow", "history", "demo")
+    line = exec_cli.refused(1, "gate", "answer", approve["id"], "yes", "--by", "bob")
+    answered_at = exec_cli.json("gate", "show", approve["id"])["answered_at"]
     stamp = answered_at[:19].replace("T", " ") + "Z"
     assert line == (
         f"vibey: gate {approve['id']} was already answered by alice at {stamp} ('no'); "
         "nothing changed"
     )
-    assert cli.json("workflow", "history", "demo") == before
-    assert cli.json("workflow", "status", "demo")["workflow"]["status"] == "completed"
+    assert exec_cli.json("workflow", "history", "demo") == before
+    assert exec_cli.json("workflow", "status", "demo")["workflow"]["status"] == "completed"
 
 
 def test_an_answer_outside_the_allowed_set_exits_2_listing_the_valid_ones(cli: Cli) -> None:

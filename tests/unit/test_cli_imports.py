@@ -65,3 +65,23 @@ def test_the_top_level_help_lists_every_group_without_importing_it() -> None:
     assert loaded.split() == []
     for name, (_path, summary) in GROUPS.items():
         assert name in help_text and summary.split()[0] in help_text
+
+
+def test_a_read_command_loads_the_rows_it_reads_not_the_job_queue() -> None:
+    loaded = loaded_after("import vibey.client_reads, store.listings, store.gate_rows")
+    assert "store.workflow_reads" in loaded  # the probe did import the reads
+    assert not [m for m in loaded if m in ("store.jobs", "store.workflows", "store.unit_of_work")]
+    assert not [m for m in loaded if m.split(".")[0] in ("pika", "dramatiq")]
+
+
+def test_loading_the_settings_reads_no_key_docstring() -> None:
+    probe = (
+        "from vibey.settings import load_settings\n"
+        "from actors.declare import _docstrings\n"
+        "load_settings({'VIBEY_PG_URL': 'postgresql://u@h/db'})\n"
+        "print(_docstrings.cache_info().currsize)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.split() == ["0"]
