@@ -19,9 +19,8 @@ def chaos_process_seed() -> None:
     os.environ.setdefault("VIBEY_CHAOS_SEED", str(random.SystemRandom().randrange(2**31)))
 
 
-# The heavy ones first (tests/chaos/groups.py: two groups, each one after another on one xdist
-# worker), then the slowest of the others, so that a run does not end waiting on one started
-# last.
+# The heavy ones first (tests/chaos/groups.py: one after another on one xdist worker), then
+# the slowest of the others, so that a run does not end waiting on one started last.
 SLOWEST_LIGHT = (
     "test_chaos_agents.py",
     "test_chaos_workflows.py",

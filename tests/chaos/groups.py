@@ -1,19 +1,15 @@
-"""The heavy chaos tests, in two groups each run one after another on one xdist worker
-(``--dist loadgroup``).
+"""The heavy chaos tests, run one after another on one xdist worker (``--dist loadgroup``).
 
 Their fleets keep both cores busy on their own (many worker processes respawned, hundreds of
 workflows, or a CLI called in a loop); the others mostly wait (on leases, outages, private
-servers starting) and share the remaining worker. Three heavy ones at once on two cores starved
-each other past their deadlines (measured); two groups keep it to two at once, and halve the
-run that one group of all of them made the tier's critical path (12 min of 13). The groups are
-balanced by measured time: the ones bounded by counts, not clocks (the RabbitMQ and PostgreSQL
-fleets) in one, the loop services and the ones with a time bound in the other.
+servers starting) and share the other workers. Three heavy ones at once on two cores starved
+each other past their deadlines (measured); one at a time they keep their figures.
 
-A group is named here, by node id, rather than by an ``xdist_group`` mark: pytest-xdist 3.8
+The group is named here, by node id, rather than by an ``xdist_group`` mark: pytest-xdist 3.8
 tags a marked test by rewriting ``item._nodeid``, which pytest 9 no longer reads, so the marks
 are silently ignored. :func:`pytest_xdist_make_scheduler` (imported by ``tests/conftest.py``:
-the controller needs it) gives ``--dist loadgroup`` a scheduler that puts these in their
-groups, and every other test in a group of its own.
+the controller needs it) gives ``--dist loadgroup`` a scheduler that puts these in one group,
+and every other test in a group of its own.
 """
 
 from __future__ import annotations
@@ -23,35 +19,28 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
-GROUPS = {
-    "chaos-heavy-a": (
-        "tests/chaos/test_chaos_rabbitmq.py::",
-        "tests/chaos/test_chaos_postgres.py::",
-        "tests/chaos/test_chaos_postgres_fleet.py::",
-    ),
-    "chaos-heavy-b": (
-        "tests/chaos/test_chaos_loop_services.py::",
-        "tests/chaos/test_chaos_in_place.py::",
-        "tests/chaos/test_poison.py::",
-        "tests/chaos/test_ledger_kills.py::",
-        "tests/chaos/test_pg_blips.py::test_backend_kills_cost_seconds_not_minutes",
-    ),
-}
-
-
-def group_of(nodeid: str) -> str | None:
-    return next((name for name, ids in GROUPS.items() if nodeid.startswith(ids)), None)
+GROUP = "chaos-heavy"
+HEAVY = (
+    "tests/chaos/test_chaos_loop_services.py::",
+    "tests/chaos/test_chaos_postgres_fleet.py::",
+    "tests/chaos/test_chaos_rabbitmq.py::",
+    "tests/chaos/test_chaos_postgres.py::",
+    "tests/chaos/test_chaos_in_place.py::",
+    "tests/chaos/test_poison.py::",
+    "tests/chaos/test_ledger_kills.py::",
+    "tests/chaos/test_pg_blips.py::test_backend_kills_cost_seconds_not_minutes",
+)
 
 
 def heavy(nodeid: str) -> bool:
-    return group_of(nodeid) is not None
+    return nodeid.startswith(HEAVY)
 
 
 class ChaosGroups(LoadGroupScheduling):  # type: ignore[misc]
-    """``loadgroup`` with the heavy chaos tests in their groups."""
+    """``loadgroup`` with the heavy chaos tests as one group."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return group_of(nodeid) or str(super()._split_scope(nodeid))
+        return GROUP if heavy(nodeid) else str(super()._split_scope(nodeid))
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of xdist: `-p no:xdist` runs without it
