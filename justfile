@@ -67,7 +67,10 @@ test *args: venv real-cli-install
     # Work stealing: a worker that runs dry takes half of another's queue, so the long
     # end-to-end tests do not finish one after another on one worker while the others idle.
     run -n 4 --dist worksteal -m "not chaos and not real_cli" {{args}}
-    run -n 2 -m real_cli {{args}}
+    # The real CLIs mostly wait on their model servers and on the workflows they drive: three
+    # at once on two cores, the whole workflows first (tests/real_cli/conftest.py), stolen
+    # around by the idle workers.
+    run -n 3 --dist worksteal -m real_cli {{args}}
     run -m chaos -n 3 --dist loadgroup {{args}}
 
 # Install the four coding CLIs at their pinned versions (ops/real-cli) into .vibey/real-cli.

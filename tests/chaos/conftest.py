@@ -23,8 +23,9 @@ def chaos_process_seed() -> None:
 # the slowest of the others, so that a run does not end waiting on one started last.
 SLOWEST_LIGHT = (
     "test_chaos_agents.py",
-    "test_rabbitmq_cluster.py",
+    "test_chaos_workflows.py",
     "test_consumer_timeout.py",
+    "test_rabbitmq_cluster.py",
     "test_pg_restarts.py",
 )
 

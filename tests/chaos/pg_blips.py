@@ -79,6 +79,18 @@ def vibey_worker(
             proc.wait(timeout=30)
 
 
+@contextmanager
+def held(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """The fleet of :func:`vibey_worker` (its whole process group) stopped (SIGSTOP) for the
+    block and continued (SIGCONT) after it: what it has under way stays under way."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+
+
 @dataclass
 class Killer:
     """Rounds of ``pg_terminate_backend`` on one database's backends, in a thread."""

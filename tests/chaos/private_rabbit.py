@@ -218,22 +218,22 @@ def _alive(pid: int) -> bool:
 
 
 def _stop(rabbit: PrivateRabbit, process: subprocess.Popen[bytes] | None) -> None:
-    """``rabbitmqctl stop``; if that fails, or anything outlives it, kill by pid (the VM from
-    the pid file, and the process group of the wrapper script)."""
+    """A graceful stop by SIGTERM (the ``rabbitmq-server`` wrapper passes it to the VM, which
+    stops the node as ``rabbitmqctl stop`` would, without booting a VM of rabbitmqctl's own);
+    ``rabbitmqctl stop`` when there is no wrapper; whatever outlives it is killed by pid (the
+    VM from the pid file, and the wrapper's process group)."""
     beam = _beam_pid(rabbit)
-    try:
-        rabbit.ctl("stop", timeout=STOP_TIMEOUT_S)
-        stopped = True
-    except (RuntimeError, subprocess.TimeoutExpired, OSError):
-        stopped = False
-    if not stopped:
-        _kill(beam, process)
-    if process is not None:
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
         try:
-            process.wait(timeout=STOP_TIMEOUT_S if stopped else 10)
+            process.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             _kill(beam, process)
             process.wait(timeout=10)
+    elif beam is not None and _alive(beam):
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired, OSError):
+            rabbit.ctl("stop", timeout=STOP_TIMEOUT_S)
     _kill(beam, process)  # whatever is left of the group (a no-op after a clean stop)
     deadline = time.monotonic() + 10
     while beam is not None and _alive(beam) and time.monotonic() < deadline:

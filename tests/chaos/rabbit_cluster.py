@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,8 +119,10 @@ def rabbit_cluster(size: int = 3) -> Iterator[list[ClusterNode]]:
     taken: set[int] = set()
     nodes = [_node(base / f"n{i}", cookie, taken, i) for i in range(1, size + 1)]
     try:
-        for node in nodes:
-            node.start()
+        # The nodes boot side by side (a VM each: the boot is mostly waiting), then join one
+        # after another.
+        with ThreadPoolExecutor(max_workers=size) as booting:
+            list(booting.map(ClusterNode.start, nodes))
         for node in nodes[1:]:
             node.rabbit.ctl("stop_app", timeout=CTL_TIMEOUT_S)
             node.rabbit.ctl("join_cluster", nodes[0].name, timeout=CTL_TIMEOUT_S)
@@ -129,7 +132,11 @@ def rabbit_cluster(size: int = 3) -> Iterator[list[ClusterNode]]:
             assert node.name in status, status
         yield nodes
     finally:
-        for node in nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
+        with ThreadPoolExecutor(max_workers=size) as stopping:
+            list(stopping.map(_stop_quietly, nodes))
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _stop_quietly(node: ClusterNode) -> None:
+    with contextlib.suppress(Exception):
+        node.stop()

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -206,11 +207,10 @@ def test_sigkilled_loop_services_and_workers_complete_every_workflow_once(
             time.sleep(1)
         workers = [chaos_stack.start_worker(processes=1, threads=4) for _ in range(2)]
         projects = [f"lc{n:02d}" for n in range(WORKFLOWS)]
-        for project in projects:
-            chaos_stack.vibey(
-                "workflow", "start", project, "--engines", "claude",
-                "--script", str(tmp_path / "script.toml"),
-            )  # fmt: skip
+        script = str(tmp_path / "script.toml")
+        start = ("workflow", "start", "--engines", "claude", "--script", script)
+        with ThreadPoolExecutor(max_workers=4) as starting:  # as several people would
+            list(starting.map(lambda p: chaos_stack.vibey(*start[:2], p, *start[2:]), projects))
 
         killer = threading.Thread(
             target=chaos_on_runs,
@@ -223,8 +223,12 @@ def test_sigkilled_loop_services_and_workers_complete_every_workflow_once(
         stop.set()
         killer.join(60)
         statuses = {p: finished[p]["workflow"]["status"] for p in projects}
-        for project in projects:
-            assert "digests match" in chaos_stack.vibey("ledger", "verify", project).stdout
+        with ThreadPoolExecutor(max_workers=4) as verifying:
+            verified = list(
+                verifying.map(lambda p: chaos_stack.vibey("ledger", "verify", p), projects)
+            )
+        for project, done in zip(projects, verified, strict=True):
+            assert "digests match" in done.stdout, (project, done.stdout)
     finally:
         stop.set()
         service.stop()

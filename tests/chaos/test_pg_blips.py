@@ -48,6 +48,7 @@ from tests.chaos.pg_blips import (
     Killer,
     curve,
     database_of,
+    held,
     sample,
     scalar,
     vibey_worker,
@@ -263,10 +264,11 @@ OUTAGE_ROUNDS = 3  # a batch that finished before the stop took hold is followed
 
 
 def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Path) -> None:
-    """The database stops while workflows are under way. A fast fleet can finish a whole batch
-    between the sample that triggers the stop and the stop itself; then another batch is
-    started and the database stopped at its first completion, so the outage cuts work
-    whatever the box's speed (``OUTAGE_ROUNDS`` at most)."""
+    """The database stops while workflows are under way, by construction: the fleet holds
+    still (SIGSTOP) while a batch starts, so the whole batch is under way when it goes on, and
+    again from the sample that triggers the stop until the stop took hold, so what it had not
+    finished then is cut, whatever the box's speed. Had it finished the batch before it was
+    held (never seen), another batch is started (``OUTAGE_ROUNDS`` at most)."""
     declare_topology(amqp)
     with private_postgres() as server:
         migrate(server.url)
@@ -274,22 +276,29 @@ def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Pa
         env = worker_env(url, amqp.url, amqp.prefix, THREE_STEP_ENV)
         points: list[tuple[datetime, int]] = []
         total = rounds = 0
-        with vibey_worker(env, tmp_path / "worker.log"):
+        stopped_at: datetime | None = None
+        with vibey_worker(env, tmp_path / "worker.log") as worker:
             while rounds < OUTAGE_ROUNDS:
                 before = total
-                with ConnectionPool(
-                    url, min_size=1, max_size=2, kwargs={"autocommit": True}
-                ) as pool:
-                    # A later round's batch is larger: its rest must outlast the stop itself
-                    # (a fast stop's shutdown checkpoint takes seconds on a slow box).
+                with (
+                    held(worker),  # the batch is all under way when the fleet goes on
+                    ConnectionPool(
+                        url, min_size=1, max_size=2, kwargs={"autocommit": True}
+                    ) as pool,
+                ):
                     batch = OUTAGE_WORKFLOWS * (1 if rounds == 0 else 3)
                     total += start_workflows(pool, amqp, batch, first=total)
                 rounds += 1
                 trigger = before + (OUTAGE_WORKFLOWS // 5 if rounds == 1 else 1)
                 while (now := sample(url, COMPLETED)) is not None and now[1] < trigger:
                     time.sleep(0.05)
-                stopped_at = datetime.now(UTC)
-                server.stop("fast")  # every session is ended; nothing answers for OUTAGE_S
+                with held(worker):  # what is unfinished now stays so until the stop took hold
+                    while (now := sample(url, COMPLETED)) is None:
+                        time.sleep(0.05)
+                    if now[1] >= total:
+                        continue  # the batch finished before it was held: another one
+                    stopped_at = datetime.now(UTC)
+                    server.stop("fast")  # every session is ended; nothing answers for OUTAGE_S
                 time.sleep(OUTAGE_S)
                 server.start()
                 answered_at = datetime.now(UTC)
@@ -309,6 +318,7 @@ def test_a_stopped_database_costs_its_outage_and_a_tier(amqp: Amqp, tmp_path: Pa
         twice = recorded_twice(url)
         last = scalar(url, "SELECT max(finished_at) FROM workflow")
         pid = server.pid()
+    assert stopped_at is not None, "the chaos did not happen: no batch was under way at a stop"
     assert left is not None and steps is not None and last is not None
     stall = (last - answered_at).total_seconds()
     figure(

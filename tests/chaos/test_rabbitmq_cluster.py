@@ -66,10 +66,11 @@ TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5)))
 DEADLINE_S = 420
 
 
-def enqueue(repo: PostgresJobRepository, seed: int) -> int:
-    rng = random.Random(seed)
+def enqueue(repo: PostgresJobRepository, seed: int, first: int = 0) -> int:
+    """CHAINS chains, numbered from ``first``; returns how many jobs."""
+    rng = random.Random(seed if first == 0 else f"{seed}:{first}")
     requests = []
-    for chain in range(CHAINS):
+    for chain in range(first, first + CHAINS):
         previous: tuple[uuid.UUID, ...] = ()
         for kind in STEPS:
             job_id = uuid.UUID(int=rng.getrandbits(128), version=4)
@@ -118,8 +119,13 @@ def faults(
     steps_done: Callable[[], int],
     log: list[str],
     done: threading.Event,
+    top_up: Callable[[], None],
 ) -> None:
+    """Each fault once the fleet made progress; ``top_up`` gives it more work first when it
+    ran out (a node restart can outlast the whole workload), so both land on a fleet at work
+    and none waits out ``PROGRESS_WAIT_S``."""
     try:
+        top_up()
         at = await_progress(steps_done, PROGRESS, PROGRESS_WAIT_S)
         leader = leader_of(nodes, queue)
         leader.kill()
@@ -127,6 +133,7 @@ def faults(
         time.sleep(12)
         leader.start()
         log.append(f"restarted {leader.name}")
+        top_up()
         at = await_progress(steps_done, PROGRESS, PROGRESS_WAIT_S)
         other = next(node for node in nodes if node is not leader)
         other.rabbit.ctl("stop_app", timeout=CTL_TIMEOUT_S)
@@ -175,7 +182,12 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
             with pool.connection() as conn:
                 conn.execute(COMMIT_AUDIT.encode())
             repo = PostgresJobRepository(pool=pool, leases=config.queue.lease, dispatch=True)
-            total = enqueue(repo, seed)
+            batches = [enqueue(repo, seed)]
+
+            def top_up() -> None:  # another CHAINS chains when none is left to run
+                if not unsettled(pool):
+                    batches.append(enqueue(repo, seed, first=CHAINS * len(batches)))
+
             supervisor = Supervisor(config, processes=WORKERS)
             fleet = threading.Thread(target=supervisor.run, daemon=True)
             fleet.start()
@@ -183,7 +195,7 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
             faulted = threading.Event()
             threading.Thread(
                 target=faults,
-                args=(nodes, build_queue, steps_done(pool), log, faulted),
+                args=(nodes, build_queue, steps_done(pool), log, faulted, top_up),
                 daemon=True,
             ).start()
             queues = [config.names.work_queue(lane) for lane in config.worker.lanes]
@@ -211,6 +223,7 @@ def test_a_fleet_on_a_three_node_cluster_survives_its_nodes_dying(
             succeeded = count(pool, "SELECT count(*) FROM job WHERE state = 'succeeded'")
             unsent = count(pool, "SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
             claims = count(pool, "SELECT coalesce(sum(attempts), 0) FROM job")
+    total = sum(batches)
     figure(
         f"rabbitmq cluster (seed {seed}): jobs={total} claims={claims} faults={log} "
         f"commits={commits} lost={total - sum(states.values())} double={commits - succeeded} "
@@ -266,14 +279,22 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
             store = WorkflowStore(
                 pool=pool, jobs=jobs, registry=Registry(DEFINITIONS), ledger=ledger
             )
-            ids = [
-                store.start(
-                    f"cl{n:02d}",
-                    definition="vibey-protocol",
-                    input={"engine": {"name": "scripted", "script": SCRIPT}},
-                ).workflow.id
-                for n in range(PROTOCOL_WORKFLOWS)
-            ]
+            ids: list[uuid.UUID] = []
+
+            def more() -> None:
+                for n in range(len(ids), len(ids) + PROTOCOL_WORKFLOWS):
+                    start = store.start(
+                        f"cl{n:02d}",
+                        definition="vibey-protocol",
+                        input={"engine": {"name": "scripted", "script": SCRIPT}},
+                    )
+                    ids.append(start.workflow.id)
+
+            def top_up() -> None:  # more workflows when every one finished
+                if all(store.get(i).status.finished for i in list(ids)):
+                    more()
+
+            more()
             supervisor = Supervisor(config, processes=WORKERS)
             fleet = threading.Thread(target=supervisor.run, daemon=True)
             fleet.start()
@@ -281,7 +302,7 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
             faulted = threading.Event()
             threading.Thread(
                 target=faults,
-                args=(nodes, build_queue, steps_done(pool), log, faulted),
+                args=(nodes, build_queue, steps_done(pool), log, faulted, top_up),
                 daemon=True,
             ).start()
             answered = 0
@@ -290,7 +311,7 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
                     for gate, _waited in store.inbox():
                         store.answer(gate.id, answer_for(gate), by="chaos")
                         answered += 1
-                    if faulted.is_set() and all(store.get(i).status.finished for i in ids):
+                    if faulted.is_set() and all(store.get(i).status.finished for i in list(ids)):
                         break
                     time.sleep(0.3)
                 quiet = time.monotonic()
@@ -320,7 +341,7 @@ def test_protocol_workflows_on_a_three_node_cluster_survive_its_nodes_dying(
             ledgers = [ledger.verify(wf.project_id) for wf in workflows]
     unfinished = [w.project_id for w in workflows if w.status is not Status.COMPLETED]
     figure(
-        f"rabbitmq cluster, protocol (seed {seed}): workflows={PROTOCOL_WORKFLOWS} jobs={total} "
+        f"rabbitmq cluster, protocol (seed {seed}): workflows={len(ids)} jobs={total} "
         f"claims={claims} faults={log} commits={commits} lost={len(unfinished) + live} "
         f"double={len(dupes)} gates answered={answered} unsent={unsent} "
         f"respawns={supervisor.respawns} wall={time.monotonic() - started:.1f}s"

@@ -20,10 +20,30 @@ INSTALL = ROOT / "ops" / "real-cli" / "install.sh"
 CLIS = ("claude", "codex", "gemini", "aider")
 
 
+# The whole protocol workflows (the ``e2e`` fixture's) take most of the tier, aider's the
+# longest (a Python CLI that loads litellm on every turn): they go first, slowest first, so
+# that `--dist worksteal` spreads the short tests around them and the tier does not end
+# waiting on one started last.
+SLOWEST = ("test_aider.py", "test_codex.py", "test_gemini.py", "test_claude.py")
+
+
+def _rank(item: pytest.Item) -> tuple[int, int]:
+    if "e2e" not in getattr(item, "fixturenames", ()):
+        return (1, 0)
+    name = item.path.name
+    return (0, SLOWEST.index(name) if name in SLOWEST else len(SLOWEST))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
-            item.add_marker(pytest.mark.real_cli)
+    """Mark this folder's tests ``real_cli``; its whole workflows first (in the places this
+    folder's tests held: the others stay put)."""
+    here = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if Path(str(item.fspath)).is_relative_to(here)]
+    for i in places:
+        items[i].add_marker(pytest.mark.real_cli)
+    ordered = sorted((items[i] for i in places), key=_rank)
+    for place, item in zip(places, ordered, strict=True):
+        items[place] = item
 
 
 @pytest.fixture(scope="session")
