@@ -523,28 +523,35 @@ class AllowProxy:
 
     def _handle(self, client: socket.socket) -> None:
         with client:
-            head = _read_head(client)
-            if head is None:
-                return
-            target, rewritten = _destination(head)
-            if target is None or target not in self.allowed:
-                shown = target or head.split(b"\r\n", 1)[0][:120].decode(errors="replace")
-                self.refused.append(shown)
-                log.warning(
-                    "engine %s tried to reach %s: not in its network_allow (%s); refused",
-                    self.engine,
-                    shown,
-                    ", ".join(sorted(self.allowed)) or "nothing",
-                )
-                body = f"vibey: {shown} is not in network_allow of engine {self.engine}\n"
-                client.sendall(_response(403, "Forbidden", body))
-                return
-            host, _, port = target.rpartition(":")
             try:
-                upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=15)
-            except OSError as exc:
-                client.sendall(_response(502, "Bad Gateway", f"vibey: {target}: {exc}\n"))
+                self._answer(client)
+            except OSError:  # the engine hung up (a broken pipe): there is no one to answer
                 return
+
+    def _answer(self, client: socket.socket) -> None:
+        head = _read_head(client)
+        if head is None:
+            return
+        target, rewritten = _destination(head)
+        if target is None or target not in self.allowed:
+            shown = target or head.split(b"\r\n", 1)[0][:120].decode(errors="replace")
+            self.refused.append(shown)
+            log.warning(
+                "engine %s tried to reach %s: not in its network_allow (%s); refused",
+                self.engine,
+                shown,
+                ", ".join(sorted(self.allowed)) or "nothing",
+            )
+            body = f"vibey: {shown} is not in network_allow of engine {self.engine}\n"
+            client.sendall(_response(403, "Forbidden", body))
+            return
+        host, _, port = target.rpartition(":")
+        try:
+            upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=15)
+        except OSError as exc:
+            client.sendall(_response(502, "Bad Gateway", f"vibey: {target}: {exc}\n"))
+            return
+        with upstream:
             upstream.settimeout(None)
             if rewritten is None:
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
