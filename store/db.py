@@ -45,14 +45,16 @@ def pipelined_transaction(pool: Pool) -> Iterator[Conn]:
                 conn.execute(b"BEGIN")
                 try:
                     yield conn
+                    phase.committing()
+                    # The pipeline's exit sends the COMMIT with its Sync and raises the commit's
+                    # own error, if any: a second Sync of ours would cost a round trip of its
+                    # own. Queueing it may read an earlier statement's error that has already
+                    # come back: that aborted the pipeline, so it is settled as a body's is.
+                    conn.execute(b"COMMIT")
                 except BaseException:
                     settle_pipeline(conn)
                     conn.execute(b"ROLLBACK")
                     raise
-                phase.committing()
-                # The pipeline's exit sends the COMMIT with its Sync and raises the commit's
-                # own error, if any: a second Sync of ours would cost a round trip of its own.
-                conn.execute(b"COMMIT")
         except psycopg.DatabaseError:
             _roll_back_failed(conn)  # a statement failed: its transaction ends here
             raise

@@ -3,6 +3,8 @@ failing statement's result was read or not, and only a committed unit publishes.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator, Sequence
 
 import psycopg
@@ -42,6 +44,27 @@ def test_a_failed_statement_rolls_the_unit_back_read_or_not(pool: ConnectionPool
         insert(unit, 3)
         raise KeyError("a bug")
     assert ids(pool) == []
+
+
+def test_an_error_back_before_the_commit_is_queued_ends_the_unit_quietly(
+    pool: ConnectionPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed statement's error can come back while the unit still runs: queueing the
+    COMMIT then reads it. The unit rolls back and raises that error, leaves its connection
+    idle, and psycopg has nothing to complain of on stderr (a pipeline left aborted would
+    log "error ignored terminating ...: pipeline aborted" at its exit)."""
+    caplog.set_level(logging.WARNING, logger="psycopg")
+    units = Units(pool=pool)
+    with pytest.raises(psycopg.errors.UniqueViolation), units.begin() as unit:
+        insert(unit, 1)
+        insert(unit, 1)
+        unit.conn.pgconn.flush()  # the two are sent
+        time.sleep(0.2)  # and the duplicate's error is back before the COMMIT is queued
+    assert [r.getMessage() for r in caplog.records] == []
+    assert ids(pool) == []
+    with units.begin() as unit:
+        insert(unit, 4)
+    assert ids(pool) == [4]
 
 
 def test_a_savepoint_undoes_only_its_block(pool: ConnectionPool) -> None:
