@@ -7,7 +7,8 @@ point kills a seeded fraction of the processes right after a settle committed
 (``tests/chaos/in_place_chaos.py``): the next step's outbox row is released and unsent, and no
 broker message carries it. Workflows are started until at least ``KILLS`` kills cut a chain (by
 construction, whatever the box's speed). At the end: every workflow completed, no step recorded
-twice, nothing leased or unsent, and a cut chain went on within one reconcile interval of its
+twice, nothing leased or unsent (once the drain took back the rows that killed relays had
+claimed, after ``reclaim_after``), and a cut chain went on within one reconcile interval of its
 kill: the next drain pass sends the held row (a reconciler of its own runs beside the fleet, as
 `vibey reconcile` does in a cluster; the workers' reconcilers die with them). A cut whose
 drainer is killed too before it sent the row waits for ``reclaim_after`` beside that: every cut
@@ -79,6 +80,12 @@ def cut_chains(pool: ConnectionPool, kills: Path) -> list[tuple[UUID, float]]:
             )
         }
     return [(job, at) for job, at in found if job in parents]
+
+
+def unsent_count(pool: ConnectionPool) -> int:
+    with pool.connection() as conn:
+        [(unsent,)] = conn.execute("SELECT count(*) FROM job_outbox WHERE sent_at IS NULL")
+    return int(unsent)
 
 
 def resumed_after(pool: ConnectionPool, cut: list[tuple[UUID, float]]) -> list[float]:
@@ -156,6 +163,13 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
                         break
                     more()
                 time.sleep(0.5)
+            # A relay killed between the broker's confirm and its mark-sent leaves its row
+            # claimed (the step ran; the row is not sent): the drain takes it back after
+            # reclaim_after. Every row is sent within that and two passes, or the test fails.
+            quiet = (RECLAIM + INTERVAL + INTERVAL).total_seconds() + SLACK_S
+            settle_by = time.monotonic() + quiet
+            while unsent_count(pool) and time.monotonic() < settle_by:
+                time.sleep(0.2)
         finally:
             supervisor.stop()
             fleet.join(timeout=120)
