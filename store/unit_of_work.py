@@ -32,7 +32,7 @@ from uuid import UUID
 
 from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
 from store.errors import CommitUnknown, DatabaseUnavailable
-from store.resolve import unsent_of
+from store.resolve import unsent_by_key, unsent_of
 from store.sql import load
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
@@ -128,6 +128,10 @@ class UnitOfWork:
         own. Only for a statement whose rows decide nothing before the commit (a new
         workflow's first jobs)."""
         self._unread.append((read, outbox_key))
+
+    def unread_keys(self) -> list[str]:
+        """The outbox keys of the reads :meth:`read_after_commit` put off, not run yet."""
+        return [key for _, key in self._unread]
 
     def read_unread(self) -> None:
         """Run the reads :meth:`read_after_commit` put off (their results are in)."""
@@ -234,9 +238,11 @@ class Units:
                 yield unit
         except CommitUnknown:
             if unit is not None:
-                with contextlib.suppress(Exception):  # the rows unread stay with the drain
+                keys = unit.unread_keys()
+                with contextlib.suppress(Exception):  # a read the broken pipeline lost
                     unit.read_unread()
-                self._publish_landed(unit.pointers)
+                read = {p.key for p in unit.pointers}
+                self._publish_landed(unit.pointers, [k for k in keys if k not in read])
             raise
         unit.read_unread()
         held = None if unit.held is None else unit.held.id
@@ -249,17 +255,27 @@ class Units:
         if rows and self._publish is not None:
             self._publish(rows)
 
-    def _publish_landed(self, pointers: Sequence[OutboxRow]) -> None:
+    def _publish_landed(self, pointers: Sequence[OutboxRow], unread: Sequence[str]) -> None:
         """After a commit cut off mid-flight: the pointers whose outbox rows exist (so the
         commit landed) go to the relay now, not at a reconciler's reclaim. When PostgreSQL
         cannot say, all of them go: a pointer is a hint, and the fenced claim drops one whose
         commit did not land (no such job, or another generation), while waiting for the
-        reclaim would stand a landed step still for up to a minute after PostgreSQL answers."""
-        if not pointers or self._publish is None:
+        reclaim would stand a landed step still for up to a minute after PostgreSQL answers.
+
+        ``unread``: the keys of rows the unit wrote but never read back (their results were
+        lost with the connection): those that exist are read by key and go too. When
+        PostgreSQL cannot say, they stay claimed by this relay till a drain's reclaim: a
+        pointer cannot be built without its row."""
+        if self._publish is None or not (pointers or unread):
             return
         try:
-            landed = set(unsent_of(self._pool, [p.id for p in pointers]))
+            landed = set(unsent_of(self._pool, [p.id for p in pointers])) if pointers else set()
         except DatabaseUnavailable:
             landed = {p.id for p in pointers}
-        if landed:
-            self._publish([p for p in pointers if p.id in landed])
+        found: list[OutboxRow] = []
+        if unread:
+            with contextlib.suppress(DatabaseUnavailable):
+                found = [outbox_row(r) for r in unsent_by_key(self._pool, unread)]
+        publish = [p for p in pointers if p.id in landed] + found
+        if publish:
+            self._publish(publish)

@@ -8,6 +8,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -24,16 +25,19 @@ from actors.steps import StepResult, StepRunner
 from actors.topology import QueueNames
 from actors.worker import WorkerConfig
 from store import unit_of_work
-from store.db import Pool, statement, transaction
+from store.db import Pool, pipelined_transaction, statement, transaction
 from store.dispatch import DispatchRecords
 from store.errors import CommitUnknown, ConnectionLost, DatabaseUnavailable
 from store.jobs import PostgresJobRepository
 from store.pool import open_pool
 from store.retry import STORE_ATTEMPTS, retrying
 from store.unit_of_work import OutboxRow
+from store.workflows import WorkflowStore
 from tests.amqp_fixtures import Amqp
 from tests.chaos.pg_blips import database_of
+from tests.tiny_definition import THREE_STEPS
 from workflows.dispatch import WaitTiers, decode, tier_name
+from workflows.engine import Registry
 from workflows.job import JobState
 from workflows.queue import EnqueueRequest, Job
 from workflows.steps import Success
@@ -321,6 +325,43 @@ def test_a_commit_cut_off_while_postgresql_is_down_hands_its_pointers_on(
         unit.wrote_json([pointer])
         raise CommitUnknown("the connection broke while the commit was in flight")
     assert [p.job_id for p in published] == [job_id]
+
+
+def test_a_start_whose_commit_landed_but_whose_answer_was_lost_hands_its_first_pointer_on(
+    vibey_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start's first jobs' outbox rows come back only with its COMMIT's answer
+    (``read_after_commit``). When that answer is lost with the connection but the commit
+    landed, the rows are read by their keys and go to the relay now: they were written
+    claimed by this relay, so a drain would take them only after ``reclaim_after``."""
+    real = pipelined_transaction
+
+    @contextmanager
+    def landed_then_cut(pool: Pool) -> Iterator[Any]:
+        with real(pool) as conn:
+            yield conn
+        raise CommitUnknown("the connection broke while the commit was in flight")
+
+    def lost(_unit: unit_of_work.UnitOfWork) -> None:
+        raise psycopg.OperationalError("the connection is lost")
+
+    monkeypatch.setattr(unit_of_work, "pipelined_transaction", landed_then_cut)
+    monkeypatch.setattr(unit_of_work.UnitOfWork, "read_unread", lost)
+    published: list[OutboxRow] = []
+    jobs = PostgresJobRepository(
+        pool=vibey_pool, dispatch=True, relay_id="r", after_commit=published.extend
+    )
+    store = WorkflowStore(pool=vibey_pool, jobs=jobs, registry=Registry(THREE_STEPS))
+    with pytest.raises(CommitUnknown):
+        store.start(P, definition="three-steps")
+    with statement(vibey_pool) as conn:
+        rows = conn.execute(
+            "SELECT o.key, o.claimed_by FROM job_outbox o JOIN job j ON j.id = o.job_id"
+            " WHERE j.project_id = %s AND o.sent_at IS NULL",
+            (P,),
+        ).fetchall()
+    assert rows and all(by == "r" for _, by in rows)  # it landed, held by this relay
+    assert sorted(p.key for p in published) == sorted(key for key, _ in rows)
 
 
 def test_a_step_whose_database_does_not_answer_waits_in_a_tier(dead_pool: Pool, amqp: Amqp) -> None:
