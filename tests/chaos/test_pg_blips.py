@@ -27,6 +27,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -35,7 +36,7 @@ from actors.config import BusSettings
 from actors.relay import Relay, Router
 from actors.worker import WorkerConfig
 from store.dispatch import DispatchRecords
-from store.errors import DatabaseUnavailable
+from store.errors import CommitUnknown, DatabaseUnavailable
 from store.jobs import PostgresJobRepository
 from store.ledger import Ledger
 from store.migrate import migrate
@@ -99,16 +100,32 @@ def start_workflows(pool: ConnectionPool, amqp: Amqp, count: int, first: int = 0
             pool=pool, jobs=jobs, registry=Registry(THREE_STEPS), ledger=Ledger(pool)
         )
         for n in range(first, first + count):
+            project = f"blip{n:03d}"
             for _ in range(5):  # under the kills: a start cut off at its commit is looked at again
                 try:
-                    store.start(f"blip{n:03d}", definition="three-steps")  # once per project
+                    store.start(project, definition="three-steps")  # once per project
                     break
+                except CommitUnknown:  # it may have landed, and completed since: look first
+                    if started(pool, project):
+                        break
                 except DatabaseUnavailable:
                     continue
         assert relay.flush(timeout=60), "the starts' pointers were not all published"
     finally:
         relay.stop()
     return count
+
+
+def started(pool: ConnectionPool, project: str) -> bool:
+    """Whether the project has a workflow (live or ended), read once PostgreSQL answers."""
+    for _ in range(50):
+        try:
+            with pool.connection() as conn:
+                row = conn.execute("SELECT 1 FROM workflow WHERE project_id = %s", (project,))
+                return row.fetchone() is not None
+        except psycopg.OperationalError:
+            time.sleep(0.1)
+    raise AssertionError(f"PostgreSQL did not answer whether {project} started")
 
 
 def recorded_twice(url: str) -> int:
