@@ -79,11 +79,14 @@ class DispatchRecords:
     ) -> Job | None:
         """``sent``: the outbox row of a pointer this process held (``UnitOfWork.hold``),
         marked sent by the same statement, claim or miss."""
-        params = {"job_id": job_id, "project_id": project_id, "seq": seq, "owner": owner}
-        if sent is None:
-            row = fetch_one(unit.conn, Q["claim_pointer"], params)
-        else:
-            row = fetch_one(unit.conn, Q["claim_held_pointer"], params | {"sent": sent})
+        params = {
+            "job_id": job_id,
+            "project_id": project_id,
+            "seq": seq,
+            "owner": owner,
+            "sent": sent,
+        }
+        row = fetch_one(unit.conn, Q["claim_pointer"], params)
         return None if row is None else job_from_row(row)
 
     @retried("claim a pointer", idempotent=False)  # an unknown commit: read the row

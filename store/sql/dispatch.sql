@@ -5,38 +5,10 @@
 -- The fenced claim of pointer (job, generation): the row must be at that generation, due,
 -- with every dependency succeeded, and either claimable or holding an expired lease (whose
 -- attempts are not spent: a spent one is the reaper's to park).
-UPDATE job
-SET state = 'leased',
-    attempts = attempts + 1,
-    -- Taking over an expired lease: that attempt died with its process (see solo pointers).
-    last_error = CASE WHEN state = 'leased'
-                      THEN 'lease expired on attempt ' || attempts || ' of ' || max_attempts
-                      ELSE last_error END,
-    lease_expired = lease_expired OR state = 'leased',
-    sweeps = 0,
-    lease_owner = %(owner)s,
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + lease_ms * interval '1 millisecond',
-    updated_at = now()
-WHERE id = %(job_id)s
-  AND project_id = %(project_id)s
-  AND dispatch_seq = %(seq)s
-  AND (state IN ('ready', 'awaiting_capacity')
-       OR (state = 'leased' AND lease_expires_at <= now() AND attempts < max_attempts))
-  AND run_after <= now()
-  AND NOT EXISTS (
-      SELECT 1
-      FROM job_dependency d
-      JOIN job p ON p.id = d.depends_on
-      WHERE d.job_id = job.id AND p.state <> 'succeeded'
-  )
-RETURNING *
-
--- name: claim_held_pointer
--- claim_pointer for a pointer a chain held (UnitOfWork.hold), with mark_held_sent: its outbox
--- row marked sent in the same statement, claim or miss (the pointer went no further than this
--- process). The job's dispatched_at is stamped by the claim, or, when it misses, by the last
--- sub-statement: one row is never updated twice in a statement.
+-- %(sent)s: the outbox row of a pointer a chain held (UnitOfWork.hold), marked sent in the
+-- same statement, claim or miss (the pointer went no further than this process); NULL for a
+-- delivered pointer (nothing to mark). The job's dispatched_at is stamped by the claim, or,
+-- when it misses, by the last sub-statement: one row is never updated twice in a statement.
 WITH sent AS (
     UPDATE job_outbox
     SET sent_at = now()
@@ -47,6 +19,7 @@ claimed AS (
     UPDATE job
     SET state = 'leased',
         attempts = attempts + 1,
+        -- Taking over an expired lease: that attempt died with its process (see solo pointers).
         last_error = CASE WHEN state = 'leased'
                           THEN 'lease expired on attempt ' || attempts || ' of ' || max_attempts
                           ELSE last_error END,
