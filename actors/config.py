@@ -172,6 +172,8 @@ class RabbitMqSettings(Section):
     """outbox rows a dead relay held are taken over after"""
     in_place_steps: Int = setting(16, "VIBEY_QUEUE_IN_PLACE_STEPS", ge=0)
     """next steps a worker runs itself after a settle, no broker hop (0: none)"""
+    in_place_ms: Int = setting(250, "VIBEY_QUEUE_IN_PLACE_MS", ge=1)
+    """wall time an in-place chain runs before its next step goes through the broker (ms)"""
     consumer_timeout_seconds: Seconds = setting(21600.0, "VIBEY_QUEUE_CONSUMER_TIMEOUT")
     """work queues' x-consumer-timeout; above the longest lease"""
     dedicated_projects: Annotated[Words, check(project_id_problem)] = setting(

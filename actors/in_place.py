@@ -29,6 +29,7 @@ from store.unit_of_work import OutboxRow, UnitOfWork
 
 DEFAULT_STEPS = 16  # a chain's steps at most ([queue.rabbitmq] in_place_steps)
 DEFAULT_BUDGET_S = 0.25  # wall time a chain may run before its next pointer is published
+# ([queue.rabbitmq] in_place_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,14 +260,19 @@ class Runtime:
         )
         self.tally = StepTally(config.tally_dir)
         self.results = self.tally.results
-        n = config.queue.rabbitmq.in_place_steps
+        n, budget_ms = config.queue.rabbitmq.in_place_steps, config.queue.rabbitmq.in_place_ms
         self.runner = config_runner(
             config,
             graph,
             handlers=handlers,
             tally=self.tally,
             broker=self.broker,
-            in_place=InPlace(router=graph.router, queues=frozenset(config.queues()), max_steps=n)
+            in_place=InPlace(
+                router=graph.router,
+                queues=frozenset(config.queues()),
+                max_steps=n,
+                budget=budget_ms / 1000,
+            )
             if n
             else None,
         )

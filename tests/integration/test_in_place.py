@@ -6,7 +6,6 @@ the drain when the process stops in between."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,18 +41,17 @@ def runtime_of(pg_url: str, amqp: Amqp, in_place_steps: int) -> Runtime:
     config = WorkerConfig(
         database=DatabaseSettings(url=pg_url),
         bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
-        queue=QueueSettings(rabbitmq=RabbitMqSettings(in_place_steps=in_place_steps)),
+        # A chain's bound under test is its steps: its time budget (250 ms by default) is what
+        # a loaded box would cut first, and these tests count steps.
+        queue=QueueSettings(
+            rabbitmq=RabbitMqSettings(in_place_steps=in_place_steps, in_place_ms=60_000)
+        ),
         workflow=WorkflowSettings(definitions="tests.tiny_definition:THREE_STEPS"),
     )
     connection = amqp.connect()
     config.topology().declare(amqp.channel(connection), detect(connection))
     connection.close()
-    runtime = Runtime(config, handlers=HANDLERS, owner="in-place")
-    # A chain's bound under test is its steps: its time budget (250 ms) is what a loaded box
-    # would cut first, and those tests count steps.
-    if runtime.runner._in_place is not None:
-        runtime.runner._in_place = replace(runtime.runner._in_place, budget=60.0)
-    return runtime
+    return Runtime(config, handlers=HANDLERS, owner="in-place")
 
 
 @pytest.fixture
