@@ -17,16 +17,10 @@ from store.sql import load
 Q = load("resolve.sql")
 
 
-@retried("read which outbox rows exist", idempotent=True)
-def unsent_of(pool: Pool, ids: Sequence[int]) -> list[int]:
-    """Those of ``ids`` whose outbox rows exist and are unsent."""
+@retried("read which outbox rows landed", idempotent=True)
+def unsent_rows(pool: Pool, ids: Sequence[int], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The outbox rows of ``ids`` or ``keys`` that exist and are unsent, with their pointer
+    fields."""
     with statement(pool) as conn:
-        rows = fetch_all(conn, Q["unsent_of"], {"ids": list(ids)})
-    return [int(r["id"]) for r in rows]
-
-
-@retried("read outbox rows by key", idempotent=True)
-def unsent_by_key(pool: Pool, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """The outbox rows of ``keys`` that exist and are unsent, with their pointer fields."""
-    with statement(pool) as conn:
-        return [dict(r) for r in fetch_all(conn, Q["unsent_by_key"], {"keys": list(keys)})]
+        params = {"ids": list(ids), "keys": list(keys)}
+        return [dict(r) for r in fetch_all(conn, Q["unsent_rows"], params)]

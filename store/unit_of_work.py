@@ -32,7 +32,7 @@ from uuid import UUID
 
 from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
 from store.errors import CommitUnknown, DatabaseUnavailable
-from store.resolve import unsent_by_key, unsent_of
+from store.resolve import unsent_rows
 from store.sql import load
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
@@ -176,8 +176,7 @@ class UnitOfWork:
             self.conn.execute(Q["trace_outbox"].encode(), params)
             self._pointers = [replace(p, traceparent=traceparent) for p in self._pointers]
         if self._unread:  # rows not read yet: by their keys
-            keys = [key for _, key in self._unread]
-            params = {"traceparent": traceparent, "keys": keys}
+            params = {"traceparent": traceparent, "keys": self.unread_keys()}
             self.conn.execute(Q["trace_outbox_keys"].encode(), params)
             self._traced = traceparent
 
@@ -241,8 +240,7 @@ class Units:
                 keys = unit.unread_keys()
                 with contextlib.suppress(Exception):  # a read the broken pipeline lost
                     unit.read_unread()
-                read = {p.key for p in unit.pointers}
-                self._publish_landed(unit.pointers, [k for k in keys if k not in read])
+                self._publish_landed(unit.pointers, keys)
             raise
         unit.read_unread()
         held = None if unit.held is None else unit.held.id
@@ -256,26 +254,23 @@ class Units:
             self._publish(rows)
 
     def _publish_landed(self, pointers: Sequence[OutboxRow], unread: Sequence[str]) -> None:
-        """After a commit cut off mid-flight: the pointers whose outbox rows exist (so the
-        commit landed) go to the relay now, not at a reconciler's reclaim. When PostgreSQL
-        cannot say, all of them go: a pointer is a hint, and the fenced claim drops one whose
-        commit did not land (no such job, or another generation), while waiting for the
-        reclaim would stand a landed step still for up to a minute after PostgreSQL answers.
+        """After a commit cut off mid-flight: the outbox rows that exist (so the commit
+        landed) go to the relay now, not at a reconciler's reclaim: the pointers the unit read
+        back, by id, and the rows it had not read yet (``unread``, their keys: their results
+        were lost with the connection). One statement reads both.
 
-        ``unread``: the keys of rows the unit wrote but never read back (their results were
-        lost with the connection): those that exist are read by key and go too. When
-        PostgreSQL cannot say, they stay claimed by this relay till a drain's reclaim: a
-        pointer cannot be built without its row."""
+        When PostgreSQL cannot say, every pointer read back goes: a pointer is a hint, and
+        the fenced claim drops one whose commit did not land (no such job, or another
+        generation), while waiting for the reclaim would stand a landed step still for up to a
+        minute after PostgreSQL answers. The unread rows then stay claimed by this relay till
+        a drain's reclaim: a pointer cannot be built without its row."""
         if self._publish is None or not (pointers or unread):
             return
         try:
-            landed = set(unsent_of(self._pool, [p.id for p in pointers])) if pointers else set()
+            rows = unsent_rows(self._pool, [p.id for p in pointers], unread)
         except DatabaseUnavailable:
-            landed = {p.id for p in pointers}
-        found: list[OutboxRow] = []
-        if unread:
-            with contextlib.suppress(DatabaseUnavailable):
-                found = [outbox_row(r) for r in unsent_by_key(self._pool, unread)]
-        publish = [p for p in pointers if p.id in landed] + found
-        if publish:
-            self._publish(publish)
+            landed = list(pointers)
+        else:
+            landed = [outbox_row(r) for r in rows]
+        if landed:
+            self._publish(landed)

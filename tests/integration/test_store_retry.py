@@ -304,10 +304,10 @@ def test_a_commit_cut_off_while_postgresql_is_down_hands_its_pointers_on(
     """Whether the commit landed cannot be read: its pointers go to the relay anyway (a claim
     drops one that did not land), not to a reclaim half a minute or more later."""
 
-    def down(_pool: Pool, _ids: list[int]) -> list[int]:
+    def down(_pool: Pool, _ids: list[int], _keys: list[str]) -> list[dict[str, Any]]:
         raise DatabaseUnavailable("PostgreSQL did not answer after 5 attempts")
 
-    monkeypatch.setattr(unit_of_work, "unsent_of", down)
+    monkeypatch.setattr(unit_of_work, "unsent_rows", down)
     published: list[OutboxRow] = []
     units = unit_of_work.Units(pool=vibey_pool, publish=published.extend)
     job_id = uuid.uuid4()
