@@ -28,20 +28,19 @@ from actors.relay import Router
 from store.unit_of_work import OutboxRow, UnitOfWork
 
 DEFAULT_STEPS = 16  # a chain's steps at most ([queue.rabbitmq] in_place_steps)
-DEFAULT_BUDGET_S = 0.25  # wall time a chain may run before its next pointer is published
-# ([queue.rabbitmq] in_place_ms)
 
 
 @dataclass(frozen=True, slots=True)
 class InPlace:
     """Which released pointers this process may run in place, and for how long a chain goes.
 
-    ``queues``: the queues the process consumes."""
+    ``queues``: the queues the process consumes; ``budget``: seconds of wall time a chain may
+    run before its next pointer is published (``[queue.rabbitmq] in_place_ms``)."""
 
     router: Router
     queues: Collection[str]
     max_steps: int
-    budget: float = DEFAULT_BUDGET_S
+    budget: float
 
     def chain(self) -> Chain:
         return Chain(self, deadline=time.monotonic() + self.budget)

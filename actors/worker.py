@@ -260,7 +260,7 @@ class Runtime:
         )
         self.tally = StepTally(config.tally_dir)
         self.results = self.tally.results
-        n, budget_ms = config.queue.rabbitmq.in_place_steps, config.queue.rabbitmq.in_place_ms
+        rabbitmq = config.queue.rabbitmq
         self.runner = config_runner(
             config,
             graph,
@@ -270,10 +270,10 @@ class Runtime:
             in_place=InPlace(
                 router=graph.router,
                 queues=frozenset(config.queues()),
-                max_steps=n,
-                budget=budget_ms / 1000,
+                max_steps=rabbitmq.in_place_steps,
+                budget=rabbitmq.in_place_ms / 1000,
             )
-            if n
+            if rabbitmq.in_place_steps
             else None,
         )
         self.reconciler = config_reconciler(config, graph)
