@@ -33,6 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
@@ -595,9 +596,16 @@ class WorkflowStore(WorkflowReads):
         seq = workflow.last_seq + 1
         facts = recorded(event)
         if workflow.status is Status.BLOCKED and not isinstance(event, CancelRequested):
-            self._emit(conn, workflow, facts, caused_by or cause)
-            self._append(conn, workflow.id, seq, event, None, now)
-            return self._save(conn, workflow, workflow.header, None, last_seq=seq, applied_seq=None)
+            return self._save(
+                conn,
+                workflow,
+                workflow.header,
+                None,
+                last_seq=seq,
+                applied_seq=None,
+                history=_history_row(seq, event, now),
+                events=_event_params(workflow, facts, caused_by or cause),
+            )
         # The event's own facts go with what its decision implies (one statement) when they
         # share a causation; else they are written first, outside the decision's savepoint.
         together = caused_by is None or caused_by == cause
@@ -901,15 +909,33 @@ class WorkflowStore(WorkflowReads):
     def _block(
         self, conn: Conn, workflow: Workflow, seq: int, event: Event, now: datetime, exc: Exception
     ) -> Workflow:
-        self._append(conn, workflow.id, seq, event, None, now)
-        return self._write_block(conn, workflow, seq, error_text(exc), last_seq=seq)
+        history = _history_row(seq, event, now)
+        return self._write_block(
+            conn, workflow, seq, error_text(exc), last_seq=seq, history=history
+        )
 
     def _write_block(
-        self, conn: Conn, workflow: Workflow, seq: int, error: str, *, last_seq: int
+        self,
+        conn: Conn,
+        workflow: Workflow,
+        seq: int,
+        error: str,
+        *,
+        last_seq: int,
+        history: Mapping[str, Any] | None = None,
     ) -> Workflow:
-        """The one block path (``workflows.effects.blocked``): the header and the error gate."""
+        """The one block path (``workflows.effects.blocked``): the header (with ``history``,
+        the undecided event's row, in its statement) and the error gate."""
         block = blocked(workflow.header, seq, error, nonce=uuid.uuid4().hex[:8])
-        saved = self._save(conn, workflow, block.header, None, last_seq=last_seq, applied_seq=None)
+        saved = self._save(
+            conn,
+            workflow,
+            block.header,
+            None,
+            last_seq=last_seq,
+            applied_seq=None,
+            history=history,
+        )
         self._open_gate(conn, workflow, block.gate, self._clock())
         self._emit(conn, workflow, status_changed(workflow.header, block.header), None)
         return saved
@@ -976,26 +1002,6 @@ class WorkflowStore(WorkflowReads):
             raise WorkflowNotFound(f"no workflow {workflow_id}")
         return workflow_from_row(row)
 
-    def _append(
-        self,
-        conn: Conn,
-        workflow_id: UUID,
-        seq: int,
-        event: Event,
-        commands: list[dict[str, Any]] | None,
-        at: datetime,
-    ) -> None:
-        conn.execute(
-            Q["append_history"],
-            {
-                "workflow_id": workflow_id,
-                "seq": seq,
-                "event": Jsonb(encode_event(event)),
-                "commands": None if commands is None else Jsonb(commands),
-                "at": at,
-            },
-        )
-
     def _save(
         self,
         conn: Conn,
@@ -1010,17 +1016,17 @@ class WorkflowStore(WorkflowReads):
         events: Mapping[str, Any] | None = None,
     ) -> Workflow:
         """``history``: the event's history row (seq, event, commands, at), written in the
-        same statement; with it, ``events``: its domain events (:func:`_event_params`)."""
+        same statement (``save_workflow``); with it, ``events``: its domain events and the
+        note a finished workflow's open gates are closed with (:func:`_event_params`)."""
         new_state = workflow.state if state is None else state
         applied = workflow.applied_seq if applied_seq is None else applied_seq
         run = fetch_one if read else _queued
-        query = "update_workflow"
-        if history is not None:
-            query = "record_and_update_workflow" if events is None else "record_emit_and_update"
         stamps = run(
             conn,
-            Q[query],
-            dict(history or {})
+            Q["save_workflow"],
+            dict(_NO_HISTORY)
+            | dict(history or {})
+            | _no_events(workflow)
             | dict(events or {})
             | {
                 "id": workflow.id,
@@ -1087,8 +1093,23 @@ def _replayed_first(check: Callable[[], None] | None) -> None:
         pass
 
 
+def _history_row(seq: int, event: Event, at: datetime) -> dict[str, Any]:
+    """An event's history row as ``save_workflow`` writes it, undecided (no commands yet)."""
+    return {"seq": seq, "event": Jsonb(encode_event(event)), "commands": None, "at": at}
+
+
+# ``save_workflow`` without a history row, or without events and a gate close.
+_NO_HISTORY: Mapping[str, Any] = MappingProxyType(
+    {"seq": None, "event": None, "commands": None, "at": None}
+)
+
+
+def _no_events(workflow: Workflow) -> dict[str, Any]:
+    return _event_params(workflow, (), None) | {"closing": None}
+
+
 def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:
-    """The parameters of ``drafts`` as ``record_emit_and_update`` writes them (those of
+    """The parameters of ``drafts`` as ``save_workflow`` writes them (those of
     ``store.events.emit_on``, whose ``insert_events`` it embeds); the caller adds
     ``closing``, the note its open gates are closed with (None: they stay open)."""
     return {

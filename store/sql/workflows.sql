@@ -62,38 +62,15 @@ WHERE (%(status)s::workflow_status IS NULL OR status = %(status)s::workflow_stat
 ORDER BY updated_at DESC, id
 LIMIT %(limit)s
 
--- name: update_workflow
-UPDATE workflow
-SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
-    completion_mode = %(completion_mode)s, reason = %(reason)s, state = %(state)s,
-    last_seq = %(last_seq)s, applied_seq = %(applied_seq)s, updated_at = now(),
-    finished_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled')
-                       THEN coalesce(finished_at, now()) END
-WHERE id = %(id)s
-RETURNING updated_at, finished_at
-
--- name: record_and_update_workflow
--- A decided event's history row and the workflow's new header and state: one statement.
+-- name: save_workflow
+-- The workflow's new header and state, in one statement with what its change writes beside
+-- them: the decided event's history row (when %(seq)s is not null), its domain events
+-- (events.sql's insert_events, in draft order; empty arrays: none) and, when the workflow
+-- finished (%(closing)s not null), close_open_gates. A step's settle is this one statement.
 WITH history AS (
     INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
-    VALUES (%(id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
-)
-UPDATE workflow
-SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
-    completion_mode = %(completion_mode)s, reason = %(reason)s, state = %(state)s,
-    last_seq = %(last_seq)s, applied_seq = %(applied_seq)s, updated_at = now(),
-    finished_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled')
-                       THEN coalesce(finished_at, now()) END
-WHERE id = %(id)s
-RETURNING updated_at, finished_at
-
--- name: record_emit_and_update
--- record_and_update_workflow with the event's domain events (events.sql's insert_events, in
--- draft order) and, when the workflow finished (%(closing)s not null), close_open_gates: a
--- step's settle writes its history, events and state in one statement.
-WITH history AS (
-    INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
-    VALUES (%(id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
+    SELECT %(id)s, %(seq)s::integer, %(event)s::jsonb, %(commands)s::jsonb, %(at)s::timestamptz
+    WHERE %(seq)s::integer IS NOT NULL
 ),
 events AS (
     INSERT INTO domain_event (
@@ -121,10 +98,6 @@ SET phase = %(phase)s, cycle = %(cycle)s, status = %(status)s::workflow_status,
                        THEN coalesce(finished_at, now()) END
 WHERE id = %(id)s
 RETURNING updated_at, finished_at
-
--- name: append_history
-INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
-VALUES (%(workflow_id)s, %(seq)s, %(event)s, %(commands)s, %(at)s)
 
 -- name: decide_history
 UPDATE workflow_history SET commands = %(commands)s
