@@ -1024,10 +1024,7 @@ class WorkflowStore(WorkflowReads):
         stamps = run(
             conn,
             Q["save_workflow"],
-            dict(_NO_HISTORY)
-            | dict(history or {})
-            | _no_events(workflow)
-            | dict(events or {})
+            {**_NOTHING_BESIDE, **(history or {}), **(events or {})}
             | {
                 "id": workflow.id,
                 "phase": header.phase,
@@ -1098,14 +1095,13 @@ def _history_row(seq: int, event: Event, at: datetime) -> dict[str, Any]:
     return {"seq": seq, "event": Jsonb(encode_event(event)), "commands": None, "at": at}
 
 
-# ``save_workflow`` without a history row, or without events and a gate close.
-_NO_HISTORY: Mapping[str, Any] = MappingProxyType(
+# ``save_workflow``'s parameters when it writes nothing beside the workflow: no history row
+# (``history``), no domain events and no gate close (``events``: :func:`_event_params`).
+_NOTHING_BESIDE: Mapping[str, Any] = MappingProxyType(
     {"seq": None, "event": None, "commands": None, "at": None}
+    | {"project_id": None, "correlation_id": None, "causation_id": None, "closing": None}
+    | {"event_ids": [], "event_types": [], "payloads": []}
 )
-
-
-def _no_events(workflow: Workflow) -> dict[str, Any]:
-    return _event_params(workflow, (), None) | {"closing": None}
 
 
 def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None) -> dict[str, Any]:

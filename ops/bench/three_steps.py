@@ -296,12 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("set VIBEY_TEST_PG_URL and VIBEY_TEST_AMQP_URL (see README)", file=sys.stderr)
         return 2
     rounds: list[Ratios] = []
-    for turn in range(max(args.rounds, 1)):
-        last = turn == max(args.rounds, 1) - 1
+    turns = max(args.rounds, 1)
+    unprofiled = argparse.Namespace(**{**vars(args), "profile": 0})
+    for turn in range(turns):
         # The profile, when asked for, once: in the last round, whose figures are printed.
-        found = run(
-            args if last else argparse.Namespace(**{**vars(args), "profile": 0}), admin, amqp
-        )
+        found = run(args if turn == turns - 1 else unprofiled, admin, amqp)
         dbos = dbos_run(args, admin)
         if dbos is not None:
             rounds.append(ratios(args.workflows, found, dbos))
@@ -358,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{dbos['throughput']:,.0f} completed workflows/s through its queue "
             f"(worker_concurrency {dbos['concurrency']}, polled every {dbos['poll']} s)"
         )
-        print(f"ratio vibey/dbos: {ratios(n, found, dbos)}")
+        print(f"ratio vibey/dbos: {rounds[-1]}")  # the last round's
     if len(rounds) > 1:
         print(f"ratio vibey/dbos, median of {len(rounds)} alternating rounds: {median(rounds)}")
     return 0
