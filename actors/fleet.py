@@ -50,6 +50,22 @@ QUICK_EXIT_S = 10.0  # an error exit this soon after the start backs the respawn
 RESPAWN_BASE_S = 0.5
 RESPAWN_MAX_S = 30.0
 
+# What the forkserver imports once, so that a worker process (and every respawn) is a fork
+# that imports nothing more: this module (Dramatiq, psycopg, pika, the store), then what a
+# runtime's start imports lazily: the handlers and the engines behind them, the protocol's
+# definition, the reconciler's trigger, the pool's threads and the codec a host name's
+# connection takes. A user's own handlers and definitions are imported by each process, as
+# before: their imports may do what a fork must not inherit.
+PRELOAD = (
+    "actors.fleet",
+    "actors.handlers",
+    "workflows.protocol",
+    "apscheduler.triggers.interval",
+    "concurrent.futures.thread",
+    "encodings.idna",
+    "encodings.ascii",
+)
+
 
 class Supervisor:
     """Runs ``processes`` worker processes and respawns any that dies (by pid), until
@@ -65,7 +81,7 @@ class Supervisor:
         # forkserver: the server imports vibey once, so a respawn is a fork, not a new
         # interpreter importing Dramatiq, psycopg and pika again.
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["actors.fleet"])
+        self._ctx.set_forkserver_preload(list(PRELOAD))
         self._children: list[Any] = [None] * processes
         self._started = [0.0] * processes
         self._failures = [0] * processes  # quick error exits in a row, per slot
