@@ -1,6 +1,10 @@
 """A chaos-test worker: a real process on the PostgreSQL backend, killed at will by the test.
 
-Protocol on stdio, one line each:
+The test forks each one from a forkserver that imported this module once (:func:`run_forked`,
+its two pipes in place of stdio); ``python chaos_worker.py --url … --project … --seed …
+--lease-ms … --owner …`` runs one on stdio by hand.
+
+Protocol, one line each:
   worker → test  ``CLAIM <job_id> <attempt>`` once the claim committed; then it waits
   test → worker  ``go`` (or SIGKILL, which lands mid-job: after the claim, before the settle)
   worker → test  ``ACK|STALE|NACK <job_id> <attempt>`` after the settle committed
@@ -17,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
 from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import TextIO
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -40,9 +47,9 @@ def fraction(*parts: object) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+def say(out: TextIO, line: str) -> None:
+    out.write(line + "\n")
+    out.flush()
 
 
 def work(repo: PostgresJobRepository, job: Job, *, seed: int, lease_s: float) -> str:
@@ -74,6 +81,63 @@ def work(repo: PostgresJobRepository, job: Job, *, seed: int, lease_s: float) ->
         return "STALE"
 
 
+def serve(
+    url: str, project: str, seed: int, lease_ms: int, owner: str, inp: TextIO, out: TextIO
+) -> int:
+    """Claim, report, wait for ``go``, work and report, until ``inp`` ends or says otherwise."""
+    lease_s = lease_ms / 1000
+    leases = LeasePolicy(default=timedelta(milliseconds=lease_ms), by_kind={})
+    notifier = PostgresJobReadyNotifier(url=url)
+    notifier.listen()
+    with ConnectionPool(
+        url, min_size=1, max_size=2, open=True, kwargs={"autocommit": True}
+    ) as pool:
+        repo = PostgresJobRepository(pool=pool, leases=leases)
+        last_reap = 0.0
+        while True:
+            claimed = repo.claim(project, owner=owner)
+            if not claimed:
+                if time.monotonic() - last_reap > REAP_EVERY:
+                    repo.reap()
+                    last_reap = time.monotonic()
+                notifier.wait(project, timeout=REAP_EVERY)
+                continue
+            job = claimed[0]
+            say(out, f"CLAIM {job.id} {job.attempts}")
+            if inp.readline().strip() != "go":
+                return 0
+            try:
+                outcome = work(repo, job, seed=seed, lease_s=lease_s)
+            except psycopg.errors.UniqueViolation:
+                say(out, f"DOUBLE {job.id} {job.attempts}")
+                return 3
+            say(out, f"{outcome} {job.id} {job.attempts}")
+
+
+def reading(conn: Connection) -> TextIO:
+    """Lines read from a pipe's raw end (the Connection's own framing unused)."""
+    fd = os.dup(conn.fileno())
+    conn.close()
+    return os.fdopen(fd, "r")
+
+
+def writing(conn: Connection) -> TextIO:
+    """Lines written to a pipe's raw end."""
+    fd = os.dup(conn.fileno())
+    conn.close()
+    return os.fdopen(fd, "w")
+
+
+def run_forked(
+    inp: Connection, out: Connection, url: str, project: str, seed: int, lease_ms: int, owner: str
+) -> None:
+    """A forked worker's body: the pipes' raw ends as its input and output, its exit code
+    :func:`serve`'s."""
+    with reading(inp) as lines_in, writing(out) as lines_out:
+        code = serve(url, project, seed, lease_ms, owner, lines_in, lines_out)
+    sys.exit(code)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -82,33 +146,9 @@ def main() -> int:
     parser.add_argument("--lease-ms", type=int, required=True)
     parser.add_argument("--owner", required=True)
     args = parser.parse_args()
-    lease_s = args.lease_ms / 1000
-    leases = LeasePolicy(default=timedelta(milliseconds=args.lease_ms), by_kind={})
-    notifier = PostgresJobReadyNotifier(url=args.url)
-    notifier.listen()
-    with ConnectionPool(
-        args.url, min_size=1, max_size=2, open=True, kwargs={"autocommit": True}
-    ) as pool:
-        repo = PostgresJobRepository(pool=pool, leases=leases)
-        last_reap = 0.0
-        while True:
-            claimed = repo.claim(args.project, owner=args.owner)
-            if not claimed:
-                if time.monotonic() - last_reap > REAP_EVERY:
-                    repo.reap()
-                    last_reap = time.monotonic()
-                notifier.wait(args.project, timeout=REAP_EVERY)
-                continue
-            job = claimed[0]
-            say(f"CLAIM {job.id} {job.attempts}")
-            if sys.stdin.readline().strip() != "go":
-                return 0
-            try:
-                outcome = work(repo, job, seed=args.seed, lease_s=lease_s)
-            except psycopg.errors.UniqueViolation:
-                say(f"DOUBLE {job.id} {job.attempts}")
-                return 3
-            say(f"{outcome} {job.id} {job.attempts}")
+    return serve(
+        args.url, args.project, args.seed, args.lease_ms, args.owner, sys.stdin, sys.stdout
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Chaos on the PostgreSQL backend: real worker processes, SIGKILLed mid-job.
 
-8 worker processes drain 500 jobs (300 independent, 50 chains of 4). Each claim is reported to
-this test, which SIGKILLs the worker for 20% of executions (decided from the seed) while the
-job is held, and respawns it. Leases are 3 s; the workers and a reaper thread here reap.
+8 worker processes drain 500 jobs (300 independent, 50 chains of 4). Each is forked from a
+forkserver that imported the worker once (``chaos_worker.run_forked``), so a respawn costs a
+fork, not an interpreter's start and its imports. Each claim is reported to this test, which
+SIGKILLs the worker for 20% of executions (decided from the seed) while the job is held, and
+respawns it. Leases are 3 s; the workers and a reaper thread here reap.
 
 Invariants: every job terminal or parked (T); no job lost (L); exactly one commit per
 succeeded job, counted through a row written in the ack's own transaction under a primary key
@@ -15,24 +17,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import multiprocessing as mp
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 from psycopg_pool import ConnectionPool
 
 from store.jobs import PostgresJobRepository
+from tests.chaos import chaos_worker
 from tests.chaos.figures import figure
 from workflows.job import LeasePolicy
 from workflows.queue import EnqueueRequest
@@ -46,7 +47,10 @@ KILL_RATE = 0.20
 LEASE_MS = 3000
 DEADLINE_S = 300
 PROJECT = "chaos"
-WORKER_SCRIPT = Path(__file__).with_name("chaos_worker.py")
+FORKS = mp.get_context("forkserver")
+# The worker's imports once, in the forkserver (when this process has not started one already:
+# then it preloaded the fleet, which holds the same store modules).
+FORKS.set_forkserver_preload(["tests.chaos.chaos_worker"])
 
 CHAOS_TABLES = """
 CREATE TABLE chaos_commit (
@@ -77,80 +81,87 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+@dataclass
+class Worker:
+    """A forked worker process and this side of its two pipes."""
+
+    process: Any  # multiprocessing's forkserver Process
+    to_worker: TextIO
+    from_worker: TextIO
+
+
 class Fleet:
     """Runs the workers, answers their claims with ``go`` or SIGKILL, respawns the dead."""
 
     def __init__(self, url: str, seed: int, tally: Tally) -> None:
         self.url, self.seed, self.tally = url, seed, tally
-        self.slots: list[subprocess.Popen[str] | None] = [None] * WORKERS
+        self.slots: list[Worker | None] = [None] * WORKERS
         self.stopping = threading.Event()
         self.pids: set[int] = set()
         self.readers: list[threading.Thread] = []
 
     def spawn(self, slot: int) -> None:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER_SCRIPT),
-                "--url",
-                self.url,
-                "--project",
-                PROJECT,
-                "--seed",
-                str(self.seed),
-                "--lease-ms",
-                str(LEASE_MS),
-                "--owner",
-                f"w{slot}",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
+        worker_in, to_worker = FORKS.Pipe(duplex=False)
+        from_worker, worker_out = FORKS.Pipe(duplex=False)
+        process = FORKS.Process(
+            target=chaos_worker.run_forked,
+            args=(worker_in, worker_out, self.url, PROJECT, self.seed, LEASE_MS, f"w{slot}"),
+            name=f"chaos-worker-{slot}",
         )
-        self.slots[slot] = proc
-        self.pids.add(proc.pid)
-        reader = threading.Thread(target=self.converse, args=(proc,), daemon=True)
+        process.start()
+        worker_in.close()  # the worker's ends are its own: its death ends what we read
+        worker_out.close()
+        worker = Worker(
+            process,
+            chaos_worker.writing(to_worker),
+            chaos_worker.reading(from_worker),
+        )
+        self.slots[slot] = worker
+        assert process.pid is not None
+        self.pids.add(process.pid)
+        reader = threading.Thread(target=self.converse, args=(worker,), daemon=True)
         reader.start()
         self.readers.append(reader)
 
-    def converse(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None and proc.stdin is not None
+    def converse(self, worker: Worker) -> None:
         try:
-            for line in proc.stdout:
+            for line in worker.from_worker:
                 word, job_id, attempt = line.split()
                 if word == "CLAIM":
-                    self.on_claim(proc, job_id, int(attempt))
+                    self.on_claim(worker, job_id, int(attempt))
                 else:
                     with self.tally.lock:
                         self.tally.outcomes[word] += 1
                         if word == "DOUBLE":
                             self.tally.doubles.append(job_id)
         finally:
-            proc.wait()
-            proc.stdout.close()
+            worker.process.join()
+            worker.from_worker.close()
             with contextlib.suppress(BrokenPipeError):
-                proc.stdin.close()
+                worker.to_worker.close()
 
-    def on_claim(self, proc: subprocess.Popen[str], job_id: str, attempt: int) -> None:
-        assert proc.stdin is not None
+    def on_claim(self, worker: Worker, job_id: str, attempt: int) -> None:
         with self.tally.lock:
             self.tally.executions += 1
         if fraction(self.seed, "kill", job_id, attempt) < KILL_RATE:
-            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(worker.process.pid, signal.SIGKILL)
             with self.tally.lock:
                 self.tally.kills += 1
             return
         try:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
+            worker.to_worker.write("go\n")
+            worker.to_worker.flush()
         except BrokenPipeError:
             pass
 
     def supervise(self) -> None:
         while not self.stopping.is_set():
-            for slot, proc in enumerate(self.slots):
-                if proc is not None and proc.poll() is not None and not self.stopping.is_set():
+            for slot, worker in enumerate(self.slots):
+                if (
+                    worker is not None
+                    and worker.process.exitcode is not None
+                    and not self.stopping.is_set()
+                ):
                     with self.tally.lock:
                         self.tally.respawns += 1
                     self.spawn(slot)
@@ -158,9 +169,9 @@ class Fleet:
 
     def stop(self) -> None:
         self.stopping.set()
-        for proc in self.slots:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
+        for worker in self.slots:
+            if worker is not None and worker.process.exitcode is None:
+                worker.process.kill()
         for reader in self.readers:
             reader.join(timeout=10)
         for pid in self.pids:  # every process this test started is gone, by pid
