@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance import stack as stack_module
-from tests.acceptance.stack import Stack, declare_topology, stack
+from tests.acceptance.stack import Stack, declare_topology, forked_commands, stack
 from tests.amqp_fixtures import Amqp
 
 
@@ -21,8 +20,4 @@ def e2e(pg_url: str, amqp: Amqp, tmp_path: Path) -> Iterator[Stack]:
         yield running
 
 
-@pytest.fixture(autouse=True)
-def _forked_commands(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stack's `vibey` commands fork from a process that imported the CLI once
-    (tests/cli_fork.py): each is still a process, without an interpreter's start."""
-    monkeypatch.setattr(stack_module, "FORKED_CLI", True)
+__all__ = ["e2e", "forked_commands"]  # forked_commands: autouse for every test here

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.cli_fork import forked_cli
 
@@ -38,12 +39,19 @@ SELECT md5(concat_ws('|',
     (SELECT string_agg(concat_ws(':', id, state, attempts), ',' ORDER BY id) FROM job)))
 """
 # A command runs forked from a process that imported the CLI (tests/cli_fork.py) where this is
-# set: the acceptance tests set it (tests/acceptance/conftest.py); the workers always start as
-# `vibey worker` processes of their own.
+# set: the acceptance and real-CLI tests set it (:func:`forked_commands`, autouse in their
+# conftest.py); the workers always start as `vibey worker` processes of their own.
 FORKED_CLI = False
 REREAD_S = 3.0  # the CLI reads again after this long even when the digest did not change
 
 Answerer = Callable[[Mapping[str, Any]], str | None]
+
+
+@pytest.fixture(autouse=True)  # autouse where a conftest.py imports it
+def forked_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's `vibey` commands fork from a process that imported the CLI once
+    (tests/cli_fork.py): each is still a process, without an interpreter's start."""
+    monkeypatch.setattr(sys.modules[__name__], "FORKED_CLI", True)
 
 
 def cooperative(gate: Mapping[str, Any], *, deploy: bool = False, visual: bool = False) -> str:

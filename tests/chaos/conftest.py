@@ -7,7 +7,10 @@ import random
 
 import pytest
 
+from tests.acceptance.stack import forked_commands
 from tests.chaos.groups import heavy
+
+__all__ = ["chaos_process_seed", "forked_commands"]  # forked_commands: autouse (a stack's commands)
 
 
 @pytest.fixture(scope="session", autouse=True)

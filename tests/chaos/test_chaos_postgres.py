@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import pytest
 from psycopg_pool import ConnectionPool
 
+from actors.fleet import PRELOAD
 from store.jobs import PostgresJobRepository
 from tests.chaos import chaos_worker
 from tests.chaos.figures import figure
@@ -48,9 +49,10 @@ LEASE_MS = 3000
 DEADLINE_S = 300
 PROJECT = "chaos"
 FORKS = mp.get_context("forkserver")
-# The worker's imports once, in the forkserver (when this process has not started one already:
-# then it preloaded the fleet, which holds the same store modules).
-FORKS.set_forkserver_preload(["tests.chaos.chaos_worker"])
+# The worker's imports once, in the forkserver. The server is one per process, shared with the
+# fleets of the other chaos tests: it preloads what theirs would too (when one of them started it
+# first, it holds the store modules this worker imports).
+FORKS.set_forkserver_preload([*PRELOAD, "tests.chaos.chaos_worker"])
 
 CHAOS_TABLES = """
 CREATE TABLE chaos_commit (

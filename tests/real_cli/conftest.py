@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance.stack import forked_commands
+
+__all__ = ["forked_commands"]  # autouse: a workflow's `vibey` commands fork (tests/cli_fork.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "ops" / "real-cli" / "install.sh"
 CLIS = ("claude", "codex", "gemini", "aider")
