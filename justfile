@@ -71,7 +71,9 @@ test *args: venv real-cli-install
     # at once on two cores, the whole workflows first (tests/real_cli/conftest.py), stolen
     # around by the idle workers.
     run -n 3 --dist worksteal -m real_cli {{args}}
-    run -m chaos -n 3 --dist loadgroup {{args}}
+    # The chaos tests: the heavy ones one after another on one worker (tests/chaos/groups.py),
+    # the ones that mostly wait (on leases, outages, private servers) on the other three.
+    run -m chaos -n 4 --dist loadgroup {{args}}
 
 # Install the four coding CLIs at their pinned versions (ops/real-cli) into .vibey/real-cli.
 real-cli-install:

@@ -30,6 +30,7 @@ SLOWEST_LIGHT = (
     "test_consumer_timeout.py",
     "test_rabbitmq_cluster.py",
     "test_pg_restarts.py",
+    "test_chaos_postgres.py",
 )
 
 

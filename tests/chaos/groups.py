@@ -3,7 +3,10 @@
 Their fleets keep both cores busy on their own (many worker processes respawned, hundreds of
 workflows, or a CLI called in a loop); the others mostly wait (on leases, outages, private
 servers starting) and share the other workers. Three heavy ones at once on two cores starved
-each other past their deadlines (measured); one at a time they keep their figures.
+each other past their deadlines (measured); one at a time they keep their figures. The
+PostgreSQL chaos test's workers are forked from a forkserver (a respawn is a fork, not an
+interpreter's start), so it mostly waits on its leases now (7 CPU-s in 25 s, measured) and
+runs beside the others.
 
 The group is named here, by node id, rather than by an ``xdist_group`` mark: pytest-xdist 3.8
 tags a marked test by rewriting ``item._nodeid``, which pytest 9 no longer reads, so the marks
@@ -24,7 +27,6 @@ HEAVY = (
     "tests/chaos/test_chaos_loop_services.py::",
     "tests/chaos/test_chaos_postgres_fleet.py::",
     "tests/chaos/test_chaos_rabbitmq.py::",
-    "tests/chaos/test_chaos_postgres.py::",
     "tests/chaos/test_chaos_in_place.py::",
     "tests/chaos/test_poison.py::",
     "tests/chaos/test_ledger_kills.py::",
