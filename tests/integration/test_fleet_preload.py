@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.capabilities import detect
-from actors.config import BusSettings, DatabaseSettings
-from actors.worker import WorkerConfig
+from tests.acceptance.stack import declare_topology
 from tests.amqp_fixtures import Amqp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,13 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_forked_worker_process_imports_nothing_at_its_start(
     pg_url: str, amqp: Amqp, backend: str
 ) -> None:
-    config = WorkerConfig(
-        database=DatabaseSettings(url=pg_url),
-        bus=BusSettings(amqp_url=amqp.url, prefix=amqp.prefix),
-    )
-    connection = amqp.connect()
-    config.topology().declare(amqp.channel(connection), detect(connection))  # cleaned up
-    connection.close()
+    declare_topology(pg_url, amqp)  # the amqp fixture cleans it up
     # A fresh interpreter: this test process's forkserver may have started with another preload.
     done = subprocess.run(
         [
