@@ -150,6 +150,12 @@ class Stack:
         return proc
 
     def kill_worker(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        """``sig`` to the worker's process group, then wait for its supervisor. Nothing is sent
+        to one already reaped: its id is free, and the box's pids wrap within minutes under the
+        suite (32,768 of them), so a group of that id may be another test's: a fake engine in a
+        session of its own was seen killed by signal 9 mid-conformance, the likely cause."""
+        if proc.poll() is not None:
+            return
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
@@ -162,9 +168,10 @@ class Stack:
         for proc in self.workers:
             if proc.poll() is None:
                 self.kill_worker(proc, signal.SIGTERM)
-            # SIGTERM stops the supervisor; make sure its children are gone too.
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                # SIGTERM stops the supervisor; make sure its children are gone too (at once:
+                # the id was the group's a moment ago, not reused yet).
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         for log in self._logs:
             log.close()
         if self._db is not None:
