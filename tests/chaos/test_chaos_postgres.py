@@ -49,10 +49,6 @@ LEASE_MS = 3000
 DEADLINE_S = 300
 PROJECT = "chaos"
 FORKS = mp.get_context("forkserver")
-# The worker's imports once, in the forkserver. The server is one per process, shared with the
-# fleets of the other chaos tests: it preloads what theirs would too (when one of them started it
-# first, it holds the store modules this worker imports).
-FORKS.set_forkserver_preload([*PRELOAD, "tests.chaos.chaos_worker"])
 
 CHAOS_TABLES = """
 CREATE TABLE chaos_commit (
@@ -97,6 +93,11 @@ class Fleet:
 
     def __init__(self, url: str, seed: int, tally: Tally) -> None:
         self.url, self.seed, self.tally = url, seed, tally
+        # The worker's imports once, in the forkserver (set when the fleet starts, as a
+        # Supervisor sets it, not when the module is collected). The server is one per process,
+        # shared with the other chaos tests' fleets: it preloads what theirs would too (when one
+        # of them started it first, it holds the store modules this worker imports).
+        FORKS.set_forkserver_preload([*PRELOAD, "tests.chaos.chaos_worker"])
         self.slots: list[Worker | None] = [None] * WORKERS
         self.stopping = threading.Event()
         self.pids: set[int] = set()
