@@ -244,7 +244,13 @@ class StepRunner:
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
             )
             job = self._records.claim_pointer_txn(
-                unit, job_id=job_id, project_id=project_id, seq=seq, owner=self._owner, sent=sent
+                unit,
+                job_id=job_id,
+                project_id=project_id,
+                seq=seq,
+                owner=self._owner,
+                sent=sent,
+                locked=True,  # settled in this unit: the row is written once, by the settle
             )
             workflow = None if locked is None else locked()
             if job is None:

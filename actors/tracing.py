@@ -277,10 +277,17 @@ class _TracedClaims:
         seq: int,
         owner: str,
         sent: int | None = None,
+        locked: bool = False,
     ) -> Job | None:
         started = time.time_ns()
         job = self._inner.claim_pointer_txn(
-            unit, job_id=job_id, project_id=project_id, seq=seq, owner=owner, sent=sent
+            unit,
+            job_id=job_id,
+            project_id=project_id,
+            seq=seq,
+            owner=owner,
+            sent=sent,
+            locked=locked,
         )
         if job is not None:
             self._tracer.claimed(job, started)

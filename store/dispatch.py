@@ -12,15 +12,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
 from store.db import Conn, Pool, fetch_all, fetch_one, pipelined_transaction, statement
-from store.jobs import job_from_row
+from store.jobs import job_from_row, write_claim
 from store.retry import retried
 from store.sql import load
-from store.unit_of_work import OutboxRow, UnitOfWork, outbox_row
+from store.unit_of_work import LockedClaim, OutboxRow, UnitOfWork, outbox_row
 from workflows.job import JobState
 from workflows.queue import DELIVERY_EXHAUSTED_PROMPT, Job
 
@@ -76,9 +76,15 @@ class DispatchRecords:
         seq: int,
         owner: str,
         sent: int | None = None,
+        locked: bool = False,
     ) -> Job | None:
         """``sent``: the outbox row of a pointer this process held (``UnitOfWork.hold``),
-        marked sent by the same statement, claim or miss."""
+        marked sent by the same statement, claim or miss.
+
+        ``locked``: the caller settles the job in this same unit (a short step), so the
+        row is locked and not written (``lock_pointer``): the unit's settle writes the claim,
+        with the ack when it is one, and the row is written once instead of twice. The job
+        returned is as the claim makes it either way."""
         params = {
             "job_id": job_id,
             "project_id": project_id,
@@ -86,8 +92,38 @@ class DispatchRecords:
             "owner": owner,
             "sent": sent,
         }
-        row = fetch_one(unit.conn, Q["claim_pointer"], params)
-        return None if row is None else job_from_row(row)
+        if not locked:
+            row = fetch_one(unit.conn, Q["claim_pointer"], params)
+            return None if row is None else job_from_row(row)
+        row = fetch_one(unit.conn, Q["lock_pointer"], params)
+        if row is None:
+            return None
+        claim = LockedClaim(
+            job_id=row["id"],
+            seq=row["dispatch_seq"],
+            attempts=row["claim_attempts"],
+            last_error=row["claim_last_error"],
+            lease_expired=row["claim_lease_expired"],
+            owner=owner,
+            token=row["claim_token"],
+            expires_at=row["claim_expires_at"],
+            dispatched_at=row["claim_dispatched_at"],
+        )
+        if row["state"] == JobState.LEASED:  # an expired lease taken over: written at once
+            write_claim(unit, claim)
+        else:
+            unit.lock_claim(claim)
+        return replace(
+            job_from_row(row),
+            state=JobState.LEASED,
+            attempts=claim.attempts,
+            last_error=claim.last_error,
+            lease_expired=claim.lease_expired,
+            lease_owner=owner,
+            lease_token=claim.token,
+            lease_expires_at=claim.expires_at,
+            updated_at=row["claim_at"],
+        )
 
     @retried("claim a pointer", idempotent=False)  # an unknown commit: read the row
     def claim_pointer(self, *, job_id: UUID, project_id: str, seq: int, owner: str) -> Job | None:

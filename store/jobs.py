@@ -30,7 +30,7 @@ from store.gate_rows import gate_from_row
 from store.ledger import append_on as ledger_append_on
 from store.retry import retried, retrying
 from store.sql import load
-from store.unit_of_work import Publish, UnitOfWork, Units
+from store.unit_of_work import LockedClaim, Publish, UnitOfWork, Units
 from workflows.events import Draft, EventType
 from workflows.gates import ENGINE_GATES
 from workflows.job import (
@@ -325,12 +325,20 @@ class PostgresJobRepository:
         them and their release (a workflow's step seldom has any: two statements fewer). The
         release is fenced on its own (generation 0, every dependency succeeded). A dependent
         written by a transaction still open is the lost-dispatch sweep's, as it always was."""
-        params = _fence(lease) | {
-            "result": None if result is None else Jsonb(dict(result)),
-            "wake": self._wake,
-        }
-        row = fetch_one(unit.conn, Q["ack"], params)
+        query, params = self._ack(unit, lease, result)
+        row = fetch_one(unit.conn, query, params)
         return self._acked(unit, lease, row)
+
+    def _ack(
+        self, unit: UnitOfWork, lease: Lease, result: JsonObject | None
+    ) -> tuple[str, dict[str, Any]]:
+        """The ack's statement: fenced on the lease, or, for a claim the unit locked and has
+        not written, the claim and the ack in one write (``ack_locked``)."""
+        given = {"result": None if result is None else Jsonb(dict(result)), "wake": self._wake}
+        claim = unit.take_claim(lease.job_id)
+        if claim is None:
+            return Q["ack"], _fence(lease) | given
+        return Q["ack_locked"], claim.params() | given
 
     def ack_unread_txn(
         self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
@@ -340,12 +348,9 @@ class PostgresJobRepository:
         Its dependents are released at the read. For a lease claimed in this same unit,
         whose fence holds till its commit: the caller writes as if it applied and checks
         before the commit."""
-        params = _fence(lease) | {
-            "result": None if result is None else Jsonb(dict(result)),
-            "wake": self._wake,
-        }
+        query, params = self._ack(unit, lease, result)
         cur = unit.conn.cursor(row_factory=dict_row)
-        cur.execute(Q["ack"].encode(), params)
+        cur.execute(query.encode(), params)
 
         def read() -> Settled:
             with cur:
@@ -383,6 +388,7 @@ class PostgresJobRepository:
         failure_class: FailureClass,
         retry_in: timedelta | None = None,
     ) -> Settled:
+        _written(unit, lease)  # a claim the unit locked, before the fenced write
         if retry_in is None:
             attempt = max(lease.attempt, 1)
             retry_in = backoff(
@@ -426,6 +432,7 @@ class PostgresJobRepository:
         capacity: bool = False,
         solo: bool = False,
     ) -> Settled:
+        _written(unit, lease)  # a claim the unit locked, before the fenced write
         params = (
             _fence(lease)
             | {
@@ -446,6 +453,7 @@ class PostgresJobRepository:
             return self.park_txn(unit, lease, gate)
 
     def park_txn(self, unit: UnitOfWork, lease: Lease, gate: GateRequest) -> Settled:
+        _written(unit, lease)  # a claim the unit locked, before the fenced write
         conn = unit.conn
         params = _fence(lease) | {
             "gate_id": uuid.uuid4(),
@@ -650,6 +658,20 @@ class PostgresJobRepository:
         with self._statement() as conn:
             rows = fetch_all(conn, Q["list_for_cycle"], {"project_id": project_id, "cycle": cycle})
         return [job_from_row(r) for r in rows]
+
+
+def write_claim(unit: UnitOfWork, claim: LockedClaim) -> None:
+    """Write a claim the unit locked and has not written (``dispatch.sql``'s
+    ``lock_pointer``), as the claim would have: sent with the next statement."""
+    unit.conn.execute(Q["write_claim"].encode(), claim.params())
+
+
+def _written(unit: UnitOfWork, lease: Lease) -> None:
+    """The claim of ``lease``'s job, when the unit locked it and has not written it, written
+    now: a fenced write other than the ack then finds the row as a claim leaves it."""
+    claim = unit.take_claim(lease.job_id)
+    if claim is not None:
+        write_claim(unit, claim)
 
 
 def _fence(lease: Lease) -> dict[str, Any]:

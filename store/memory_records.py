@@ -48,7 +48,9 @@ class MemoryDispatchRecords:
         seq: int,
         owner: str,
         sent: int | None = None,
+        locked: bool = False,
     ) -> Job | None:
+        """``locked`` changes nothing here: a claim in memory is written at once."""
         self.claims += 1
         jobs, now = self._jobs, self._jobs.clock()
         job = jobs.get(job_id)

@@ -79,6 +79,7 @@ class PointerClaims(Protocol):
         seq: int,
         owner: str,
         sent: int | None = None,
+        locked: bool = False,
     ) -> Job | None: ...
 
     def claim_pointer(

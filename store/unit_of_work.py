@@ -73,6 +73,38 @@ def outbox_row(row: Mapping[str, Any]) -> OutboxRow:
 
 
 Q = load("dispatch.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class LockedClaim:
+    """A claim its unit of work locked and has not written (``store.dispatch``'s
+    ``lock_pointer``): the columns the claim gives the job's row, written by the unit's
+    settle, with the ack when it is one (``store.jobs``)."""
+
+    job_id: UUID
+    seq: int
+    attempts: int
+    last_error: str | None
+    lease_expired: bool
+    owner: str
+    token: UUID
+    expires_at: datetime
+    dispatched_at: datetime | None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "seq": self.seq,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "lease_expired": self.lease_expired,
+            "owner": self.owner,
+            "token": self.token,
+            "expires_at": self.expires_at,
+            "dispatched_at": self.dispatched_at,
+        }
+
+
 Publish = Callable[[Sequence[OutboxRow]], None]
 MayHold = Callable[[str, str], bool]  # (kind, project): may this process run the job next
 
@@ -80,7 +112,16 @@ MayHold = Callable[[str, str], bool]  # (kind, project): may this process run th
 class UnitOfWork:
     """One open transaction (``conn``) and the outbox rows written in it so far."""
 
-    __slots__ = ("_may_hold", "_pointers", "_savepoints", "_traced", "_unread", "conn", "held")
+    __slots__ = (
+        "_claim",
+        "_may_hold",
+        "_pointers",
+        "_savepoints",
+        "_traced",
+        "_unread",
+        "conn",
+        "held",
+    )
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
@@ -90,6 +131,21 @@ class UnitOfWork:
         self.held: OutboxRow | None = None  # kept from the relay: this process runs it next
         self._may_hold: MayHold | None = None  # offered the next job dispatched at once
         self._savepoints = 0  # savepoint blocks open (:meth:`savepoint`)
+        self._claim: LockedClaim | None = None  # locked, not written (:meth:`lock_claim`)
+
+    def lock_claim(self, claim: LockedClaim) -> None:
+        """``claim``'s row is locked in this unit and not written: the unit's first fenced
+        write on that job writes it (:meth:`take_claim`)."""
+        self._claim = claim
+
+    def take_claim(self, job_id: UUID) -> LockedClaim | None:
+        """The claim of ``job_id`` this unit locked and has not written, now the caller's
+        to write (None: none, or written already)."""
+        claim = self._claim
+        if claim is None or claim.job_id != job_id:
+            return None
+        self._claim = None
+        return claim
 
     def hold(self, row: OutboxRow) -> None:
         """Keep ``row`` from the relay after the commit: the caller runs its job in place and
@@ -198,7 +254,7 @@ class UnitOfWork:
         TO`` would take it). An outermost one's is left to the ``COMMIT``, one statement
         fewer: a later block's ``SAVEPOINT`` shadows it, so nothing can roll back to it."""
         kept, unread = len(self._pointers), len(self._unread)
-        held, may_hold = self.held, self._may_hold
+        held, may_hold, claim = self.held, self._may_hold, self._claim
         nested = self._savepoints > 0
         self._savepoints += 1
         self.conn.execute(b"SAVEPOINT unit")
@@ -210,6 +266,7 @@ class UnitOfWork:
             del self._pointers[kept:]
             del self._unread[unread:]  # their statements were rolled back
             self.held, self._may_hold = held, may_hold  # a row held in the block is gone
+            self._claim = claim  # a claim written in the block is unwritten again
             raise
         finally:
             self._savepoints -= 1

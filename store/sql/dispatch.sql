@@ -56,6 +56,59 @@ missed AS (
 )
 SELECT * FROM claimed
 
+-- name: lock_pointer
+-- A short step's claim (its claim, handler and settle are one transaction): the fences of
+-- claim_pointer, but the row is locked, not written. Inside the unit nobody else can see a
+-- claim anyway, so its success writes the row once (jobs.sql's ack_locked: the claim's
+-- columns with the ack's) instead of twice; any other settle writes the claim first
+-- (write_claim). The claim's columns come back beside the row as claim_*: the same
+-- expressions as claim_pointer's SET. %(sent)s as in claim_pointer; the job's dispatched_at
+-- is claim_dispatched_at, written with the claim, or stamped here when the claim misses.
+WITH sent AS (
+    UPDATE job_outbox
+    SET sent_at = now()
+    WHERE id = %(sent)s AND sent_at IS NULL
+    RETURNING job_id, dispatch_seq
+),
+locked AS (
+    SELECT j.*
+    FROM job j
+    WHERE j.id = %(job_id)s
+      AND j.project_id = %(project_id)s
+      AND j.dispatch_seq = %(seq)s
+      AND (j.state IN ('ready', 'awaiting_capacity')
+           OR (j.state = 'leased' AND j.lease_expires_at <= now()
+               AND j.attempts < j.max_attempts))
+      AND j.run_after <= now()
+      AND NOT EXISTS (
+          SELECT 1
+          FROM job_dependency d
+          JOIN job p ON p.id = d.depends_on
+          WHERE d.job_id = j.id AND p.state <> 'succeeded'
+      )
+    FOR NO KEY UPDATE OF j
+),
+missed AS (
+    UPDATE job
+    SET dispatched_at = now()
+    FROM sent
+    WHERE job.id = sent.job_id AND job.dispatch_seq = sent.dispatch_seq
+      AND NOT EXISTS (SELECT 1 FROM locked)
+)
+SELECT l.*,
+       l.attempts + 1 AS claim_attempts,
+       CASE WHEN l.state = 'leased'
+            THEN 'lease expired on attempt ' || l.attempts || ' of ' || l.max_attempts
+            ELSE l.last_error END AS claim_last_error,
+       l.lease_expired OR l.state = 'leased' AS claim_lease_expired,
+       gen_random_uuid() AS claim_token,
+       now() + l.lease_ms * interval '1 millisecond' AS claim_expires_at,
+       now() AS claim_at,
+       CASE WHEN EXISTS (SELECT 1 FROM sent s
+                         WHERE s.job_id = l.id AND s.dispatch_seq = l.dispatch_seq)
+            THEN now() ELSE l.dispatched_at END AS claim_dispatched_at
+FROM locked l
+
 -- name: snapshot
 -- What the miss policy needs to know about a pointer's row, read on the database clock.
 SELECT j.state, j.dispatch_seq, j.run_after, j.lease_expires_at, now() AS now,

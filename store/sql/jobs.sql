@@ -185,6 +185,40 @@ SELECT s.state, (SELECT count(*) FROM woken) AS woken,
        EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id) AS dependents
 FROM settled s
 
+-- name: ack_locked
+-- The ack of a job its unit locked with dispatch.sql's lock_pointer and has not written:
+-- the claim's columns (as lock_pointer computed them) and the ack's in one write. The row
+-- lock is the fence (held since the claim, till the commit); the row is as it was locked.
+WITH settled AS (
+    UPDATE job
+    SET state = 'succeeded', result = %(result)s, settled_at = now(), updated_at = now(),
+        attempts = %(attempts)s, sweeps = 0, dispatched_at = %(dispatched_at)s,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        last_error = NULL, failure_class = NULL, lease_expired = false
+    WHERE id = %(job_id)s AND dispatch_seq = %(seq)s
+      AND state IN ('ready', 'awaiting_capacity')
+    RETURNING id, project_id, state
+),
+woken AS (
+    SELECT pg_notify('vibey_job_ready', s.project_id)
+    FROM settled s
+    WHERE %(wake)s AND EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id)
+)
+SELECT s.state, (SELECT count(*) FROM woken) AS woken,
+       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id) AS dependents
+FROM settled s
+
+-- name: write_claim
+-- The claim a unit locked with dispatch.sql's lock_pointer, written as claim_pointer would
+-- have (its columns as lock_pointer computed them), before a settle other than a success,
+-- or at once when the claim takes over an expired lease. The unit holds the row's lock.
+UPDATE job
+SET state = 'leased', attempts = %(attempts)s, last_error = %(last_error)s,
+    lease_expired = %(lease_expired)s, sweeps = 0, lease_owner = %(owner)s,
+    lease_token = %(token)s, lease_expires_at = %(expires_at)s, updated_at = now(),
+    dispatched_at = %(dispatched_at)s
+WHERE id = %(job_id)s AND dispatch_seq = %(seq)s
+
 -- name: nack
 WITH settled AS (
     UPDATE job

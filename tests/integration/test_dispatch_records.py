@@ -301,3 +301,97 @@ def test_snapshot_reports_what_the_miss_policy_needs(pool, handoff) -> None:
     assert snap is not None and not snap.deps_met and snap.dispatch_seq == 0
     assert snap.run_after > snap.now and snap.state is JobState.READY
     assert records.snapshot(job_id=child.id, project_id="elsewhere") is None
+
+
+# --- a short step's claim: locked, written once by its settle (lock_pointer) -------------------
+
+
+def locked_claim(records: DispatchRecords, unit: UnitOfWork, job: Job, **kw) -> Job | None:
+    return records.claim_pointer_txn(
+        unit, job_id=job.id, project_id=P, seq=1, owner="w", locked=True, **kw
+    )
+
+
+def job_updates(unit: UnitOfWork) -> int:
+    """Rows of ``job`` this transaction updated so far (PostgreSQL's own count)."""
+    row = unit.conn.execute("SELECT pg_stat_get_xact_tuples_updated('job'::regclass)").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_locked_claim_writes_nothing_and_its_ack_writes_the_row_once(pool, handoff) -> None:
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("once")).job
+    with repo.units.begin() as unit:
+        claimed = locked_claim(records, unit, job)
+        assert claimed is not None and claimed.state is JobState.LEASED
+        assert (claimed.attempts, claimed.lease_owner) == (1, "w")
+        row = unit.conn.execute("SELECT state, attempts FROM job WHERE id = %s", (job.id,))
+        assert row.fetchone() == ("ready", 0) and job_updates(unit) == 0  # locked, not written
+        assert repo.ack_txn(unit, claimed.lease, result={"ok": 1}).applied
+        assert job_updates(unit) == 1  # the claim's columns and the ack's in one write
+    done = repo.get(job.id)
+    assert done is not None and done.state is JobState.SUCCEEDED
+    assert (done.attempts, done.result, done.lease_owner) == (1, {"ok": 1}, None)
+
+
+def test_a_locked_claim_holds_the_row_against_another_claim(pool, handoff) -> None:
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("held")).job
+    with repo.units.begin() as unit:
+        assert locked_claim(records, unit, job) is not None
+        with pool.connection() as other:
+            other.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(Exception, match="lock timeout"):
+                other.execute("UPDATE job SET updated_at = now() WHERE id = %s", (job.id,))
+
+
+def test_a_locked_claim_is_written_before_a_settle_other_than_an_ack(pool, handoff) -> None:
+    repo = repo_for(pool, handoff, SHORT)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("nacked", max_attempts=3)).job
+    with repo.units.begin() as unit:
+        claimed = locked_claim(records, unit, job)
+        assert claimed is not None
+        failed = repo.nack_txn(unit, claimed.lease, error="boom", failure_class=FailureClass.WORK)
+        assert failed.applied and job_updates(unit) == 2  # the claim, then the nack
+    again = repo.get(job.id)
+    assert again is not None and again.state is JobState.READY
+    assert (again.attempts, again.last_error, again.dispatch_seq) == (1, "boom", 2)
+
+
+def test_a_locked_claim_taking_over_an_expired_lease_is_written_at_once(pool, handoff) -> None:
+    repo = repo_for(pool, handoff, SHORT)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("taken")).job
+    assert pointer_claim(records, job, 1, owner="died") is not None
+    time.sleep(0.45)  # its lease (300 ms) expires
+    with repo.units.begin() as unit:
+        taken = locked_claim(records, unit, job)
+        assert taken is not None and taken.lease_expired and taken.attempts == 2
+        row = unit.conn.execute("SELECT lease_owner, attempts FROM job WHERE id = %s", (job.id,))
+        assert row.fetchone() == ("w", 2)  # written, as claim_pointer writes a takeover
+        assert repo.ack_txn(unit, taken.lease).applied
+    done = repo.get(job.id)
+    assert done is not None and done.state is JobState.SUCCEEDED and done.attempts == 2
+
+
+def test_a_locked_claim_of_a_held_pointer_marks_it_sent_and_stamps_the_dispatch(
+    pool, handoff
+) -> None:
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("held-pointer")).job
+    with pool.connection() as conn:
+        row = conn.execute("SELECT id FROM job_outbox WHERE job_id = %s", (job.id,)).fetchone()
+    assert row is not None
+    with repo.units.begin() as unit:
+        claimed = locked_claim(records, unit, job, sent=row[0])
+        assert claimed is not None
+        assert repo.ack_txn(unit, claimed.lease).applied
+    assert outbox(pool, job.id)[0][2]  # sent
+    with pool.connection() as conn:
+        stamped = conn.execute("SELECT dispatched_at FROM job WHERE id = %s", (job.id,))
+        assert stamped.fetchone()[0] is not None
