@@ -48,12 +48,20 @@ def emit_on(
             "project_id": project_id,
             "correlation_id": correlation_id,
             "causation_id": causation_id,
-            "event_ids": ids,
-            "event_types": [d.event_type.value for d in drafts],
-            "payloads": [Jsonb(dict(d.payload)) for d in drafts],
+            "events": drafted(ids, drafts),
         },
     )
     return ids
+
+
+def drafted(ids: Sequence[UUID], drafts: Sequence[Draft]) -> Jsonb:
+    """``insert_events``' ``events``: the drafts (with their new ids) as one JSON array."""
+    return Jsonb(
+        [
+            {"event_id": str(i), "event_type": d.event_type.value, "payload": dict(d.payload)}
+            for i, d in zip(ids, drafts, strict=True)
+        ]
+    )
 
 
 def event_from_row(row: Mapping[str, Any]) -> DomainEvent:

@@ -52,7 +52,7 @@ from store.event_spans import (
     event_span,
     traced_unit,
 )
-from store.events import emit_on
+from store.events import drafted, emit_on
 from store.gate_rows import gate_from_row
 from store.jobs import PostgresJobRepository, fresh_batch
 from store.ledger import Ledger
@@ -1100,7 +1100,7 @@ def _history_row(seq: int, event: Event, at: datetime) -> dict[str, Any]:
 _NOTHING_BESIDE: Mapping[str, Any] = MappingProxyType(
     {"seq": None, "event": None, "commands": None, "at": None}
     | {"project_id": None, "correlation_id": None, "causation_id": None, "closing": None}
-    | {"event_ids": [], "event_types": [], "payloads": []}
+    | {"events": None}
 )
 
 
@@ -1112,9 +1112,7 @@ def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None
         "project_id": workflow.project_id,
         "correlation_id": str(workflow.id),
         "causation_id": cause,
-        "event_ids": [uuid.uuid4() for _ in drafts],
-        "event_types": [d.event_type.value for d in drafts],
-        "payloads": [Jsonb(dict(d.payload)) for d in drafts],
+        "events": drafted([uuid.uuid4() for _ in drafts], drafts) if drafts else None,
     }
 
 

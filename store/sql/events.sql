@@ -2,15 +2,16 @@
 -- by `vibey events tail`, drained to RabbitMQ by the event publisher.
 
 -- name: insert_events
--- One row per draft; the tenant is the project's (none recorded: 'default').
+-- One row per draft; the tenant is the project's (none recorded: 'default'). %(events)s is
+-- one JSON array of {event_id, event_type, payload}, in draft order (store.events.drafted):
+-- one parameter, where three arrays cost the client a typed array's adaptation each.
 INSERT INTO domain_event (
     event_id, event_type, tenant_id, project_id, correlation_id, causation_id, payload
 )
-SELECT e.event_id, e.event_type,
+SELECT (e.doc ->> 'event_id')::uuid, e.doc ->> 'event_type',
        COALESCE((SELECT tenant_id FROM project_tenant WHERE project_id = %(project_id)s), 'default'),
-       %(project_id)s, %(correlation_id)s, %(causation_id)s, e.payload
-FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(payloads)s::jsonb[])
-     WITH ORDINALITY AS e (event_id, event_type, payload, n)
+       %(project_id)s, %(correlation_id)s, %(causation_id)s, e.doc -> 'payload'
+FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e (doc, n)
 ORDER BY e.n
 
 -- name: claim_unpublished

@@ -65,7 +65,7 @@ LIMIT %(limit)s
 -- name: save_workflow
 -- The workflow's new header and state, in one statement with what its change writes beside
 -- them: the decided event's history row (when %(seq)s is not null), its domain events
--- (events.sql's insert_events, in draft order; empty arrays: none) and, when the workflow
+-- (events.sql's insert_events, in draft order; NULL: none) and, when the workflow
 -- finished (%(closing)s not null), close_open_gates. A step's settle is this one statement.
 WITH history AS (
     INSERT INTO workflow_history (workflow_id, seq, event, commands, recorded_at)
@@ -76,12 +76,11 @@ events AS (
     INSERT INTO domain_event (
         event_id, event_type, tenant_id, project_id, correlation_id, causation_id, payload
     )
-    SELECT e.event_id, e.event_type,
+    SELECT (e.doc ->> 'event_id')::uuid, e.doc ->> 'event_type',
            COALESCE((SELECT tenant_id FROM project_tenant WHERE project_id = %(project_id)s),
                     'default'),
-           %(project_id)s, %(correlation_id)s, %(causation_id)s, e.payload
-    FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(payloads)s::jsonb[])
-         WITH ORDINALITY AS e (event_id, event_type, payload, n)
+           %(project_id)s, %(correlation_id)s, %(causation_id)s, e.doc -> 'payload'
+    FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e (doc, n)
     ORDER BY e.n
 ),
 closed AS (
