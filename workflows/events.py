@@ -207,6 +207,10 @@ _FIELDS = frozenset(
 
 
 def to_json(event: DomainEvent) -> dict[str, Any]:
+    return _envelope(event, json.loads(canonical(event.payload)))
+
+
+def _envelope(event: DomainEvent, payload: Any) -> dict[str, Any]:
     ref = event.payload_ref
     return {
         "version": VERSION,
@@ -217,7 +221,7 @@ def to_json(event: DomainEvent) -> dict[str, Any]:
         "project_id": event.project_id,
         "correlation_id": event.correlation_id,
         "causation_id": event.causation_id,
-        "payload": json.loads(canonical(event.payload)),
+        "payload": payload,
         "payload_ref": None
         if ref is None
         else {"pointer": ref.pointer, "sha256": ref.sha256, "size": ref.size},
@@ -225,7 +229,19 @@ def to_json(event: DomainEvent) -> dict[str, Any]:
 
 
 def encode(event: DomainEvent) -> bytes:
-    return json.dumps(to_json(event), sort_keys=True, separators=(",", ":")).encode()
+    """The wire form: :func:`to_json`'s document, its keys sorted at every level, compact.
+    One serialisation: the payload goes in as it is (sorting the envelope's keys sorts its
+    keys too), not through :func:`canonical` and back."""
+    try:
+        text = json.dumps(
+            _envelope(event, event.payload),
+            sort_keys=True,
+            separators=(",", ":"),
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise EventCodecError(f"a payload is JSON: {exc}") from None
+    return text.encode()
 
 
 def decode(body: bytes | str) -> DomainEvent:

@@ -75,6 +75,14 @@ def test_every_event_round_trips_through_the_wire(event: DomainEvent) -> None:
 
 
 @given(domain_events)
+def test_the_wire_form_is_the_canonical_document_serialised_once(event: DomainEvent) -> None:
+    """encode() sorts the payload's keys with the envelope's: the bytes are those of the
+    document to_json() gives (the payload through canonical()), sorted and compact."""
+    document = json.dumps(to_json(event), sort_keys=True, separators=(",", ":")).encode()
+    assert encode(event) == document
+
+
+@given(domain_events)
 def test_a_by_reference_event_round_trips_and_resolves_to_the_original(event: DomainEvent) -> None:
     travelling = by_reference(event, limit=16)
     assert decode(encode(travelling)) == travelling
