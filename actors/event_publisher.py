@@ -62,9 +62,13 @@ class EventPublisher:
             if not rows:
                 return 0
             channel = self._open()
+            # pika's own channel under the blocking one: its publish queues the frames, where
+            # the blocking channel's flushes the socket at every message; the batch's
+            # tx_commit flushes them all and waits for the broker's answer.
+            queue = channel._impl
             try:
                 for _seq, event in rows:
-                    channel.basic_publish(
+                    queue.basic_publish(
                         self.exchange,
                         event.routing_key,
                         encode(by_reference(event)),
