@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from uuid import UUID
@@ -29,7 +30,7 @@ from actors.miss import plan_miss
 from actors.solo import SoloGate
 from actors.stub_broker import Publisher
 from actors.topology import QueueNames
-from store.errors import CommitUnknown, DatabaseUnavailable, SettleRefused
+from store.errors import CommitUnknown, DatabaseUnavailable, DecisionFailed, SettleRefused
 from store.ports import PointerClaims, SettlingJobRepository, StepWorkflows
 from store.retry import retrying
 from store.settle import settle, settle_txn
@@ -66,6 +67,13 @@ class CrashPoints(Protocol):
     def reached(self, point: CrashPoint, job_id: UUID, seq: int, count: int) -> None:
         """``count`` is the delivery count before the claim, the attempt after it: a key
         that changes on every retry, so a seeded decision cannot repeat forever."""
+
+
+@dataclass(slots=True)
+class _Handled:
+    """A short step's handler outcome, kept across the units that settle it."""
+
+    outcome: Outcome | None = None
 
 
 def _died_with_its_process(job: Job) -> bool:
@@ -223,8 +231,14 @@ class StepRunner:
         (``actors.in_place``): marked sent in this unit, claim or miss. With ``chain``, the
         first job the settle releases that the chain may run is held for it."""
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
+        handled = _Handled()
+        step = (job_id, project_id, seq, kind, routing_key, chain, sent, handled)
         try:
-            return self._run_short_unit(job_id, project_id, seq, kind, routing_key, chain, sent)
+            try:  # the decision without a savepoint: one statement fewer a step
+                return self._run_short_unit(*step, savepoint=False)
+            except DecisionFailed:  # rolled back: the settle again, where a failure blocks
+                log.warning("job %s: its workflow's decision failed; settling it again", job_id)
+                return self._run_short_unit(*step, savepoint=True)
         except SettleRefused:  # nothing committed: the job is as it was, its row unsent
             log.exception("job %s: the settle of its claim refused; rolled back", job_id)
             return self._record(StepResult.STALE)
@@ -238,7 +252,12 @@ class StepRunner:
         routing_key: str,
         chain: Chain | None,
         sent: int | None,
+        handled: _Handled,
+        *,
+        savepoint: bool,
     ) -> StepResult:
+        """``handled``: the handler's outcome, once it ran (a unit rolled back by a failed
+        decision is settled again without running the handler twice)."""
         with self._jobs.units.begin() as unit:
             locked = (
                 None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
@@ -258,11 +277,13 @@ class StepRunner:
             elif _died_with_its_process(job):
                 missed, result = False, self._alone_next_txn(unit, job)
             else:
-                missed, outcome = False, self._handle(job)
-                self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
+                missed, outcome = False, handled.outcome
+                if outcome is None:
+                    outcome = handled.outcome = self._handle(job)
+                    self._reached(CrashPoint.AFTER_WORK, job.id, seq, job.attempts)
                 if chain is not None:  # the job the settle dispatches first, chosen at its insert
                     unit.hold_next(chain.taker(unit, job.id, self._short))
-                result = self._settle_txn(unit, job, outcome, workflow)
+                result = self._settle_txn(unit, job, outcome, workflow, savepoint=savepoint)
                 if (
                     chain is not None
                     and unit.held is None
@@ -374,11 +395,19 @@ class StepRunner:
         return settle(self._jobs, job, outcome)
 
     def _settle_txn(
-        self, unit: UnitOfWork, job: Job, outcome: Outcome, workflow: Workflow | None
+        self,
+        unit: UnitOfWork,
+        job: Job,
+        outcome: Outcome,
+        workflow: Workflow | None,
+        *,
+        savepoint: bool = True,
     ) -> StepResult:
         """The settle as one store call in the caller's unit of work (the short path's)."""
         if self._workflows is not None:
-            settled = self._workflows.settle_txn(unit, job, outcome, locked=workflow, claimed=True)
+            settled = self._workflows.settle_txn(
+                unit, job, outcome, locked=workflow, claimed=True, savepoint=savepoint
+            )
         else:
             settled = settle_txn(self._jobs, unit, job, outcome)
         return self._applied(job, _LABELS[type(outcome)], settled)

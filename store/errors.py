@@ -56,6 +56,12 @@ class SettleRefused(StoreError):
     rolls back (nothing of the step is committed) rather than record an unsettled step."""
 
 
+class DecisionFailed(StoreError):
+    """A workflow's decision failed in a unit of work that took no savepoint for it (a short
+    step's settle, ``savepoint=False``): the caller rolls the unit back and settles the step
+    again in a unit that takes one, where the failure blocks the workflow as it always does."""
+
+
 class SchemaNotMigrated(StoreError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"{detail}. Have you run `vibey migrate`?")

@@ -129,6 +129,7 @@ class MemoryWorkflowStore:
         *,
         locked: Workflow | None = None,
         claimed: bool = False,
+        savepoint: bool = True,
     ) -> Settled:
         settled = settle_txn(self._jobs, unit, job, outcome)
         if settled.applied and job.workflow_id is not None and job.step is not None:

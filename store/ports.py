@@ -105,6 +105,7 @@ class StepWorkflows(Protocol):
         *,
         locked: Workflow | None = None,
         claimed: bool = False,
+        savepoint: bool = True,
     ) -> Settled: ...
 
     def settle(self, job: Job, outcome: Outcome) -> Settled: ...

@@ -28,6 +28,7 @@ Exceptions::
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +44,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from store.db import Conn, Pool, fetch_all, fetch_one, statement, transaction
-from store.errors import SettleRefused, StoreError
+from store.errors import DecisionFailed, SettleRefused, StoreError
 from store.event_spans import (
     NO_SPANS,
     EventSpan,
@@ -423,6 +424,7 @@ class WorkflowStore(WorkflowReads):
         *,
         locked: Workflow | None = None,
         claimed: bool = False,
+        savepoint: bool = True,
     ) -> Settled:
         """A step's settle, in the caller's unit of work: the fenced write ``outcome`` asks
         for (ack, nack, defer, park) and, for a workflow's step, first the workflow's lock
@@ -434,21 +436,26 @@ class WorkflowStore(WorkflowReads):
         holds till the commit. A success's ack is then not read before the event is decided:
         it travels with the decision's statements, and is checked before the commit (one
         round trip fewer); one that did not apply raises :class:`SettleRefused`, and the
-        unit rolls back, the event with it."""
+        unit rolls back, the event with it.
+
+        ``savepoint=False``: the event's decision runs without the savepoint that lets a
+        failed one block the workflow and still commit the settle (one statement fewer a
+        step); a decision that fails raises :class:`DecisionFailed` instead, and the caller
+        rolls the unit back and settles again with it."""
         if job.workflow_id is None or job.step is None:
             return settle_txn(self._jobs, unit, job, outcome)
         conn = unit.conn
         workflow = locked or self._lock(conn, job.workflow_id)
         if claimed and isinstance(outcome, Success):
             acked = self._jobs.ack_unread_txn(unit, job.lease, result=outcome.result)
-            self._settled(unit, workflow, job, job.step, outcome, ACKED)
+            self._settled(unit, workflow, job, job.step, outcome, ACKED, savepoint=savepoint)
             settled = acked()
             if settled != ACKED:
                 raise SettleRefused(f"job {job.id}: the ack of a job claimed in its unit missed")
             return settled
         settled = settle_txn(self._jobs, unit, job, outcome)
         if settled.applied:
-            self._settled(unit, workflow, job, job.step, outcome, settled)
+            self._settled(unit, workflow, job, job.step, outcome, settled, savepoint=savepoint)
         return settled
 
     def _settled(
@@ -459,6 +466,8 @@ class WorkflowStore(WorkflowReads):
         step: str,
         outcome: Outcome,
         settled: Settled,
+        *,
+        savepoint: bool = True,
     ) -> None:
         """What a step's applied settle records on its workflow: its event, and what that
         decides (cancelled dependents, the engine's ledger evidence)."""
@@ -481,7 +490,14 @@ class WorkflowStore(WorkflowReads):
                 workflow_id=workflow.id,
             )
         if settlement.event is not None:
-            self._record(unit, workflow, settlement.event, cause=str(job.id), job_id=job.id)
+            self._record(
+                unit,
+                workflow,
+                settlement.event,
+                cause=str(job.id),
+                job_id=job.id,
+                savepoint=savepoint,
+            )
 
     @retried("answer a gate", idempotent=False)
     def answer(self, gate_id: UUID, answer: str, *, by: str) -> GateAnswerOutcome:
@@ -587,10 +603,12 @@ class WorkflowStore(WorkflowReads):
         job_id: UUID | None = None,
         caused_by: str | None = None,
         created: bool = False,
+        savepoint: bool = True,
     ) -> Workflow:
         """The event recorded (and decided, unless the workflow is blocked); the workflow
         after it. The domain events it reports (``workflows.events``) are written with it;
-        ``caused_by`` is their causation (default: ``cause``, the job)."""
+        ``caused_by`` is their causation (default: ``cause``, the job). ``savepoint``: as
+        :meth:`settle_txn`'s."""
         conn = unit.conn
         now = self._clock()
         seq = workflow.last_seq + 1
@@ -612,7 +630,9 @@ class WorkflowStore(WorkflowReads):
         if not together:
             self._emit(conn, workflow, facts, caused_by)
         try:
-            with unit.savepoint():  # a failed decision leaves nothing behind
+            # A failed decision leaves nothing behind: rolled back to the savepoint, or, with
+            # none, with the whole unit (DecisionFailed).
+            with unit.savepoint() if savepoint else contextlib.nullcontext():
                 return self._decide(
                     unit,
                     workflow,
@@ -624,7 +644,11 @@ class WorkflowStore(WorkflowReads):
                     facts=facts if together else (),
                     created=created,
                 )
-        except Exception as exc:  # noqa: BLE001 - any definition bug blocks, never loops
+        except Exception as exc:  # any definition bug blocks, never loops
+            if not savepoint:
+                if unit.conn.broken:  # a lost connection is the caller's, as everywhere
+                    raise
+                raise DecisionFailed(f"workflow {workflow.id}: {type(exc).__name__}") from exc
             if together:
                 self._emit(conn, workflow, facts, cause)
             return self._block(conn, workflow, seq, event, now, exc)

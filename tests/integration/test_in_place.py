@@ -219,13 +219,14 @@ def test_a_cut_after_a_settle_that_scheduled_the_next_step_leaves_it_to_the_drai
     assert runtime.relay.drain() == 1
 
 
-def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_eight_statements(
+def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_seven_statements(
     pg_url: str, amqp: Amqp
 ) -> None:
     """Per step: the lock and the fenced claim (which marks a held row sent); the ack with
     the decision's first statements (the next job's insert, its outbox row written held);
     the workflow's history, events and state with the COMMIT. No statement releases the
-    held row or marks it sent on its own."""
+    held row or marks it sent on its own, and the decision takes no savepoint (one that
+    fails rolls the unit back and is settled again with one)."""
     parts = urlsplit(pg_url)
     wire = Wire(parts.hostname or "127.0.0.1", parts.port or 5432)
     netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{wire.port}"
@@ -244,9 +245,43 @@ def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_eight_sta
         # history this process reads the first time it touches the workflow (the
         # non-determinism guard, at a) travels with a's ack and insert
         assert waits == 3 + 3 + 3
-        # BEGIN, lock, claim, ack, SAVEPOINT (left to the COMMIT), insert (a and b only),
-        # update, COMMIT; and a's history read
-        assert statements == 8 + 8 + 7 + 1
+        # BEGIN, lock, claim (the job's row locked), ack (the claim's write with it),
+        # insert (a and b only), update, COMMIT; and a's history read
+        assert statements == 7 + 7 + 6 + 1
     finally:
         close(runtime)
         wire.close()
+
+
+def test_a_decision_that_fails_without_a_savepoint_is_settled_again_and_blocks(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short step's decision takes no savepoint: when it raises, its unit rolls back and
+    the step is settled again in one that takes it, where the failure blocks the workflow
+    and the step's success still commits. The handler runs once."""
+    from tests.tiny_definition import OneByOne
+    from workflows.engine import StepSucceeded
+
+    decide = OneByOne.decide
+
+    def broken(self: Any, state: Any, event: Any, now: Any) -> Any:
+        if isinstance(event, StepSucceeded) and event.step == "b":
+            raise RuntimeError("a definition bug")
+        return decide(self, state, event, now)
+
+    monkeypatch.setattr(OneByOne, "decide", broken)
+    ran: list[str] = []
+
+    def synthesize(job: Job) -> Success:
+        ran.append(job.step or "")
+        return Success()
+
+    runtime.runner._handlers = {**runtime.runner._handlers, "design.synthesize": Short(synthesize)}
+    workflow, first = one_by_one(runtime)
+    assert deliver(runtime, first) is StepResult.SUCCEEDED
+    assert ran == ["b"]  # once: the second unit settles the outcome the first one had
+    steps = steps_of(runtime, workflow)
+    assert steps["b"].state is JobState.SUCCEEDED and "c" not in steps
+    assert runtime.workflows.get(workflow.id).status.value == "blocked"
+    gates = [gate.kind for gate, _ in runtime.workflows.inbox(workflow.project_id)]
+    assert gates == ["workflow_error"]
