@@ -325,20 +325,18 @@ class PostgresJobRepository:
         them and their release (a workflow's step seldom has any: two statements fewer). The
         release is fenced on its own (generation 0, every dependency succeeded). A dependent
         written by a transaction still open is the lost-dispatch sweep's, as it always was."""
-        query, params = self._ack(unit, lease, result)
-        row = fetch_one(unit.conn, query, params)
+        row = fetch_one(unit.conn, Q["ack"], self._ack(unit, lease, result))
         return self._acked(unit, lease, row)
 
-    def _ack(
-        self, unit: UnitOfWork, lease: Lease, result: JsonObject | None
-    ) -> tuple[str, dict[str, Any]]:
-        """The ack's statement: fenced on the lease, or, for a claim the unit locked and has
-        not written, the claim and the ack in one write (``ack_locked``)."""
+    def _ack(self, unit: UnitOfWork, lease: Lease, result: JsonObject | None) -> dict[str, Any]:
+        """The ack's parameters: fenced on the lease, or, for a claim the unit locked and has
+        not written, the claim's columns, written with the ack's (``locked``)."""
         given = {"result": None if result is None else Jsonb(dict(result)), "wake": self._wake}
         claim = unit.take_claim(lease.job_id)
         if claim is None:
-            return Q["ack"], _fence(lease) | given
-        return Q["ack_locked"], claim.params() | given
+            fenced = {"locked": False, "seq": None, "attempts": None, "dispatched_at": None}
+            return _fence(lease) | fenced | given
+        return claim.params() | {"locked": True, "owner": None, "token": None} | given
 
     def ack_unread_txn(
         self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
@@ -348,9 +346,9 @@ class PostgresJobRepository:
         Its dependents are released at the read. For a lease claimed in this same unit,
         whose fence holds till its commit: the caller writes as if it applied and checks
         before the commit."""
-        query, params = self._ack(unit, lease, result)
+        params = self._ack(unit, lease, result)
         cur = unit.conn.cursor(row_factory=dict_row)
-        cur.execute(query.encode(), params)
+        cur.execute(Q["ack"].encode(), params)
 
         def read() -> Settled:
             with cur:

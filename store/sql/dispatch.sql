@@ -59,7 +59,7 @@ SELECT * FROM claimed
 -- name: lock_pointer
 -- A short step's claim (its claim, handler and settle are one transaction): the fences of
 -- claim_pointer, but the row is locked, not written. Inside the unit nobody else can see a
--- claim anyway, so its success writes the row once (jobs.sql's ack_locked: the claim's
+-- claim anyway, so its success writes the row once (jobs.sql's ack, locked: the claim's
 -- columns with the ack's) instead of twice; any other settle writes the claim first
 -- (write_claim). The claim's columns come back beside the row as claim_*: the same
 -- expressions as claim_pointer's SET. %(sent)s as in claim_pointer; the job's dispatched_at

@@ -165,41 +165,29 @@ WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
 RETURNING state, lease_expires_at
 
 -- name: ack
+-- Fenced on the lease; or, with %(locked)s, on the row lock of a claim its unit took with
+-- dispatch.sql's lock_pointer and has not written: the claim's columns (as lock_pointer
+-- computed them: %(attempts)s, %(dispatched_at)s) are written with the ack's, one write of
+-- the row instead of two (the row is as it was locked).
 WITH settled AS (
     UPDATE job
     SET state = 'succeeded', result = %(result)s, settled_at = now(), updated_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        last_error = NULL, failure_class = NULL, lease_expired = false
-    WHERE id = %(job_id)s AND state = 'leased' AND lease_owner = %(owner)s
-      AND lease_token = %(token)s AND lease_expires_at > now()
+        last_error = NULL, failure_class = NULL, lease_expired = false,
+        attempts = CASE WHEN %(locked)s THEN %(attempts)s::integer ELSE attempts END,
+        sweeps = CASE WHEN %(locked)s THEN 0 ELSE sweeps END,
+        dispatched_at = CASE WHEN %(locked)s THEN %(dispatched_at)s::timestamptz
+                             ELSE dispatched_at END
+    WHERE id = %(job_id)s
+      AND CASE WHEN %(locked)s
+               THEN dispatch_seq = %(seq)s AND state IN ('ready', 'awaiting_capacity')
+               ELSE state = 'leased' AND lease_owner = %(owner)s AND lease_token = %(token)s
+                    AND lease_expires_at > now() END
     RETURNING id, project_id, state
 ),
 woken AS (
     -- Dependents may have become claimable: wake the project's idle workers (on commit).
     -- %(wake)s is false where nobody listens (a relay publishes the released pointers).
-    SELECT pg_notify('vibey_job_ready', s.project_id)
-    FROM settled s
-    WHERE %(wake)s AND EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id)
-)
-SELECT s.state, (SELECT count(*) FROM woken) AS woken,
-       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id) AS dependents
-FROM settled s
-
--- name: ack_locked
--- The ack of a job its unit locked with dispatch.sql's lock_pointer and has not written:
--- the claim's columns (as lock_pointer computed them) and the ack's in one write. The row
--- lock is the fence (held since the claim, till the commit); the row is as it was locked.
-WITH settled AS (
-    UPDATE job
-    SET state = 'succeeded', result = %(result)s, settled_at = now(), updated_at = now(),
-        attempts = %(attempts)s, sweeps = 0, dispatched_at = %(dispatched_at)s,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        last_error = NULL, failure_class = NULL, lease_expired = false
-    WHERE id = %(job_id)s AND dispatch_seq = %(seq)s
-      AND state IN ('ready', 'awaiting_capacity')
-    RETURNING id, project_id, state
-),
-woken AS (
     SELECT pg_notify('vibey_job_ready', s.project_id)
     FROM settled s
     WHERE %(wake)s AND EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = s.id)
