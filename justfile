@@ -137,6 +137,7 @@ bench: venv bench-dbos
     {{python}} ops/bench/claim_ack.py
     {{python}} ops/bench/steps.py
     {{python}} ops/bench/three_steps.py --dbos-python .vibey/bench-dbos/bin/python --rounds 3
+    {{python}} ops/bench/drain.py
     {{python}} ops/bench/protocol.py
     {{python}} ops/bench/protocol.py --no-ledger
     {{python}} ops/bench/ledger.py

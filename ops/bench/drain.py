@@ -45,22 +45,11 @@ from steps import (  # noqa: E402
     running_fleet,
     scratch_database,
 )
+from three_steps import bench_parts  # noqa: E402
 
-from actors.config import (  # noqa: E402
-    BusSettings,
-    DatabaseSettings,
-    EngineSettings,
-    QueueSettings,
-    RabbitMqSettings,
-    WorkerSettings,
-    WorkflowSettings,
-)
 from actors.in_place import DEFAULT_STEPS  # noqa: E402
-from actors.worker import WorkerConfig  # noqa: E402
 from store.migrate import migrate  # noqa: E402
 from vibey.client import Client  # noqa: E402
-from vibey.settings import load_settings  # noqa: E402
-from workflows.engine import Registry  # noqa: E402
 
 STEPS = len(bench_workflow.STEPS)
 PARTIES = ("workers", "postgres", "rabbitmq")
@@ -112,27 +101,9 @@ def one_round(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, floa
         tempfile.TemporaryDirectory() as work,
     ):
         migrate(pg_url)
-        config = WorkerConfig(
-            database=DatabaseSettings(url=pg_url),
-            bus=BusSettings(amqp_url=amqp, prefix=f"bdrn{token}"),
-            queue=QueueSettings(
-                rabbitmq=RabbitMqSettings(
-                    reconcile_interval_seconds=1, in_place_steps=args.in_place_steps
-                )
-            ),
-            worker=WorkerSettings(threads=args.threads, handlers="bench_workflow:HANDLERS"),
-            workflow=WorkflowSettings(definitions="bench_workflow:DEFINITIONS"),
-            engine=EngineSettings(workspace=work),
+        config, settings, registry = bench_parts(
+            pg_url, amqp, f"bdrn{token}", args.threads, args.in_place_steps, work
         )
-        paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        env = {
-            "VIBEY_PG_URL": pg_url,
-            "VIBEY_AMQP_URL": amqp,
-            "VIBEY_BUS_PREFIX": config.bus.prefix,
-        }
-        settings = load_settings(env, Path(work))
-        registry = Registry(bench_workflow.DEFINITIONS)
         with declared_topology(config):
             with Client(settings, registry=registry, name="bench-drain") as client:
                 for first in range(0, args.workflows, 500):

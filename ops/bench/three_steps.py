@@ -236,32 +236,36 @@ def dbos_run(args: argparse.Namespace, admin: str) -> dict[str, Any] | None:
     return found
 
 
+def bench_parts(
+    pg_url: str, amqp: str, prefix: str, threads: int, in_place_steps: int, work: str
+) -> tuple[WorkerConfig, Any, Registry]:
+    """A fleet's config for ``bench_workflow`` (its handlers and definition, ``ops/bench`` on
+    the workers' PYTHONPATH), the client's settings for the same services, its registry."""
+    config = WorkerConfig(
+        database=DatabaseSettings(url=pg_url),
+        bus=BusSettings(amqp_url=amqp, prefix=prefix),
+        queue=QueueSettings(
+            rabbitmq=RabbitMqSettings(reconcile_interval_seconds=1, in_place_steps=in_place_steps)
+        ),
+        worker=WorkerSettings(threads=threads, handlers="bench_workflow:HANDLERS"),
+        workflow=WorkflowSettings(definitions="bench_workflow:DEFINITIONS"),
+        engine=EngineSettings(workspace=work),
+    )
+    paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env = {"VIBEY_PG_URL": pg_url, "VIBEY_AMQP_URL": amqp, "VIBEY_BUS_PREFIX": prefix}
+    settings = load_settings(env, Path(work))
+    return config, settings, Registry(bench_workflow.DEFINITIONS)
+
+
 def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
     token = uuid.uuid4().hex[:8]
     database = f"vibey_bench_wf3_{token}"
     with scratch_database(admin, database) as pg_url, tempfile.TemporaryDirectory() as work:
         migrate(pg_url)
-        config = WorkerConfig(
-            database=DatabaseSettings(url=pg_url),
-            bus=BusSettings(amqp_url=amqp, prefix=f"bwf3{token}"),
-            queue=QueueSettings(
-                rabbitmq=RabbitMqSettings(
-                    reconcile_interval_seconds=1, in_place_steps=args.in_place_steps
-                )
-            ),
-            worker=WorkerSettings(threads=args.threads, handlers="bench_workflow:HANDLERS"),
-            workflow=WorkflowSettings(definitions="bench_workflow:DEFINITIONS"),
-            engine=EngineSettings(workspace=work),
+        config, settings, registry = bench_parts(
+            pg_url, amqp, f"bwf3{token}", args.threads, args.in_place_steps, work
         )
-        paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        env = {
-            "VIBEY_PG_URL": pg_url,
-            "VIBEY_AMQP_URL": amqp,
-            "VIBEY_BUS_PREFIX": config.bus.prefix,
-        }
-        settings = load_settings(env, Path(work))
-        registry = Registry(bench_workflow.DEFINITIONS)
         with declared_topology(config):
             with running_fleet(config, args.processes, Path(work) / "f.log") as fleet:
                 wait_for_consumers(amqp, config.queues(), args.processes, timeout=60)
