@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import json
 import os
 import pstats
@@ -119,17 +120,53 @@ def step_gaps(pg_url: str, prefix: str) -> list[float]:
     return [float(r[0]) for r in rows if r[0] is not None]
 
 
-def one_at_a_time(client: Client, samples: int) -> tuple[list[float], list[float]]:
-    seen, stamped = [], []
+# One workflow's time, start call → seen completed, cut where the database stamps it: the
+# client's start call; its transaction → the first step's (the commit, the client's relay,
+# the broker, the consumer); each step's transaction → the next one's; the last step's → the
+# client's poll seeing it (the step, its commit, the poll).
+SEGMENTS = ("the client's start call", "start → step 1")
+
+
+def one_at_a_time(
+    client: Client, samples: int
+) -> tuple[list[float], list[float], list[tuple[uuid.UUID, float, float, float]]]:
+    """(client latencies, database-stamped latencies, (workflow, call, returned, seen) in
+    ``time.time()``, the clock PostgreSQL's ``now()`` shares on this machine)."""
+    seen, stamped, calls = [], [], []
     for n in range(samples):
-        began = time.perf_counter()
+        began, wall = time.perf_counter(), time.time()
         workflow = client.start(f"one{n:04d}", bench_workflow.NAME)
+        returned = time.time()
         wait_completed(client, workflow.id)
         seen.append(time.perf_counter() - began)
+        calls.append((workflow.id, wall, returned, time.time()))
         done = client.status(workflow.id)
         assert done.finished_at is not None
         stamped.append((done.finished_at - done.created_at).total_seconds())
-    return seen, stamped
+    return seen, stamped, calls
+
+
+def segments(
+    pg_url: str, calls: Sequence[tuple[uuid.UUID, float, float, float]]
+) -> dict[str, list[float]]:
+    """Where each of :func:`one_at_a_time`'s workflows spent its time (seconds by segment)."""
+    cut: dict[str, list[float]] = {}
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for workflow_id, call, returned, seen in calls:
+            row = conn.execute(
+                "SELECT extract(epoch FROM w.created_at), array_agg(extract(epoch FROM "
+                "j.settled_at) ORDER BY j.settled_at) FROM workflow w JOIN job j "
+                "ON j.workflow_id = w.id WHERE w.id = %s GROUP BY w.created_at",
+                (workflow_id,),
+            ).fetchone()
+            assert row is not None
+            marks = [float(row[0]), *(float(s) for s in row[1])]
+            cut.setdefault(SEGMENTS[0], []).append(returned - call)
+            for n, (a, b) in enumerate(itertools.pairwise(marks)):
+                name = SEGMENTS[1] if n == 0 else f"step {n} → step {n + 1}"
+                cut.setdefault(name, []).append(b - a)
+            cut.setdefault(f"step {len(marks) - 1} → seen", []).append(seen - marks[-1])
+    return cut
 
 
 def many(
@@ -270,8 +307,8 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
             with running_fleet(config, args.processes, Path(work) / "f.log") as fleet:
                 wait_for_consumers(amqp, config.queues(), args.processes, timeout=60)
                 with Client(settings, registry=registry, name="bench") as client:
-                    seen, stamped = one_at_a_time(client, args.samples)
-                    gaps = step_gaps(pg_url, "one")
+                    seen, stamped, calls = one_at_a_time(client, args.samples)
+                    gaps, cut = step_gaps(pg_url, "one"), segments(pg_url, calls)
                     before = pg_counters(admin)
                     cpu_before = cpu_sample(fleet.pids)
                     started, window = many(client, pg_url, args.workflows)
@@ -285,6 +322,7 @@ def run(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, Any]:
         "seen": seen,
         "stamped": stamped,
         "gaps": gaps,
+        "segments": cut,
         "cpu": cpu,
         "started": started,
         "window": window,
@@ -315,6 +353,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"one {STEPS}-step workflow at a time, start → completed ({args.processes} processes × "
         f"{args.threads} threads, nothing else running): client {ms(found['seen'])}; "
         f"database stamps {ms(found['stamped'])}"
+    )
+    print(
+        "  where its time goes, p50 of each segment (the database's stamps: a transaction's "
+        "now()): "
+        + "; ".join(
+            f"{name} {statistics.median(v) * 1000:.1f} ms" for name, v in found["segments"].items()
+        )
     )
     print(
         f"{n:,} {STEPS}-step workflows started one by one through the client "
