@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -113,16 +113,18 @@ class DispatchRecords:
             write_claim(unit, claim)
         else:
             unit.lock_claim(claim)
-        return replace(
-            job_from_row(row),
-            state=JobState.LEASED,
-            attempts=claim.attempts,
-            last_error=claim.last_error,
-            lease_expired=claim.lease_expired,
-            lease_owner=owner,
-            lease_token=claim.token,
-            lease_expires_at=claim.expires_at,
-            updated_at=row["claim_at"],
+        return job_from_row(
+            row
+            | {
+                "state": JobState.LEASED,
+                "attempts": claim.attempts,
+                "last_error": claim.last_error,
+                "lease_expired": claim.lease_expired,
+                "lease_owner": owner,
+                "lease_token": claim.token,
+                "lease_expires_at": claim.expires_at,
+                "updated_at": row["claim_at"],
+            }
         )
 
     @retried("claim a pointer", idempotent=False)  # an unknown commit: read the row

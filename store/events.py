@@ -41,27 +41,28 @@ def emit_on(
     pipeline, read by nobody); returns their ids."""
     if not drafts:
         return []
-    ids = [uuid.uuid4() for _ in drafts]
+    ids, events = drafted(drafts)
     conn.execute(
         Q["insert_events"].encode(),
         {
             "project_id": project_id,
             "correlation_id": correlation_id,
             "causation_id": causation_id,
-            "events": drafted(ids, drafts),
+            "events": events,
         },
     )
     return ids
 
 
-def drafted(ids: Sequence[UUID], drafts: Sequence[Draft]) -> Jsonb:
-    """``insert_events``' ``events``: the drafts (with their new ids) as one JSON array."""
-    return Jsonb(
-        [
-            {"event_id": str(i), "event_type": d.event_type.value, "payload": dict(d.payload)}
-            for i, d in zip(ids, drafts, strict=True)
-        ]
-    )
+def drafted(drafts: Sequence[Draft]) -> tuple[list[UUID], Jsonb]:
+    """New ids for ``drafts``, and ``insert_events``' ``events``: the drafts with those ids
+    as one JSON array."""
+    ids = [uuid.uuid4() for _ in drafts]
+    rows = [
+        {"event_id": str(i), "event_type": d.event_type.value, "payload": dict(d.payload)}
+        for i, d in zip(ids, drafts, strict=True)
+    ]
+    return ids, Jsonb(rows)
 
 
 def event_from_row(row: Mapping[str, Any]) -> DomainEvent:

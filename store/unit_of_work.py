@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -92,17 +92,11 @@ class LockedClaim:
     dispatched_at: datetime | None
 
     def params(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "seq": self.seq,
-            "attempts": self.attempts,
-            "last_error": self.last_error,
-            "lease_expired": self.lease_expired,
-            "owner": self.owner,
-            "token": self.token,
-            "expires_at": self.expires_at,
-            "dispatched_at": self.dispatched_at,
-        }
+        """The fields by name: the parameters of ``write_claim`` and a locked ``ack``."""
+        return {name: getattr(self, name) for name in _CLAIM_FIELDS}
+
+
+_CLAIM_FIELDS = tuple(f.name for f in fields(LockedClaim))
 
 
 Publish = Callable[[Sequence[OutboxRow]], None]

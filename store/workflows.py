@@ -1136,7 +1136,7 @@ def _event_params(workflow: Workflow, drafts: Sequence[Draft], cause: str | None
         "project_id": workflow.project_id,
         "correlation_id": str(workflow.id),
         "causation_id": cause,
-        "events": drafted([uuid.uuid4() for _ in drafts], drafts) if drafts else None,
+        "events": drafted(drafts)[1] if drafts else None,
     }
 
 
