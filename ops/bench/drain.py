@@ -41,7 +41,7 @@ from steps import (  # noqa: E402
     cpu_sample,
     cpu_spent,
     declared_topology,
-    proc_cpu,
+    postmaster_of,
     running_fleet,
     scratch_database,
 )
@@ -73,27 +73,6 @@ def completed(pg_url: str, count: int, timeout: float) -> float:
             time.sleep(0.05)
 
 
-def postmaster_of(pg_url: str) -> int:
-    """The pid of the postmaster serving ``pg_url`` (the parent of a backend of it)."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    found = proc_cpu(str(row[0]))
-    assert found is not None, "PostgreSQL runs on another machine: its CPU cannot be read here"
-    return found[1]
-
-
-def cluster_cpu(postmaster: int) -> float:
-    """CPU seconds used so far by the PostgreSQL cluster of ``postmaster``: it and the
-    processes it forked that are still running (backends, WAL writer, autovacuum...)."""
-    total = 0.0
-    for entry in os.scandir("/proc"):
-        found = proc_cpu(entry.name) if entry.name.isdigit() else None
-        if found is not None and (found[1] == postmaster or int(entry.name) == postmaster):
-            total += found[2]
-    return total
-
-
 def one_round(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, float]:
     token = uuid.uuid4().hex[:8]
     with (
@@ -115,8 +94,8 @@ def one_round(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, floa
             with running_fleet(config, args.processes, Path(work) / "fleet.log") as fleet:
                 while len(fleet.pids) < args.processes:  # the supervisor forks them
                     time.sleep(0.01)
-                postmaster = postmaster_of(pg_url)
-                before, cluster = cpu_sample(fleet.pids), cluster_cpu(postmaster)
+                postmaster = postmaster_of(pg_url)  # this cluster's processes alone
+                before = cpu_sample(fleet.pids, postmaster)
                 began = time.monotonic()
                 spy = None
                 if args.spy:
@@ -144,8 +123,7 @@ def one_round(args: argparse.Namespace, admin: str, amqp: str) -> dict[str, floa
                     spy.send_signal(signal.SIGINT)
                     spy.wait(timeout=30)
                 wall = time.monotonic() - began
-                spent = cpu_spent(before, cpu_sample(fleet.pids))
-                spent["postgres"] = cluster_cpu(postmaster) - cluster  # this cluster's alone
+                spent = cpu_spent(before, cpu_sample(fleet.pids, postmaster))
     steps = args.workflows * STEPS
     found = {party: spent[party] * 1000 / steps for party in PARTIES}
     found["steps/s"] = steps / window

@@ -437,10 +437,13 @@ def box_busy() -> float:
     return sum(int(v) for v in (user, nice, system, irq, softirq, steal)) / CLOCK_TICK
 
 
-def cpu_sample(workers: Sequence[int]) -> dict[int, tuple[str, float]]:
+def cpu_sample(
+    workers: Sequence[int], postmaster: int | None = None
+) -> dict[int, tuple[str, float]]:
     """CPU seconds used so far by each process of a party: the workers (these pids and their
-    children), PostgreSQL (every ``postgres`` process), RabbitMQ (the ``beam.smp`` running the
-    node), this bench (key 0), and the whole box (key -1)."""
+    children), PostgreSQL (every ``postgres`` process; with ``postmaster``, only that
+    cluster's: it and the processes it forked, :func:`postmaster_of`), RabbitMQ (the
+    ``beam.smp`` running the node), this bench (key 0), and the whole box (key -1)."""
     found: dict[int, tuple[str, float]] = {}
     for entry in os.scandir("/proc"):
         sample = proc_cpu(entry.name) if entry.name.isdigit() else None
@@ -451,12 +454,24 @@ def cpu_sample(workers: Sequence[int]) -> dict[int, tuple[str, float]]:
         party = "workers" if worker else PARTIES.get(comm)
         if party == "rabbitmq" and not is_rabbitmq_node(pid):
             continue  # rabbitmqctl runs an Erlang VM too
+        if party == "postgres" and postmaster not in (None, pid, parent):
+            continue  # another cluster's
         if party is not None:
             found[pid] = (party, seconds)
     times = os.times()
     found[0] = ("bench", times.user + times.system)
     found[-1] = ("box", box_busy())
     return found
+
+
+def postmaster_of(pg_url: str) -> int:
+    """The pid of the postmaster serving ``pg_url`` (the parent of a backend of it)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    found = proc_cpu(str(row[0]))
+    assert found is not None, "PostgreSQL runs on another machine: its CPU cannot be read here"
+    return found[1]
 
 
 def cpu_spent(
