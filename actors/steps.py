@@ -286,7 +286,7 @@ class StepRunner:
                 result = self._settle_txn(unit, job, outcome, workflow, savepoint=savepoint)
                 if (
                     chain is not None
-                    and unit.held is None
+                    and not unit.holds
                     and (row := chain.pick(unit.pointers, job.id, self._short)) is not None
                 ):
                     unit.hold(row)  # one released otherwise (a dependent): held by an UPDATE

@@ -108,6 +108,7 @@ class DispatchRecords:
             token=row["claim_token"],
             expires_at=row["claim_expires_at"],
             dispatched_at=row["claim_dispatched_at"],
+            dependents=row["claim_dependents"],
         )
         if row["state"] == JobState.LEASED:  # an expired lease taken over: written at once
             write_claim(unit, claim)

@@ -162,25 +162,45 @@ class PostgresJobRepository:
             ]
         return results
 
-    def enqueue_fresh_txn(self, unit: UnitOfWork, requests: Sequence[EnqueueRequest]) -> None:
-        """A new workflow's first jobs, sent without a read (:meth:`enqueue_batch_txn` reads
-        each insert back). The caller vouches for them (:func:`fresh_batch`): each has an id
-        of its own, its subject names a workflow no job has yet, so every insert creates its
-        row, and it waits only on jobs earlier in ``requests``, so none waiting is released
-        now (its dependencies have not run). Their outbox rows are read after the commit
-        (:meth:`UnitOfWork.read_after_commit`), in the commit's round trip."""
+    def enqueue_unread_txn(
+        self, unit: UnitOfWork, requests: Sequence[EnqueueRequest], *, fresh: bool = False
+    ) -> None:
+        """Jobs sent without a read (:meth:`enqueue_batch_txn` reads each insert back): their
+        outbox rows are read after the commit (:meth:`UnitOfWork.read_after_commit`), in the
+        commit's round trip. The caller vouches for them (:func:`unread_batch`): each has an
+        id of its own and, unless ``fresh``, no dependency, so nothing it writes is read
+        before the commit (a duplicate's insert writes nothing: its key names a job that
+        exists). ``fresh``: a new workflow's first jobs, whose subject names a workflow no job
+        has yet, so every insert creates its row, and each waits only on jobs earlier in
+        ``requests``, so none waiting is released now (its dependencies have not run). The
+        job the unit's holder takes (:meth:`UnitOfWork.holding`) has its outbox row written
+        released and becomes :attr:`UnitOfWork.held` at the read."""
         conn = unit.conn
         for request in requests:
             cur = conn.cursor(row_factory=dict_row)
             params = self._insert_params(request, request.job_id, request.depends_on)
+            held = self._held(unit, request, params)
             cur.execute(Q["insert_job"].encode(), params)
             key = f"dispatch:{request.job_id}:1"  # the row insert_job writes, if it dispatches
-            unit.read_after_commit(_outbox_reader(unit, cur), outbox_key=key)
-            if request.depends_on:
+            unit.read_after_commit(_outbox_reader(unit, cur, held=held), outbox_key=key)
+            if fresh and request.depends_on:
                 ids = list(request.depends_on)
                 conn.execute(Q["insert_dependencies"], {"job_id": request.job_id, "ids": ids})
         for project_id in sorted({r.project_id for r in requests}) if self._wake else ():
             conn.execute(Q["notify_ready"], {"project_id": project_id})
+
+    def _held(self, unit: UnitOfWork, request: EnqueueRequest, params: dict[str, Any]) -> bool:
+        """Dispatched at once and due now: the unit's holder may run it next
+        (:meth:`UnitOfWork.hold_next`), its outbox row then written released (``relay``
+        None), for the holder or, if it dies, a drain."""
+        held = (
+            params["dispatch_now"]
+            and request.delay <= timedelta(0)
+            and unit.holding(request.kind, request.project_id)
+        )
+        if held:
+            params["relay"] = None
+        return held
 
     def _dispatch_released(
         self, unit: UnitOfWork, *, ids: Sequence[UUID] = (), parent: UUID | None = None
@@ -214,15 +234,7 @@ class PostgresJobRepository:
                 raise UnknownDependencyError([row["id"] for row in missing])
         job_id = request.job_id or uuid.uuid4()
         params = self._insert_params(request, job_id, depends_on)
-        # Dispatched at once and due now: the unit's holder may run it next (UnitOfWork.hold_next),
-        # its outbox row then written released, for the holder or, if it dies, a drain.
-        held = (
-            params["dispatch_now"]
-            and request.delay <= timedelta(0)
-            and unit.holding(request.kind, request.project_id)
-        )
-        if held:
-            params["relay"] = None
+        held = self._held(unit, request, params)
         row = fetch_one(conn, Q["insert_job"], params)
         if row is None:
             # A duplicate committed while the insert waited on it: this new statement (READ
@@ -324,9 +336,65 @@ class PostgresJobRepository:
         """Dispatching, an ack that says the job has dependents is followed by the lock on
         them and their release (a workflow's step seldom has any: two statements fewer). The
         release is fenced on its own (generation 0, every dependency succeeded). A dependent
-        written by a transaction still open is the lost-dispatch sweep's, as it always was."""
+        written by a transaction still open is the lost-dispatch sweep's, as it always was.
+        The ack of a claim the unit locked is not read before the commit (:meth:`_ack_locked`)."""
+        if unit.may_ack_unread(lease.job_id):
+            return self._ack_locked(unit, lease, result)
         row = fetch_one(unit.conn, Q["ack"], self._ack(unit, lease, result))
         return self._acked(unit, lease, row)
+
+    def _ack_locked(self, unit: UnitOfWork, lease: Lease, result: JsonObject | None) -> Settled:
+        """The ack of a claim the unit locked and has not written (``dispatch.sql``'s
+        ``lock_pointer``): the row lock, taken on the very fences the ack checks, holds till
+        the commit and nothing of the unit writes the row before the ack, so it applies. It
+        is read after the commit, in the commit's round trip, and the dependents it reports
+        are released then, in a unit of their own (:meth:`release_dependents`; if that fails,
+        a reconciler's lost-dispatch sweep releases them, as for any generation-0 job whose
+        dependencies all succeeded)."""
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(Q["ack"].encode(), self._ack(unit, lease, result))
+        job_id = lease.job_id
+
+        def read() -> None:
+            with cur:
+                row = cur.fetchone()
+            if row is None:  # pragma: no cover - the row lock makes it apply
+                log.error("job %s: the ack of a claim locked in its unit missed", job_id)
+            elif self._dispatch and row["dependents"]:
+                unit.after_commit(lambda: self.release_dependents(job_id))
+
+        unit.read_after_commit(read, outbox_key=None)
+        return Settled(True, JobState.SUCCEEDED)
+
+    @retried("release a job's dependents", idempotent=True)
+    def release_dependents(self, job_id: UUID) -> None:
+        """The dependents of a committed ack that are now claimable, dispatched (fenced on
+        generation 0 and on every dependency's success: run twice, it releases nothing)."""
+        with self.units.begin() as unit:
+            unit.conn.execute(Q["lock_dependents"], {"job_id": job_id})
+            self._dispatch_released(unit, parent=job_id)
+
+    def ack_unread_txn(
+        self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
+    ) -> Callable[[], Settled]:
+        """:meth:`ack_txn` sent now and read when the returned function is called: the
+        statements the caller sends meanwhile travel with it (a pipeline's one round trip).
+        Its dependents are released at the read. For a lease claimed in this same unit,
+        whose fence holds till its commit: the caller writes as if it applied and checks
+        before the commit. A claim the unit locked is not read before the commit at all
+        (:meth:`_ack_locked`)."""
+        if unit.may_ack_unread(lease.job_id):
+            settled = self._ack_locked(unit, lease, result)
+            return lambda: settled
+        params = self._ack(unit, lease, result)
+        cur = unit.conn.cursor(row_factory=dict_row)
+        cur.execute(Q["ack"].encode(), params)
+
+        def read() -> Settled:
+            with cur:
+                return self._acked(unit, lease, cur.fetchone())
+
+        return read
 
     def _ack(self, unit: UnitOfWork, lease: Lease, result: JsonObject | None) -> dict[str, Any]:
         """The ack's parameters: fenced on the lease, or, for a claim the unit locked and has
@@ -337,24 +405,6 @@ class PostgresJobRepository:
             fenced = {"locked": False, "seq": None, "attempts": None, "dispatched_at": None}
             return _fence(lease) | fenced | given
         return claim.params() | {"locked": True, "owner": None, "token": None} | given
-
-    def ack_unread_txn(
-        self, unit: UnitOfWork, lease: Lease, *, result: JsonObject | None = None
-    ) -> Callable[[], Settled]:
-        """:meth:`ack_txn` sent now and read when the returned function is called: the
-        statements the caller sends meanwhile travel with it (a pipeline's one round trip).
-        Its dependents are released at the read. For a lease claimed in this same unit,
-        whose fence holds till its commit: the caller writes as if it applied and checks
-        before the commit."""
-        params = self._ack(unit, lease, result)
-        cur = unit.conn.cursor(row_factory=dict_row)
-        cur.execute(Q["ack"].encode(), params)
-
-        def read() -> Settled:
-            with cur:
-                return self._acked(unit, lease, cur.fetchone())
-
-        return read
 
     def _acked(self, unit: UnitOfWork, lease: Lease, row: DictRow | None) -> Settled:
         """An ack's row: its dependents released (dispatching), its result."""
@@ -751,26 +801,32 @@ def _gate_opened_on(
     )
 
 
-def _outbox_reader(unit: UnitOfWork, cur: Cursor[DictRow]) -> Callable[[], None]:
-    """Read a fresh job's insert once its unit committed: its outbox rows, if dispatched."""
+def _outbox_reader(unit: UnitOfWork, cur: Cursor[DictRow], *, held: bool) -> Callable[[], None]:
+    """Read a job's insert once its unit committed: its outbox rows, if it created the job
+    and dispatched it (``held``: the row the unit holds)."""
+    if held:
+        unit.hold_unread()
 
     def read() -> None:
         with cur:
             row = cur.fetchone()
         if row is not None and row["created"]:
-            unit.wrote_json(row["outbox_rows"])
+            unit.wrote_json(row["outbox_rows"], held=held)
 
     return read
 
 
-def fresh_batch(requests: Sequence[EnqueueRequest]) -> bool:
-    """Whether :meth:`PostgresJobRepository.enqueue_fresh_txn` may take ``requests`` (a new
-    workflow's first steps): each has an id of its own and waits only on earlier ones."""
+def unread_batch(requests: Sequence[EnqueueRequest], *, fresh: bool) -> bool:
+    """Whether :meth:`PostgresJobRepository.enqueue_unread_txn` may take ``requests``: each
+    has an id of its own and, for a new workflow's first steps (``fresh``), waits only on
+    earlier ones; otherwise on none."""
     earlier: set[UUID] = set()
     for request in requests:
         if request.job_id is None or request.job_id in earlier:
             return False
-        if any(dep not in earlier for dep in request.depends_on):
+        if any(dep not in earlier for dep in request.depends_on) or (
+            request.depends_on and not fresh
+        ):
             return False
         earlier.add(request.job_id)
     return True

@@ -23,6 +23,7 @@ connection; one that takes a connection is named ``*_on`` (the convention: :mod:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
@@ -30,10 +31,14 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
+
 from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, statement
 from store.errors import CommitUnknown, DatabaseUnavailable
 from store.resolve import unsent_rows
 from store.sql import load
+
+log = logging.getLogger(__name__)
 
 # The columns every outbox INSERT returns (``RETURNING`` + :data:`OUTBOX_RETURNING`).
 OUTBOX_RETURNING = "id, key, job_id, project_id, dispatch_seq, kind, not_before, solo"
@@ -90,13 +95,15 @@ class LockedClaim:
     token: UUID
     expires_at: datetime
     dispatched_at: datetime | None
+    dependents: bool = False  # jobs wait on this one (at the lock)
 
     def params(self) -> dict[str, Any]:
-        """The fields by name: the parameters of ``write_claim`` and a locked ``ack``."""
+        """The claim's columns by name: the parameters of ``write_claim`` and a locked
+        ``ack``."""
         return {name: getattr(self, name) for name in _CLAIM_FIELDS}
 
 
-_CLAIM_FIELDS = tuple(f.name for f in fields(LockedClaim))
+_CLAIM_FIELDS = tuple(f.name for f in fields(LockedClaim) if f.name != "dependents")
 
 
 Publish = Callable[[Sequence[OutboxRow]], None]
@@ -107,7 +114,10 @@ class UnitOfWork:
     """One open transaction (``conn``) and the outbox rows written in it so far."""
 
     __slots__ = (
+        "_after",
         "_claim",
+        "_failed_as",
+        "_hold_unread",
         "_may_hold",
         "_pointers",
         "_savepoints",
@@ -120,17 +130,27 @@ class UnitOfWork:
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         self._pointers: list[OutboxRow] = []
-        self._unread: list[tuple[Callable[[], None], str]] = []  # (read, its outbox row's key)
+        self._unread: list[tuple[Callable[[], None], str | None]] = []  # (read, its outbox key)
         self._traced: str | None = None  # the traceparent of the rows read after the commit
         self.held: OutboxRow | None = None  # kept from the relay: this process runs it next
         self._may_hold: MayHold | None = None  # offered the next job dispatched at once
         self._savepoints = 0  # savepoint blocks open (:meth:`savepoint`)
         self._claim: LockedClaim | None = None  # locked, not written (:meth:`lock_claim`)
+        self._hold_unread = False  # the held row's insert is read after the commit
+        self._after: list[Callable[[], None]] = []  # run once the unit committed
+        self._failed_as: Callable[[Exception], Exception] | None = None  # see fail_as
 
     def lock_claim(self, claim: LockedClaim) -> None:
         """``claim``'s row is locked in this unit and not written: the unit's first fenced
         write on that job writes it (:meth:`take_claim`)."""
         self._claim = claim
+
+    def may_ack_unread(self, job_id: UUID) -> bool:
+        """The ack of ``job_id`` may be read after the commit: this unit locked its claim and
+        has not written it (:meth:`lock_claim`),
+        and no job waited on ``job_id`` at the lock."""
+        claim = self._claim
+        return claim is not None and claim.job_id == job_id and not claim.dependents
 
     def take_claim(self, job_id: UUID) -> LockedClaim | None:
         """The claim of ``job_id`` this unit locked and has not written, now the caller's
@@ -162,26 +182,65 @@ class UnitOfWork:
         (:meth:`hold_next`): its insert then writes its outbox row released and passes it to
         :meth:`wrote_json` with ``held``. Offered once: the first job taken uses the offer."""
         may_hold = self._may_hold
-        if may_hold is None or self.held is not None or not may_hold(kind, project_id):
+        if may_hold is None or self.holds or not may_hold(kind, project_id):
             return False
         self._may_hold = None
         return True
+
+    @property
+    def holds(self) -> bool:
+        """A row is held (:attr:`held`), or will be once its insert is read after the commit
+        (:meth:`hold_unread`)."""
+        return self.held is not None or self._hold_unread
+
+    def hold_unread(self) -> None:
+        """The job :meth:`holding` took is inserted by a statement read after the commit
+        (:meth:`read_after_commit`): its row becomes :attr:`held` then (:meth:`wrote_json`
+        with ``held``)."""
+        self._hold_unread = True
+
+    def after_commit(self, run: Callable[[], None]) -> None:
+        """Run ``run`` once the unit committed and its pointers went to the relay (a unit
+        that rolls back, or whose commit was cut off, never runs it). It must leave nothing
+        undone that a reconciler's pass would not do: a failure there is logged, not raised."""
+        self._after.append(run)
+
+    def fail_as(self, failed: Callable[[Exception], Exception]) -> None:
+        """A statement of this unit that fails at its commit (its result read after the
+        commit, :meth:`read_after_commit`, so its error comes back with the COMMIT's) raises
+        ``failed(error)`` out of :meth:`Units.begin`, the unit rolled back: the caller's
+        name for it (a workflow's decision that took no savepoint)."""
+        self._failed_as = failed
+
+    def failed(self, exc: Exception) -> Exception | None:
+        """What :meth:`fail_as` names ``exc`` (None: nothing, it is raised as it is)."""
+        return None if self._failed_as is None else self._failed_as(exc)
+
+    def run_after_commit(self) -> None:
+        """Run what :meth:`after_commit` was given (the unit has committed)."""
+        after, self._after = self._after, []
+        for run in after:
+            try:
+                run()
+            except Exception:  # left to a reconciler's pass
+                log.exception("work after a unit's commit failed; a reconciler's pass does it")
 
     def wrote(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Keep outbox rows a statement returned (their pointer fields)."""
         self._pointers.extend(outbox_row(r) for r in rows)
 
-    def read_after_commit(self, read: Callable[[], None], *, outbox_key: str) -> None:
+    def read_after_commit(self, read: Callable[[], None], *, outbox_key: str | None) -> None:
         """Read a statement's result once the unit committed, not now: the outbox row it may
-        have written (key ``outbox_key``; ``read`` keeps it with :meth:`wrote_json`) comes
-        back with the COMMIT's results, in the one round trip, instead of costing one of its
-        own. Only for a statement whose rows decide nothing before the commit (a new
-        workflow's first jobs)."""
+        have written (key ``outbox_key``, None: it writes none; ``read`` keeps it with
+        :meth:`wrote_json`) comes back with the COMMIT's results, in the one round trip,
+        instead of costing one of its own. Only for a statement whose rows decide nothing
+        before the commit (a job's insert with no dependency, an ack fenced by its row's
+        lock)."""
         self._unread.append((read, outbox_key))
 
     def unread_keys(self) -> list[str]:
         """The outbox keys of the reads :meth:`read_after_commit` put off, not run yet."""
-        return [key for _, key in self._unread]
+        return [key for _, key in self._unread if key is not None]
 
     def read_unread(self) -> None:
         """Run the reads :meth:`read_after_commit` put off (their results are in)."""
@@ -212,7 +271,7 @@ class UnitOfWork:
                 )
             )
             if held:
-                self.held = self._pointers[-1]
+                self.held, self._hold_unread = self._pointers[-1], False
 
     def trace(self, traceparent: str | None) -> None:
         """Mark the rows written so far with the W3C ``traceparent`` their pointers continue
@@ -225,8 +284,8 @@ class UnitOfWork:
             params = {"traceparent": traceparent, "ids": ids}
             self.conn.execute(Q["trace_outbox"].encode(), params)
             self._pointers = [replace(p, traceparent=traceparent) for p in self._pointers]
-        if self._unread:  # rows not read yet: by their keys
-            params = {"traceparent": traceparent, "keys": self.unread_keys()}
+        if keys := self.unread_keys():  # rows not read yet: by their keys
+            params = {"traceparent": traceparent, "keys": keys}
             self.conn.execute(Q["trace_outbox_keys"].encode(), params)
             self._traced = traceparent
 
@@ -247,19 +306,25 @@ class UnitOfWork:
         Only a nested block releases its savepoint (else the enclosing block's ``ROLLBACK
         TO`` would take it). An outermost one's is left to the ``COMMIT``, one statement
         fewer: a later block's ``SAVEPOINT`` shadows it, so nothing can roll back to it."""
-        kept, unread = len(self._pointers), len(self._unread)
+        kept, unread, after = len(self._pointers), len(self._unread), len(self._after)
         held, may_hold, claim = self.held, self._may_hold, self._claim
+        hold_unread = self._hold_unread
         nested = self._savepoints > 0
         self._savepoints += 1
         self.conn.execute(b"SAVEPOINT unit")
         try:
             yield
+            if len(self._unread) > unread:  # their statements' errors raise here, in the block
+                with self.conn.pipeline():  # a nested pipeline's exit is a sync
+                    pass
         except BaseException:
             settle_pipeline(self.conn)
             self.conn.execute(b"ROLLBACK TO SAVEPOINT unit")
             del self._pointers[kept:]
             del self._unread[unread:]  # their statements were rolled back
+            del self._after[after:]
             self.held, self._may_hold = held, may_hold  # a row held in the block is gone
+            self._hold_unread = hold_unread
             self._claim = claim  # a claim written in the block is unwritten again
             raise
         finally:
@@ -293,11 +358,17 @@ class Units:
                     unit.read_unread()
                 self._publish_landed(unit.pointers, keys)
             raise
+        except psycopg.Error as exc:
+            failed = None if unit is None else unit.failed(exc)
+            if failed is None:
+                raise
+            raise failed from exc
         unit.read_unread()
         held = None if unit.held is None else unit.held.id
         sent = [p for p in unit.pointers if p.id != held]
         if sent and self._publish is not None:
             self._publish(sent)
+        unit.run_after_commit()
 
     def hand_over(self, rows: Sequence[OutboxRow]) -> None:
         """Give committed outbox rows to the relay (a held row its holder did not run)."""

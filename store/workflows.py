@@ -55,7 +55,7 @@ from store.event_spans import (
 )
 from store.events import drafted, emit_on
 from store.gate_rows import gate_from_row
-from store.jobs import PostgresJobRepository, fresh_batch
+from store.jobs import PostgresJobRepository, unread_batch
 from store.ledger import Ledger
 from store.retry import retried
 from store.settle import event_facts, is_one_statement, settle_txn
@@ -629,6 +629,8 @@ class WorkflowStore(WorkflowReads):
         together = caused_by is None or caused_by == cause
         if not together:
             self._emit(conn, workflow, facts, caused_by)
+        if not savepoint:  # a statement read after the commit fails with the COMMIT
+            unit.fail_as(lambda exc: DecisionFailed(_failed(workflow, exc)))
         try:
             # A failed decision leaves nothing behind: rolled back to the savepoint, or, with
             # none, with the whole unit (DecisionFailed).
@@ -648,7 +650,7 @@ class WorkflowStore(WorkflowReads):
             if not savepoint:
                 if unit.conn.broken:  # a lost connection is the caller's, as everywhere
                     raise
-                raise DecisionFailed(f"workflow {workflow.id}: {type(exc).__name__}") from exc
+                raise DecisionFailed(_failed(workflow, exc)) from exc
             if together:
                 self._emit(conn, workflow, facts, cause)
             return self._block(conn, workflow, seq, event, now, exc)
@@ -865,11 +867,12 @@ class WorkflowStore(WorkflowReads):
         """Write what the decision implies (``workflows.effects``): jobs, gates, wind-down
         (``close_gates``: its open gates closed here, else by the workflow's update).
         ``fresh``: the workflow's row is new in this transaction (no job of it exists), so
-        its jobs are sent without being read back (``enqueue_fresh_txn``)."""
+        its jobs may wait on one another. Jobs that wait on none already written (or none at
+        all) are sent without being read back (``enqueue_unread_txn``)."""
         if implied.steps:
             requests = self._requests(unit.conn, workflow, implied.steps, fresh=fresh)
-            if fresh and fresh_batch(requests):
-                self._jobs.enqueue_fresh_txn(unit, requests)
+            if unread_batch(requests, fresh=fresh):
+                self._jobs.enqueue_unread_txn(unit, requests, fresh=fresh)
             else:
                 self._jobs.enqueue_batch_txn(unit, requests)
         for gate in implied.gates:
@@ -1112,6 +1115,10 @@ def _replayed_first(check: Callable[[], None] | None) -> None:
         raise
     except Exception:  # noqa: BLE001 - the caller raises the decision's error
         pass
+
+
+def _failed(workflow: Workflow, exc: BaseException) -> str:
+    return f"workflow {workflow.id}: {type(exc).__name__}"
 
 
 def _history_row(seq: int, event: Event, at: datetime) -> dict[str, Any]:

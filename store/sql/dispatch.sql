@@ -64,6 +64,7 @@ SELECT * FROM claimed
 -- (write_claim). The claim's columns come back beside the row as claim_*: the same
 -- expressions as claim_pointer's SET. %(sent)s as in claim_pointer; the job's dispatched_at
 -- is claim_dispatched_at, written with the claim, or stamped here when the claim misses.
+-- claim_dependents: jobs wait on this one (its ack then releases them in the unit).
 WITH sent AS (
     UPDATE job_outbox
     SET sent_at = now()
@@ -106,7 +107,8 @@ SELECT l.*,
        now() AS claim_at,
        CASE WHEN EXISTS (SELECT 1 FROM sent s
                          WHERE s.job_id = l.id AND s.dispatch_seq = l.dispatch_seq)
-            THEN now() ELSE l.dispatched_at END AS claim_dispatched_at
+            THEN now() ELSE l.dispatched_at END AS claim_dispatched_at,
+       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = l.id) AS claim_dependents
 FROM locked l
 
 -- name: snapshot

@@ -395,3 +395,50 @@ def test_a_locked_claim_of_a_held_pointer_marks_it_sent_and_stamps_the_dispatch(
     with pool.connection() as conn:
         stamped = conn.execute("SELECT dispatched_at FROM job WHERE id = %s", (job.id,))
         assert stamped.fetchone()[0] is not None
+
+
+def test_the_ack_of_a_locked_claim_is_read_after_the_commit(pool, handoff) -> None:
+    """Its row lock fences it till the commit: the ack is sent, not read, and the unit's
+    COMMIT brings its result back."""
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    job = repo.enqueue(req("unread")).job
+    with repo.units.begin() as unit:
+        claimed = locked_claim(records, unit, job)
+        assert claimed is not None
+        assert repo.ack_txn(unit, claimed.lease).applied
+        assert unit.unread_keys() == [] and len(unit._unread) == 1  # read after the commit
+    done = repo.get(job.id)
+    assert done is not None and done.state is JobState.SUCCEEDED
+
+
+def test_a_locked_claim_with_dependents_releases_them_in_its_unit(pool, handoff) -> None:
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    parent = repo.enqueue(req("parent-in-unit")).job
+    child = repo.enqueue(req("child-in-unit", depends_on=(parent.id,))).job
+    with repo.units.begin() as unit:
+        claimed = locked_claim(records, unit, parent)
+        assert claimed is not None
+        assert repo.ack_txn(unit, claimed.lease).applied
+        assert [p.job_id for p in unit.pointers] == [child.id]  # released before the commit
+    assert [row[0] for row in outbox(pool, child.id)] == [1]
+
+
+def test_a_dependent_written_after_the_lock_is_released_after_the_commit(pool, handoff) -> None:
+    """A job that starts waiting on the parent after the parent's claim locked it (and
+    before its ack) is released once the ack committed, in a unit of its own."""
+    repo = repo_for(pool, handoff)
+    records = DispatchRecords(pool=pool, relay_id="relay-1")
+    parent = repo.enqueue(req("parent-late")).job
+    with repo.units.begin() as unit:
+        claimed = locked_claim(records, unit, parent)
+        assert claimed is not None
+        # Another writer: its enqueue sees the parent not yet succeeded, so keeps it waiting.
+        child = repo.enqueue(req("child-late", depends_on=(parent.id,))).job
+        assert child.dispatch_seq == 0
+        assert repo.ack_txn(unit, claimed.lease).applied
+        assert unit.pointers == ()  # nothing released in the unit
+    assert [row[0] for row in outbox(pool, child.id)] == [1]
+    released = repo.get(child.id)
+    assert released is not None and released.dispatch_seq == 1

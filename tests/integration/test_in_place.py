@@ -219,14 +219,14 @@ def test_a_cut_after_a_settle_that_scheduled_the_next_step_leaves_it_to_the_drai
     assert runtime.relay.drain() == 1
 
 
-def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_seven_statements(
+def test_an_in_place_workflow_step_costs_two_round_trips_and_at_most_seven_statements(
     pg_url: str, amqp: Amqp
 ) -> None:
-    """Per step: the lock and the fenced claim (which marks a held row sent); the ack with
-    the decision's first statements (the next job's insert, its outbox row written held);
-    the workflow's history, events and state with the COMMIT. No statement releases the
-    held row or marks it sent on its own, and the decision takes no savepoint (one that
-    fails rolls the unit back and is settled again with one)."""
+    """Per step: the lock and the fenced claim (which marks a held row sent); then the ack
+    (the claim's write with it), the next job's insert (its outbox row written held), the
+    workflow's history, events and state, and the COMMIT, all read after the commit. No
+    statement releases the held row or marks it sent on its own, and the decision takes no
+    savepoint (one that fails rolls the unit back and is settled again with one)."""
     parts = urlsplit(pg_url)
     wire = Wire(parts.hostname or "127.0.0.1", parts.port or 5432)
     netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{wire.port}"
@@ -241,10 +241,9 @@ def test_an_in_place_workflow_step_costs_three_round_trips_and_at_most_seven_sta
         assert deliver(runtime, first) is StepResult.SUCCEEDED
         waits, statements = wire.waits, wire.count(b"E")
         assert runtime.workflows.get(workflow.id).status.value == "completed"
-        # a, b (held), c (held, the last: its ack checked before the COMMIT): three each; the
-        # history this process reads the first time it touches the workflow (the
-        # non-determinism guard, at a) travels with a's ack and insert
-        assert waits == 3 + 3 + 3
+        # a, b (held), c (held): two each; the history this process reads the first time it
+        # touches the workflow (the non-determinism guard, at a) is read before a's update
+        assert waits == 3 + 2 + 2
         # BEGIN, lock, claim (the job's row locked), ack (the claim's write with it),
         # insert (a and b only), update, COMMIT; and a's history read
         assert statements == 7 + 7 + 6 + 1
@@ -282,6 +281,34 @@ def test_a_decision_that_fails_without_a_savepoint_is_settled_again_and_blocks(
     assert ran == ["b"]  # once: the second unit settles the outcome the first one had
     steps = steps_of(runtime, workflow)
     assert steps["b"].state is JobState.SUCCEEDED and "c" not in steps
+    assert runtime.workflows.get(workflow.id).status.value == "blocked"
+    gates = [gate.kind for gate, _ in runtime.workflows.inbox(workflow.project_id)]
+    assert gates == ["workflow_error"]
+
+
+def test_a_decision_whose_insert_fails_at_the_commit_is_settled_again_and_blocks(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next job's insert is read after the commit, so its error (a step name the
+    workflow used already: the job's (workflow, step) key) comes back with the COMMIT's:
+    the unit rolls back, and the step is settled again in one that takes the savepoint,
+    where the error is read inside it and blocks the workflow; the step's success commits."""
+    from tests.tiny_definition import OneByOne
+    from workflows.engine import Decision, ScheduleStep, StepSucceeded
+
+    decide = OneByOne.decide
+
+    def again(self: Any, state: Any, event: Any, now: Any) -> Any:
+        if isinstance(event, StepSucceeded) and event.step == "b":  # "a" again, another kind
+            return Decision(state, (ScheduleStep(step="a", kind="design.spec"),))
+        return decide(self, state, event, now)
+
+    monkeypatch.setattr(OneByOne, "decide", again)
+    workflow, first = one_by_one(runtime)
+    assert deliver(runtime, first) is StepResult.SUCCEEDED
+    steps = steps_of(runtime, workflow)
+    assert steps["a"].kind == "design.research" and steps["a"].state is JobState.SUCCEEDED
+    assert steps["b"].state is JobState.SUCCEEDED
     assert runtime.workflows.get(workflow.id).status.value == "blocked"
     gates = [gate.kind for gate, _ in runtime.workflows.inbox(workflow.project_id)]
     assert gates == ["workflow_error"]
