@@ -21,6 +21,7 @@ from store.jobs import job_from_row, write_claim
 from store.retry import retried
 from store.sql import load
 from store.unit_of_work import LockedClaim, OutboxRow, UnitOfWork, outbox_row
+from store.workflow_reads import workflow_from_row
 from workflows.job import JobState
 from workflows.queue import DELIVERY_EXHAUSTED_PROMPT, Job
 
@@ -95,7 +96,11 @@ class DispatchRecords:
         if not locked:
             row = fetch_one(unit.conn, Q["claim_pointer"], params)
             return None if row is None else job_from_row(row)
-        row = fetch_one(unit.conn, Q["lock_pointer"], params)
+        workflow = unit.locks_workflow_with_claim(job_id)
+        row = fetch_one(unit.conn, Q["lock_pointer"], params | {"workflow": workflow})
+        if workflow:
+            found = row is not None and row["w_id"] is not None
+            unit.claim_locked_workflow(workflow_from_row(row, "w_") if row and found else None)
         if row is None:
             return None
         claim = LockedClaim(

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
@@ -37,6 +37,9 @@ from store.db import Conn, Pool, pipelined_transaction, settle_pipeline, stateme
 from store.errors import CommitUnknown, DatabaseUnavailable
 from store.resolve import unsent_rows
 from store.sql import load
+
+if TYPE_CHECKING:
+    from store.workflow_reads import Workflow
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,8 @@ class UnitOfWork:
         "_savepoints",
         "_traced",
         "_unread",
+        "_workflow",
+        "_workflow_of",
         "conn",
         "held",
     )
@@ -139,6 +144,29 @@ class UnitOfWork:
         self._hold_unread = False  # the held row's insert is read after the commit
         self._after: list[Callable[[], None]] = []  # run once the unit committed
         self._failed_as: Callable[[Exception], Exception] | None = None  # see fail_as
+        self._workflow_of: UUID | None = None  # the job whose claim locks its workflow
+        self._workflow: Workflow | None = None  # what that claim's lock read
+
+    def lock_workflow_with_claim(self, job_id: UUID) -> None:
+        """The locked claim of ``job_id`` (``store.dispatch``'s ``claim_pointer_txn`` with
+        ``locked``), the unit's next statement, locks the job's workflow first, in the same
+        statement: :meth:`claimed_workflow` then gives it."""
+        self._workflow_of, self._workflow = job_id, None
+
+    def locks_workflow_with_claim(self, job_id: UUID) -> bool:
+        """Whether the claim of ``job_id`` is to lock its workflow too."""
+        return self._workflow_of == job_id
+
+    def claim_locked_workflow(self, workflow: Workflow | None) -> None:
+        """The claim locked the job's workflow: ``workflow`` (None: a plain job, or a claim
+        that missed)."""
+        self._workflow_of, self._workflow = None, workflow
+
+    def claimed_workflow(self, job_id: UUID) -> tuple[bool, Workflow | None]:
+        """(whether the claim of ``job_id`` locked its workflow, the workflow it locked)."""
+        if self._workflow_of == job_id:
+            return False, None
+        return True, self._workflow
 
     def lock_claim(self, claim: LockedClaim) -> None:
         """``claim``'s row is locked in this unit and not written: the unit's first fenced

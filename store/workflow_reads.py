@@ -230,7 +230,11 @@ def _recorded(row: Mapping[str, Any]) -> Recorded:
     )
 
 
-def workflow_from_row(row: Mapping[str, Any]) -> Workflow:
+def workflow_from_row(row: Mapping[str, Any], prefix: str = "") -> Workflow:
+    """The workflow of a ``workflow`` row; ``prefix``: its columns' names start with it
+    (a row of another table's, with the workflow's beside it)."""
+    if prefix:
+        row = {name: row[prefix + name] for name in _COLUMNS}
     return Workflow(
         id=row["id"],
         project_id=row["project_id"],
@@ -249,3 +253,11 @@ def workflow_from_row(row: Mapping[str, Any]) -> Workflow:
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
     )
+
+
+# What workflow_from_row reads of a row.
+_COLUMNS = (
+    "id", "project_id", "definition", "version", "phase", "cycle", "status", "completion_mode",
+    "reason", "input", "state", "last_seq", "applied_seq", "created_at", "updated_at",
+    "finished_at",
+)  # fmt: skip

@@ -1005,10 +1005,19 @@ class WorkflowStore(WorkflowReads):
     # -- rows ------------------------------------------------------------------------------
 
     def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]:
-        """Lock the workflow of job ``job_id`` (none for a plain job), sent now and read when
-        the returned function is called: in pipeline mode the lock travels with the caller's
-        next statement (the step's claim) in one round trip."""
-        return self._lock_of(unit, Q["lock_workflow_of_job"], {"job_id": job_id})
+        """Lock the workflow of job ``job_id`` (none for a plain job), read when the returned
+        function is called. The job's locked claim, the caller's next statement, takes it
+        first, in its own statement (``dispatch.sql``'s ``lock_pointer``); a caller whose
+        next statement was not that claim has it locked at the read."""
+        unit.lock_workflow_with_claim(job_id)
+
+        def read() -> Workflow | None:
+            locked, workflow = unit.claimed_workflow(job_id)
+            if locked:
+                return workflow
+            return self._lock_of(unit, Q["lock_workflow_of_job"], {"job_id": job_id})()
+
+        return read
 
     def _lock_of(
         self, unit: UnitOfWork, query: str, params: Mapping[str, Any]

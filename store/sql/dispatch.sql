@@ -65,7 +65,16 @@ SELECT * FROM claimed
 -- expressions as claim_pointer's SET. %(sent)s as in claim_pointer; the job's dispatched_at
 -- is claim_dispatched_at, written with the claim, or stamped here when the claim misses.
 -- claim_dependents: jobs wait on this one (its ack then releases them in the unit).
-WITH sent AS (
+-- %(workflow)s: the job's workflow is locked first (the store's lock order: a workflow, then
+-- its jobs), by the same statement, and comes back beside the row as w_* (NULL: a plain
+-- job's). The job's lock waits on the workflow's: the workflow is read in the job's filter,
+-- and the job's row is locked only once it passed that filter.
+WITH wf AS (
+    SELECT w.* FROM workflow w
+    WHERE %(workflow)s AND w.id = (SELECT j.workflow_id FROM job j WHERE j.id = %(job_id)s)
+    FOR UPDATE OF w
+),
+sent AS (
     UPDATE job_outbox
     SET sent_at = now()
     WHERE id = %(sent)s AND sent_at IS NULL
@@ -87,6 +96,7 @@ locked AS (
           JOIN job p ON p.id = d.depends_on
           WHERE d.job_id = j.id AND p.state <> 'succeeded'
       )
+      AND (SELECT count(*) FROM wf) >= 0  -- the workflow locked before this row
     FOR NO KEY UPDATE OF j
 ),
 missed AS (
@@ -108,8 +118,14 @@ SELECT l.*,
        CASE WHEN EXISTS (SELECT 1 FROM sent s
                          WHERE s.job_id = l.id AND s.dispatch_seq = l.dispatch_seq)
             THEN now() ELSE l.dispatched_at END AS claim_dispatched_at,
-       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = l.id) AS claim_dependents
-FROM locked l
+       EXISTS (SELECT 1 FROM job_dependency d WHERE d.depends_on = l.id) AS claim_dependents,
+       w.id AS w_id, w.project_id AS w_project_id, w.definition AS w_definition,
+       w.version AS w_version, w.phase AS w_phase, w.cycle AS w_cycle, w.status AS w_status,
+       w.completion_mode AS w_completion_mode, w.reason AS w_reason, w.input AS w_input,
+       w.state AS w_state, w.last_seq AS w_last_seq, w.applied_seq AS w_applied_seq,
+       w.created_at AS w_created_at, w.updated_at AS w_updated_at,
+       w.finished_at AS w_finished_at
+FROM locked l LEFT JOIN wf w ON true
 
 -- name: snapshot
 -- What the miss policy needs to know about a pointer's row, read on the database clock.

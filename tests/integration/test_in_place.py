@@ -5,6 +5,7 @@ the drain when the process stops in between."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -219,10 +220,11 @@ def test_a_cut_after_a_settle_that_scheduled_the_next_step_leaves_it_to_the_drai
     assert runtime.relay.drain() == 1
 
 
-def test_an_in_place_workflow_step_costs_two_round_trips_and_at_most_seven_statements(
+def test_an_in_place_workflow_step_costs_two_round_trips_and_at_most_six_statements(
     pg_url: str, amqp: Amqp
 ) -> None:
-    """Per step: the lock and the fenced claim (which marks a held row sent); then the ack
+    """Per step: the workflow's lock and the job's fenced claim, one statement (which marks a
+    held row sent); then the ack
     (the claim's write with it), the next job's insert (its outbox row written held), the
     workflow's history, events and state, and the COMMIT, all read after the commit. No
     statement releases the held row or marks it sent on its own, and the decision takes no
@@ -244,9 +246,9 @@ def test_an_in_place_workflow_step_costs_two_round_trips_and_at_most_seven_state
         # a, b (held), c (held): two each; the history this process reads the first time it
         # touches the workflow (the non-determinism guard, at a) is read before a's update
         assert waits == 3 + 2 + 2
-        # BEGIN, lock, claim (the job's row locked), ack (the claim's write with it),
-        # insert (a and b only), update, COMMIT; and a's history read
-        assert statements == 7 + 7 + 6 + 1
+        # BEGIN, the claim (the workflow's row locked, then the job's), ack (the claim's write
+        # with it), insert (a and b only), update, COMMIT; and a's history read
+        assert statements == 6 + 6 + 5 + 1
     finally:
         close(runtime)
         wire.close()
@@ -312,3 +314,35 @@ def test_a_decision_whose_insert_fails_at_the_commit_is_settled_again_and_blocks
     assert runtime.workflows.get(workflow.id).status.value == "blocked"
     gates = [gate.kind for gate, _ in runtime.workflows.inbox(workflow.project_id)]
     assert gates == ["workflow_error"]
+
+
+def test_a_step_claim_locks_its_workflow_before_its_job(runtime: Runtime, pg_url: str) -> None:
+    """The claim locks the workflow and the job in one statement, in the store's lock order:
+    while the workflow's row is held elsewhere, the claim waits on it holding nothing of the
+    job, whose row another writer can still lock."""
+    import threading
+
+    workflow, first = one_by_one(runtime)
+    ran: list[StepResult] = []
+    with psycopg.connect(pg_url) as holder:
+        holder.execute("SELECT 1 FROM workflow WHERE id = %s FOR UPDATE", (workflow.id,))
+        step = threading.Thread(target=lambda: ran.append(deliver(runtime, first)))
+        step.start()
+        with psycopg.connect(pg_url, autocommit=True) as probe:
+            for _ in range(200):  # till the claim waits on the workflow's lock
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE %s",
+                    ("%claim_dependents%",),
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail("the claim never waited on its workflow's lock")
+            probe.execute("SET lock_timeout = '500ms'")
+            probe.execute("SELECT 1 FROM job WHERE id = %s FOR NO KEY UPDATE", (first.id,))
+        holder.rollback()
+    step.join(timeout=30)
+    assert ran == [StepResult.SUCCEEDED]
+    assert runtime.workflows.get(workflow.id).status.value == "completed"
