@@ -125,6 +125,9 @@ def test_sigkilled_mid_chain_workers_lose_nothing_and_resume_within_an_interval(
                 redispatch_after_seconds=30,
                 reclaim_after_seconds=RECLAIM.total_seconds(),
                 in_place_steps=16,
+                # A chain ends at a kill, not at its wall-time budget: however slow the box,
+                # the steps continue in place unless the chaos cuts them.
+                in_place_ms=60_000,
             ),
         ),
         worker=WorkerSettings(threads=4, handlers="tests.chaos.in_place_chaos:HANDLERS"),
