@@ -88,6 +88,8 @@ def test_a_chain_of_steps_runs_to_the_end(runtime: Runtime) -> None:
         EnqueueRequest(project_id=P, kind="design.interview", subject="3", depends_on=(second.id,))
     ).job
     wait_for(lambda: states(runtime, first, second, third) == [JobState.SUCCEEDED] * 3)
+    # A step's result is counted once its unit has committed and done what follows the commit.
+    wait_for(lambda: runtime.results[StepResult.SUCCEEDED] >= 3)
     done = runtime.jobs.get(third.id)
     assert done is not None and done.result == {"subject": "3"} and done.attempts == 1
     assert runtime.results[StepResult.SUCCEEDED] == 3
