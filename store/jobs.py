@@ -62,6 +62,8 @@ from workflows.queue import (
 
 Q = load("jobs.sql")
 log = logging.getLogger(__name__)
+
+ACKED = Settled(True, JobState.SUCCEEDED)  # an ack that applied
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -180,6 +182,8 @@ class PostgresJobRepository:
             cur = conn.cursor(row_factory=dict_row)
             params = self._insert_params(request, request.job_id, request.depends_on)
             held = self._held(unit, request, params)
+            if held:
+                unit.hold_unread()
             cur.execute(Q["insert_job"].encode(), params)
             key = f"dispatch:{request.job_id}:1"  # the row insert_job writes, if it dispatches
             unit.read_after_commit(_outbox_reader(unit, cur, held=held), outbox_key=key)
@@ -364,7 +368,7 @@ class PostgresJobRepository:
                 unit.after_commit(lambda: self.release_dependents(job_id))
 
         unit.read_after_commit(read, outbox_key=None)
-        return Settled(True, JobState.SUCCEEDED)
+        return ACKED
 
     @retried("release a job's dependents", idempotent=True)
     def release_dependents(self, job_id: UUID) -> None:
@@ -804,8 +808,6 @@ def _gate_opened_on(
 def _outbox_reader(unit: UnitOfWork, cur: Cursor[DictRow], *, held: bool) -> Callable[[], None]:
     """Read a job's insert once its unit committed: its outbox rows, if it created the job
     and dispatched it (``held``: the row the unit holds)."""
-    if held:
-        unit.hold_unread()
 
     def read() -> None:
         with cur:

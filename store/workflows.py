@@ -55,7 +55,7 @@ from store.event_spans import (
 )
 from store.events import drafted, emit_on
 from store.gate_rows import gate_from_row
-from store.jobs import PostgresJobRepository, unread_batch
+from store.jobs import ACKED, PostgresJobRepository, unread_batch
 from store.ledger import Ledger
 from store.retry import retried
 from store.settle import event_facts, is_one_statement, settle_txn
@@ -103,7 +103,6 @@ from workflows.engine import (
 from workflows.events import Draft, gate_opened, implied, recorded, status_changed
 from workflows.gates import BUDGET_EXHAUSTED, RETRY_OR_CANCEL
 from workflows.gates import WORKFLOW_ERROR as WORKFLOW_ERROR_GATE
-from workflows.job import JobState
 from workflows.ledger import engine_events, open_finding_ids
 from workflows.queue import (
     AnswerStatus,
@@ -131,7 +130,6 @@ REPLAY_CACHE = 10_000
 WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 LIVE_INDEX = "workflow_one_live_per_project"  # one running or blocked workflow a project
 START_ROUNDS = 5  # starts sent again after projects found live, before the careful path
-ACKED = Settled(True, JobState.SUCCEEDED)  # an ack that applied
 
 
 class WorkflowStore(WorkflowReads):
