@@ -79,6 +79,7 @@ TIERS = WaitTiers((timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds
 # one thread, and it holds up to 40 at once.
 FLEET_THREADS = 64
 DRAIN_GRACE_S = 5.0
+DISPATCH_WAIT_S = 5.0  # a committed pointer is delivered within this (the relay, the broker)
 RELAY_CONNECT_S = 10.0  # a producer's relay waits this long for the broker
 REGISTRY = Registry(DEFINITIONS)  # the protocol's definitions: the kinds the contract enqueues
 
@@ -94,6 +95,13 @@ class Backend(Protocol):
 
     def stall(self, owner: str) -> None:
         """The worker ``owner`` froze: its heartbeat stops, its leases run out."""
+        ...
+
+    def dispatched(self, project_id: str, n: int) -> bool:
+        """Whether ``n`` of the project's ready jobs are in reach of one claim within a few
+        seconds: on the fleet, their pointers delivered (a claim takes what its broker
+        delivered, so before then it could order only what had arrived); elsewhere the
+        claim reads the record itself, at once."""
         ...
 
     # The record, read (and a clock moved) directly:
@@ -186,6 +194,9 @@ class PostgresBackend(PostgresRecord):
 
     def stall(self, owner: str) -> None:
         self.workers.stall(owner)
+
+    def dispatched(self, project_id: str, n: int) -> bool:
+        return True
 
 
 class RabbitMqBackend(PostgresRecord):
@@ -294,6 +305,9 @@ class RabbitMqBackend(PostgresRecord):
     def stall(self, owner: str) -> None:
         self.workers.stall(owner)
 
+    def dispatched(self, project_id: str, n: int) -> bool:
+        return self.deliveries.waiting(project_id, n, timeout=DISPATCH_WAIT_S)
+
 
 class MemoryBackend:
     """The fakes' graph (``actors.graph.assemble_memory``: the job repository dispatching, its
@@ -341,6 +355,9 @@ class MemoryBackend:
 
     def stall(self, owner: str) -> None:
         self.workers.stall(owner)
+
+    def dispatched(self, project_id: str, n: int) -> bool:
+        return True
 
     def make_due(self, job_id: uuid.UUID) -> None:
         with self.jobs.lock:

@@ -472,8 +472,14 @@ class Deliveries:
         return self._reap()
 
     def wait(self, project_id: str, timeout: float) -> bool:
+        return self.waiting(project_id, 1, timeout)
+
+    def waiting(self, project_id: str, n: int, timeout: float) -> bool:
+        """Whether ``n`` of the project's pointers wait unclaimed, within ``timeout``."""
         with self._arrived:
-            return self._arrived.wait_for(lambda: bool(self._pending.get(project_id)), timeout)
+            return self._arrived.wait_for(
+                lambda: len(self._pending.get(project_id, ())) >= n, timeout
+            )
 
     def close(self) -> None:
         """Every waiting pointer's actor returns (unclaimed)."""

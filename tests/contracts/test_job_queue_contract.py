@@ -125,6 +125,7 @@ def test_claim_is_scoped_ordered_and_counts_attempts(backend: Backend) -> None:
     low = repo.enqueue(req("low", priority=0)).job
     high = repo.enqueue(req("high", priority=5)).job
     repo.enqueue(req("elsewhere", project=OTHER, priority=9))
+    assert backend.dispatched(P, 2)  # one claim sees both (the order is within a claim)
     held = claim_n(repo, P, owner="w", n=2)
     assert [j.id for j in held] == [high.id, low.id]
     assert all(j.state is JobState.LEASED and j.attempts == 1 for j in held)
