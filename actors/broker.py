@@ -31,6 +31,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
+from uuid import UUID
 
 import pika
 from dramatiq import Message, MessageProxy
@@ -91,6 +92,7 @@ class PointerConsumer(_RabbitmqConsumer):
                 "delivery": _delivery_count(properties),
                 "solo": _solo(properties),
                 "redelivered": bool(method.redelivered),
+                **_workflow(properties, envelope.job_id),
                 **_trace(properties),
             },
             options={},
@@ -173,6 +175,15 @@ def _trace(properties: Any) -> dict[str, Any]:
     headers = properties.headers if isinstance(properties.headers, dict) else {}
     carrier = {k: headers[k] for k in TRACE_HEADERS if isinstance(headers.get(k), str)}
     return {"trace": carrier} if carrier else {}
+
+
+def _workflow(properties: Any, job_id: UUID) -> dict[str, Any]:
+    """``workflow``: the job's workflow as the relay named it (``correlation_id``: the
+    workflow, else the job itself), if any: a hint for the runner (``StepRunner.run``)."""
+    correlation = properties.correlation_id
+    if not isinstance(correlation, str) or correlation == str(job_id):
+        return {}
+    return {"workflow": correlation}
 
 
 def _solo(properties: Any) -> bool:

@@ -128,16 +128,20 @@ class StepRunner:
         delivery: int = 0,
         solo: bool = False,
         redelivered: bool = False,
+        workflow: str | None = None,
     ) -> StepResult:
         """``delivery``: the broker's delivery count before this one; ``redelivered``: the
-        broker delivered this message before (a consumer died holding it)."""
+        broker delivered this message before (a consumer died holding it); ``workflow``: the
+        job's workflow as the pointer names it (a hint: the claim's round trip then carries
+        the workflow's history when this process has not replayed it)."""
         with self._gate.alone() if solo else self._gate.shared():
             try:
                 if not (solo or redelivered or delivery) and self._short(kind):
                     chain = None if self._in_place is None else self._in_place.chain()
                     result = self._run_short_retried(
-                        UUID(job_id), project_id, seq, kind, routing_key, chain
-                    )
+                        UUID(job_id), project_id, seq, kind, routing_key, chain,
+                        workflow=_uuid_or_none(workflow),
+                    )  # fmt: skip
                     if chain is not None:
                         self._continue(chain)
                     return result
@@ -170,7 +174,7 @@ class StepRunner:
             try:
                 self._run_short_retried(
                     row.job_id, row.project_id, row.dispatch_seq, row.kind, routing_key, chain,
-                    sent=row.id,
+                    sent=row.id, workflow=row.workflow_id,
                 )  # fmt: skip
             except DatabaseUnavailable as exc:
                 log.warning(
@@ -190,6 +194,7 @@ class StepRunner:
         chain: Chain | None = None,
         *,
         sent: int | None = None,
+        workflow: UUID | None = None,
     ) -> StepResult:
         """A lost connection before the unit's commit runs it again (nothing of it committed);
         one cut off during the commit goes the two-commit way, whose claim says what is true
@@ -197,7 +202,7 @@ class StepRunner:
         try:
             return retrying(
                 lambda: self._run_short(
-                    job_id, project_id, seq, kind, routing_key, chain, sent=sent
+                    job_id, project_id, seq, kind, routing_key, chain, sent=sent, workflow=workflow
                 ),
                 what="a short step",
                 idempotent=False,
@@ -219,6 +224,7 @@ class StepRunner:
         chain: Chain | None = None,
         *,
         sent: int | None = None,
+        workflow: UUID | None = None,
     ) -> StepResult:
         """A short step's first delivery: the fenced claim, the handler and the settle in one
         unit of work, one commit. The claim is never committed on its own, so no heartbeat
@@ -229,10 +235,11 @@ class StepRunner:
 
         ``sent``: the outbox row of this pointer, when a chain kept it from the relay
         (``actors.in_place``): marked sent in this unit, claim or miss. With ``chain``, the
-        first job the settle releases that the chain may run is held for it."""
+        first job the settle releases that the chain may run is held for it. ``workflow``: the
+        job's workflow as its pointer names it (:meth:`run`)."""
         self._reached(CrashPoint.BEFORE_CLAIM, job_id, seq, 0)
         handled = _Handled()
-        step = (job_id, project_id, seq, kind, routing_key, chain, sent, handled)
+        step = (job_id, project_id, seq, kind, routing_key, chain, sent, workflow, handled)
         try:
             try:  # the decision without a savepoint: one statement fewer a step
                 return self._run_short_unit(*step, savepoint=False)
@@ -252,6 +259,7 @@ class StepRunner:
         routing_key: str,
         chain: Chain | None,
         sent: int | None,
+        hint: UUID | None,
         handled: _Handled,
         *,
         savepoint: bool,
@@ -260,7 +268,9 @@ class StepRunner:
         decision is settled again without running the handler twice)."""
         with self._jobs.units.begin() as unit:
             locked = (
-                None if self._workflows is None else self._workflows.lock_of_job_txn(unit, job_id)
+                None
+                if self._workflows is None
+                else self._workflows.lock_of_job_txn(unit, job_id, workflow=hint)
             )
             job = self._records.claim_pointer_txn(
                 unit,
@@ -444,3 +454,14 @@ _LABELS: dict[type[Outcome], StepResult] = {
     Defer: StepResult.DEFERRED,
     Park: StepResult.PARKED,
 }
+
+
+def _uuid_or_none(text: str | None) -> UUID | None:
+    """A pointer's hint as a UUID; None when absent or not one (a hint is never trusted for
+    more than a read it may spare)."""
+    if text is None:
+        return None
+    try:
+        return UUID(text)
+    except ValueError:
+        return None

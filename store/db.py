@@ -4,7 +4,7 @@ transaction scopes, and dict-row fetches of named SQL."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -97,9 +97,15 @@ def statement(pool: Pool) -> Iterator[Conn]:
                 phase.committing()
 
 
-def fetch_one(conn: Conn, query: str, params: Mapping[str, Any]) -> DictRow | None:
+def fetch_one(
+    conn: Conn, query: str, params: Mapping[str, Any], *, then: Callable[[], None] | None = None
+) -> DictRow | None:
+    """``then``: sends more (pipelined) after the query and before its row is read, so that
+    it travels in the same round trip."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query.encode(), params)
+        if then is not None:
+            then()
         # The result's status, not cur.description (which builds a Column per column).
         result = cur.pgresult
         if result is None and conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:  # pipelined

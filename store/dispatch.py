@@ -97,7 +97,12 @@ class DispatchRecords:
             row = fetch_one(unit.conn, Q["claim_pointer"], params)
             return None if row is None else job_from_row(row)
         workflow = unit.locks_workflow_with_claim(job_id)
-        row = fetch_one(unit.conn, Q["lock_pointer"], params | {"workflow": workflow})
+        row = fetch_one(
+            unit.conn,
+            Q["lock_pointer"],
+            params | {"workflow": workflow},
+            then=unit.claim_sent if workflow else None,  # read under the lock, this round trip
+        )
         if workflow:
             found = row is not None and row["w_id"] is not None
             unit.claim_locked_workflow(workflow_from_row(row, "w_") if row and found else None)

@@ -112,7 +112,9 @@ class MemoryWorkflowStore:
         self.events: list[StepEvent] = []
         self.locked: list[UUID] = []
 
-    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]:
+    def lock_of_job_txn(
+        self, unit: UnitOfWork, job_id: UUID, *, workflow: UUID | None = None
+    ) -> Callable[[], Workflow | None]:
         self.locked.append(job_id)
         return lambda: None
 

@@ -95,7 +95,12 @@ class StepWorkflows(Protocol):
     of work (the caller's: ``settle_txn``; its own: ``settle``). A plain job's settle is the
     fenced write alone."""
 
-    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]: ...
+    def lock_of_job_txn(
+        self, unit: UnitOfWork, job_id: UUID, *, workflow: UUID | None = None
+    ) -> Callable[[], Workflow | None]:
+        """``workflow``: the job's workflow as its pointer names it (None: unknown), a hint
+        that lets the lock's round trip carry what is read under it."""
+        ...
 
     def settle_txn(
         self,

@@ -127,6 +127,7 @@ __all__ = [
 
 WORKFLOW_ERROR = WORKFLOW_ERROR_GATE.name
 REPLAY_CACHE = 10_000
+HISTORY_AHEAD = "history"  # a unit's read sent ahead: the history of a workflow (by its id)
 WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 LIVE_INDEX = "workflow_one_live_per_project"  # one running or blocked workflow a project
 START_ROUNDS = 5  # starts sent again after projects found live, before the careful path
@@ -152,8 +153,9 @@ class WorkflowStore(WorkflowReads):
         self._jobs = jobs
         self._registry = registry
         self._clock = clock
-        # Workflows whose history this process has replayed (or made): bounded, oldest out.
-        self._replayed: OrderedDict[tuple[UUID, str, int], None] = OrderedDict()
+        # Workflows whose history this process has replayed, with the definition and version
+        # it replayed them through: bounded, oldest out.
+        self._replayed: OrderedDict[UUID, tuple[str, int]] = OrderedDict()
 
     @property
     def registry(self) -> Registry:
@@ -668,7 +670,6 @@ class WorkflowStore(WorkflowReads):
     ) -> Workflow:
         """``facts``: the event's own domain events, written with what the decision implies
         (one statement). ``created``: this transaction inserted the workflow's row."""
-        conn = unit.conn
         ruled = engine_rule(workflow.header, event)
         definition: Definition[Any] | None = None
         replayed: Callable[[], None] | None = None
@@ -677,7 +678,7 @@ class WorkflowStore(WorkflowReads):
             header, encoded = ruled, None
         else:
             definition = self._registry.get(workflow.definition, workflow.version)
-            replayed = self._replay_check(conn, workflow)
+            replayed = self._replay_check(unit, workflow)
             try:
                 state = definition.decode_state(workflow.state)
                 header, decision = apply(definition, workflow.header, state, event, now)
@@ -797,20 +798,25 @@ class WorkflowStore(WorkflowReads):
             workflow_id=workflow.id,
         )
 
-    def _replay_check(self, conn: Conn, workflow: Workflow) -> Callable[[], None] | None:
+    def _replay_check(self, unit: UnitOfWork, workflow: Workflow) -> Callable[[], None] | None:
         """The non-determinism guard: the first time this process touches a workflow, replay
         its history through the definition this process runs. A definition changed under the
         same version raises (``WorkflowError``), and the event blocks the workflow behind a gate
         instead of being decided by code that would not have made the history it extends.
 
-        The history read is sent now and the check made when the returned function is called
-        (None: nothing to check), so that the read travels with the caller's next one instead
-        of costing a round trip of its own."""
-        key = (workflow.id, workflow.definition, workflow.version)
-        if workflow.applied_seq == 0 or key in self._replayed:
+        The history read is the one sent with the workflow's lock when the claim knew the
+        workflow (:meth:`lock_of_job_txn`), else sent now; the check is made when the returned
+        function is called (None: nothing to check), so that the read travels with the
+        caller's next one instead of costing a round trip of its own."""
+        ahead = unit.read_sent_ahead((HISTORY_AHEAD, workflow.id))
+        if workflow.applied_seq == 0 or self._replayed_through(workflow):
+            if ahead is not None:
+                ahead.close()
             return None
-        cur = conn.cursor(row_factory=dict_row)
-        cur.execute(Q["history"].encode(), {"workflow_id": workflow.id, "after": 0})
+        cur = ahead
+        if cur is None:
+            cur = unit.conn.cursor(row_factory=dict_row)
+            cur.execute(Q["history"].encode(), {"workflow_id": workflow.id, "after": 0})
         verdict: list[WorkflowError | None] = []  # once checked: its divergence, or None
 
         def check() -> None:
@@ -830,16 +836,20 @@ class WorkflowStore(WorkflowReads):
 
     def _replays(self, workflow: Workflow, history: Sequence[DictRow]) -> None:
         """Raise ``WorkflowError`` unless ``history`` replays to the workflow's row."""
-        key = (workflow.id, workflow.definition, workflow.version)
         divergence = self._diverges(workflow, history)
         if divergence is not None:
             raise WorkflowError(
                 f"non-determinism: {divergence} (the {workflow.definition} v{workflow.version} "
                 "this process runs does not reproduce the workflow's history)"
             )
-        self._replayed[key] = None
+        self._replayed[workflow.id] = (workflow.definition, workflow.version)
         while len(self._replayed) > REPLAY_CACHE:
             self._replayed.popitem(last=False)
+
+    def _replayed_through(self, workflow: Workflow) -> bool:
+        """Whether this process replayed ``workflow``'s history through the definition and
+        version the workflow runs."""
+        return self._replayed.get(workflow.id) == (workflow.definition, workflow.version)
 
     def _emit(
         self, conn: Conn, workflow: Workflow, drafts: Sequence[Draft], cause: str | None
@@ -1002,12 +1012,26 @@ class WorkflowStore(WorkflowReads):
 
     # -- rows ------------------------------------------------------------------------------
 
-    def lock_of_job_txn(self, unit: UnitOfWork, job_id: UUID) -> Callable[[], Workflow | None]:
+    def lock_of_job_txn(
+        self, unit: UnitOfWork, job_id: UUID, *, workflow: UUID | None = None
+    ) -> Callable[[], Workflow | None]:
         """Lock the workflow of job ``job_id`` (none for a plain job), read when the returned
         function is called. The job's locked claim, the caller's next statement, takes it
         first, in its own statement (``dispatch.sql``'s ``lock_pointer``); a caller whose
-        next statement was not that claim has it locked at the read."""
-        unit.lock_workflow_with_claim(job_id)
+        next statement was not that claim has it locked at the read.
+
+        ``workflow``: the job's workflow as its pointer names it. When this process has not
+        replayed it, its history is read behind the claim, under the lock, in the claim's
+        round trip (the non-determinism guard's read: :meth:`_replay_check`)."""
+        then = None
+        if workflow is not None and workflow not in self._replayed:
+
+            def then() -> None:
+                cur = unit.conn.cursor(row_factory=dict_row)
+                cur.execute(Q["history"].encode(), {"workflow_id": workflow, "after": 0})
+                unit.read_ahead((HISTORY_AHEAD, workflow), cur)
+
+        unit.lock_workflow_with_claim(job_id, then=then)
 
         def read() -> Workflow | None:
             locked, workflow = unit.claimed_workflow(job_id)

@@ -77,7 +77,7 @@ class Harness:
         request = EnqueueRequest(project_id=P, kind=KIND, subject=uuid.uuid4().hex, **kw)
         return self.jobs.enqueue(request).job
 
-    def run(self, runner: StepRunner, job: Job, seq: int, **kw: bool) -> StepResult:
+    def run(self, runner: StepRunner, job: Job, seq: int, **kw: Any) -> StepResult:
         route = f"shared.interactive.{P}"
         return runner.run(
             job_id=str(job.id), project_id=P, seq=seq, kind=KIND, routing_key=route, **kw

@@ -80,13 +80,16 @@ def chain(runtime: Runtime, length: int) -> list[Job]:
     return jobs
 
 
-def deliver(runtime: Runtime, job: Job) -> StepResult:
+def deliver(runtime: Runtime, job: Job, *, named: bool = True) -> StepResult:
+    """The pointer's delivery, as the consumer makes it: naming the job's workflow (the
+    relay's ``correlation_id``), unless ``named`` is false (a pointer published without)."""
     return runtime.runner.run(
         job_id=str(job.id),
         project_id=job.project_id,
         seq=job.dispatch_seq,
         kind=job.kind,
         routing_key="r",
+        workflow=str(job.workflow_id) if named and job.workflow_id else None,
     )
 
 
@@ -220,15 +223,20 @@ def test_a_cut_after_a_settle_that_scheduled_the_next_step_leaves_it_to_the_drai
     assert runtime.relay.drain() == 1
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["workflow named", "workflow unnamed"])
 def test_an_in_place_workflow_step_costs_two_round_trips_and_at_most_six_statements(
-    pg_url: str, amqp: Amqp
+    pg_url: str, amqp: Amqp, named: bool
 ) -> None:
     """Per step: the workflow's lock and the job's fenced claim, one statement (which marks a
     held row sent); then the ack
     (the claim's write with it), the next job's insert (its outbox row written held), the
     workflow's history, events and state, and the COMMIT, all read after the commit. No
     statement releases the held row or marks it sent on its own, and the decision takes no
-    savepoint (one that fails rolls the unit back and is settled again with one)."""
+    savepoint (one that fails rolls the unit back and is settled again with one).
+
+    The first step a process takes of a workflow also reads its history (the
+    non-determinism guard): behind the claim, in its round trip, when the pointer names the
+    workflow (as the relay's do); in a round trip of its own when it does not."""
     parts = urlsplit(pg_url)
     wire = Wire(parts.hostname or "127.0.0.1", parts.port or 5432)
     netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{wire.port}"
@@ -237,15 +245,16 @@ def test_an_in_place_workflow_step_costs_two_round_trips_and_at_most_six_stateme
     try:
         runtime.jobs.units._publish = lambda rows: None
         _, warm_first = one_by_one(runtime, "wire-warm")
-        assert deliver(runtime, warm_first) is StepResult.SUCCEEDED  # statements prepared
+        assert deliver(runtime, warm_first, named=named) is StepResult.SUCCEEDED  # prepared
         workflow, first = one_by_one(runtime, "wire")
         wire.reset()
-        assert deliver(runtime, first) is StepResult.SUCCEEDED
+        assert deliver(runtime, first, named=named) is StepResult.SUCCEEDED
         waits, statements = wire.waits, wire.count(b"E")
         assert runtime.workflows.get(workflow.id).status.value == "completed"
         # a, b (held), c (held): two each; the history this process reads the first time it
-        # touches the workflow (the non-determinism guard, at a) is read before a's update
-        assert waits == 3 + 2 + 2
+        # touches the workflow (the non-determinism guard, at a): with a's claim when the
+        # pointer names the workflow, else in a round trip before a's update
+        assert waits == (2 if named else 3) + 2 + 2
         # BEGIN, the claim (the workflow's row locked, then the job's), ack (the claim's write
         # with it), insert (a and b only), update, COMMIT; and a's history read
         assert statements == 6 + 6 + 5 + 1
@@ -286,6 +295,36 @@ def test_a_decision_that_fails_without_a_savepoint_is_settled_again_and_blocks(
     assert runtime.workflows.get(workflow.id).status.value == "blocked"
     gates = [gate.kind for gate, _ in runtime.workflows.inbox(workflow.project_id)]
     assert gates == ["workflow_error"]
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["workflow named", "workflow unnamed"])
+def test_a_changed_definition_is_caught_by_the_first_step_a_process_takes(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """The non-determinism guard's history read, whether it travelled with the claim (the
+    pointer named the workflow) or went on its own: a process whose definition would not
+    have made the workflow's start blocks the workflow at its first step, schedules nothing,
+    and the step's success still commits."""
+    from dataclasses import replace
+
+    from tests.tiny_definition import OneByOne
+    from workflows.engine import Decision, ScheduleStep, Started, TransitionPhase
+
+    workflow, first = one_by_one(runtime, f"drift-{named}")  # started by the right code
+    decide = OneByOne.decide
+
+    def drifted(self: Any, state: Any, event: Any, now: Any) -> Any:
+        if isinstance(event, Started):  # the same name and version, another first step
+            step = ScheduleStep(step="x", kind="design.research")
+            return Decision(replace(state, stage="x"), (TransitionPhase("design", 0), step))
+        return decide(self, state, event, now)
+
+    monkeypatch.setattr(OneByOne, "decide", drifted)
+    assert deliver(runtime, first, named=named) is StepResult.SUCCEEDED
+    blocked = runtime.workflows.get(workflow.id)
+    assert blocked.status.value == "blocked" and "non-determinism" in (blocked.reason or "")
+    steps = steps_of(runtime, workflow)
+    assert steps["a"].state is JobState.SUCCEEDED and set(steps) == {"a"}
 
 
 def test_a_decision_whose_insert_fails_at_the_commit_is_settled_again_and_blocks(

@@ -114,12 +114,21 @@ def test_a_failure_with_attempts_left_is_dispatched_again(runtime: Runtime) -> N
     assert failed is not None and failed.attempts == 3 and failed.dispatch_seq == 3
 
 
-def publish(amqp: Amqp, body: bytes, routing_key: str = f"shared.interactive.{P}") -> None:
+def publish(
+    amqp: Amqp,
+    body: bytes,
+    routing_key: str = f"shared.interactive.{P}",
+    properties: pika.BasicProperties | None = None,
+) -> None:
     connection = amqp.connect()
     channel = connection.channel()
     channel.confirm_delivery()
     channel.basic_publish(
-        amqp.names.work_exchange, routing_key, body, pika.BasicProperties(), mandatory=True
+        amqp.names.work_exchange,
+        routing_key,
+        body,
+        properties or pika.BasicProperties(),
+        mandatory=True,
     )
 
 
@@ -175,3 +184,34 @@ def test_duplicate_and_stale_pointers_change_nothing(runtime: Runtime, amqp: Amq
     assert (
         settled is not None and settled.attempts == 1 and runtime.results[StepResult.SUCCEEDED] == 1
     )
+
+
+def test_a_pointer_names_its_workflow_to_the_runner_and_a_bad_name_changes_nothing(
+    runtime: Runtime, amqp: Amqp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's ``correlation_id`` (the job's workflow, else the job) reaches the runner as
+    ``workflow`` when it names a workflow: a hint that lets the claim's round trip carry the
+    workflow's history. A hint that is not a UUID, or names another workflow, costs at most
+    a read: the pointer is judged by its row as always."""
+    delivered: list[dict[str, Any]] = []
+    run = runtime.runner.run
+
+    def recording(**pointer: Any) -> StepResult:
+        delivered.append(pointer)
+        return run(**pointer)
+
+    monkeypatch.setattr(runtime.runner, "run", recording)
+    job = runtime.jobs.enqueue(EnqueueRequest(project_id=P, kind="design.interview")).job
+    wait_for(lambda: states(runtime, job) == [JobState.SUCCEEDED])
+    other = uuid.uuid4()
+    for correlation in (str(other), "not a uuid"):
+        envelope = DispatchEnvelope(
+            job_id=job.id, project_id=P, dispatch_seq=1, kind=job.kind, not_before=job.run_after
+        )
+        publish(amqp, encode(envelope), properties=pika.BasicProperties(correlation_id=correlation))
+    wait_for(lambda: runtime.results[StepResult.DROPPED] >= 2)
+    names = [p.get("workflow") for p in delivered]
+    assert names == [None, str(other), "not a uuid"]  # the relay's own: the job, no workflow
+    settled = runtime.jobs.get(job.id)
+    assert settled is not None and settled.attempts == 1
+    assert runtime.results[StepResult.SUCCEEDED] == 1
