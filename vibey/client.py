@@ -61,6 +61,22 @@ if TYPE_CHECKING:
     from actors.queue_stats import QueueStats
 
 
+WAIT_FLAT = 50  # polls at the first interval: a workflow of up to 50 polls is seen promptly
+WAIT_GROWTH = 1.5  # then each interval this much longer than the one before
+WAIT_CAP_S = 0.1  # and never longer than this
+
+
+def wait_delays(poll: float) -> Iterator[float]:
+    """The pauses between :meth:`Client.wait`'s polls: ``poll`` ``WAIT_FLAT`` times, then
+    growing by ``WAIT_GROWTH`` up to ``WAIT_CAP_S`` (a ``poll`` above the cap is kept)."""
+    for _ in range(WAIT_FLAT):
+        yield poll
+    delay = poll
+    while True:
+        delay = max(min(delay * WAIT_GROWTH, WAIT_CAP_S), poll)
+        yield delay
+
+
 class ClientError(Exception):
     """Root of the client's errors."""
 
@@ -221,9 +237,13 @@ class Client(ClientGraph):
     def wait(self, workflow: UUID, timeout: float = 60.0, *, poll: float = 0.002) -> Workflow:
         """The workflow once completed. Raises :class:`WorkflowFailed`,
         :class:`WorkflowCancelled`, or :class:`WaitTimeout` when it is still running (or
-        blocked, or waiting at a gate) after ``timeout`` seconds."""
+        blocked, or waiting at a gate) after ``timeout`` seconds.
+
+        Its status is read every ``poll`` seconds for the first ``WAIT_FLAT`` polls (a short
+        workflow is seen within a poll of its end), then ever less often, up to every
+        ``WAIT_CAP_S`` (:func:`wait_delays`)."""
         deadline = time.monotonic() + timeout
-        delay = poll
+        delays = wait_delays(poll)
         while True:
             current = self.status(workflow)
             if current.status is Status.COMPLETED:
@@ -235,8 +255,7 @@ class Client(ClientGraph):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeout(current, timeout)
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 1.5, 0.1)
+            time.sleep(min(next(delays), remaining))
 
     # -- gates -------------------------------------------------------------------------------
 
