@@ -466,10 +466,10 @@ def cpu_sample(
 
 def postmaster_of(pg_url: str) -> int:
     """The pid of the postmaster serving ``pg_url`` (the parent of a backend of it)."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the backend lives while it is read
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    found = proc_cpu(str(row[0]))
+        assert row is not None
+        found = proc_cpu(str(row[0]))
     assert found is not None, "PostgreSQL runs on another machine: its CPU cannot be read here"
     return found[1]
 
