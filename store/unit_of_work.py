@@ -123,8 +123,8 @@ class UnitOfWork:
         "_hold_unread",
         "_may_hold",
         "_pointers",
-        "_reads_ahead",
         "_savepoints",
+        "_sent_with_claim",
         "_traced",
         "_unread",
         "_with_claim",
@@ -148,34 +148,33 @@ class UnitOfWork:
         self._failed_as: Callable[[Exception], Exception] | None = None  # see fail_as
         self._workflow_of: UUID | None = None  # the job whose claim locks its workflow
         self._workflow: Workflow | None = None  # what that claim's lock read
-        self._with_claim: Callable[[], None] | None = None  # sent behind that claim
-        self._reads_ahead: dict[object, Any] = {}  # sent before they are needed, by key
+        self._with_claim: Callable[[], Any] | None = None  # sends what goes behind that claim
+        self._sent_with_claim: Any = None  # what it sent, till taken (sent_with_claim)
 
     def lock_workflow_with_claim(
-        self, job_id: UUID, *, then: Callable[[], None] | None = None
+        self, job_id: UUID, *, then: Callable[[], Any] | None = None
     ) -> None:
         """The locked claim of ``job_id`` (``store.dispatch``'s ``claim_pointer_txn`` with
         ``locked``), the unit's next statement, locks the job's workflow first, in the same
         statement: :meth:`claimed_workflow` then gives it. ``then`` sends what must be read
-        under that lock (a read it orders after the lock), behind the claim and before the
-        claim is read: it travels in the claim's round trip (:meth:`claim_sent`)."""
+        under that lock, behind the claim and before the claim is read, so that it travels
+        in the claim's round trip (:meth:`claim_sent`); what it returns (a cursor, sent and
+        not read) is :meth:`sent_with_claim`'s."""
         self._workflow_of, self._workflow, self._with_claim = job_id, None, then
-
-    def read_ahead(self, key: object, read: Any) -> None:
-        """``read`` (a cursor whose statement is sent, not read) is wanted later in this unit
-        by whoever asks :meth:`read_sent_ahead` with ``key``."""
-        self._reads_ahead[key] = read
-
-    def read_sent_ahead(self, key: object) -> Any:
-        """The read sent ahead under ``key`` (once), else None."""
-        return self._reads_ahead.pop(key, None)
+        self._sent_with_claim = None
 
     def claim_sent(self) -> None:
         """The claim that locks the workflow is sent, not yet read: send what travels with it
         (once)."""
         then, self._with_claim = self._with_claim, None
         if then is not None:
-            then()
+            self._sent_with_claim = then()
+
+    def sent_with_claim(self) -> Any:
+        """What was sent behind the claim (:meth:`lock_workflow_with_claim`'s ``then``), once;
+        else None."""
+        sent, self._sent_with_claim = self._sent_with_claim, None
+        return sent
 
     def locks_workflow_with_claim(self, job_id: UUID) -> bool:
         """Whether the claim of ``job_id`` is to lock its workflow too."""

@@ -39,6 +39,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg import Cursor
 from psycopg import errors as pg_errors
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
@@ -127,7 +128,6 @@ __all__ = [
 
 WORKFLOW_ERROR = WORKFLOW_ERROR_GATE.name
 REPLAY_CACHE = 10_000
-HISTORY_AHEAD = "history"  # a unit's read sent ahead: the history of a workflow (by its id)
 WORKFLOW_ERROR_ANSWERS = RETRY_OR_CANCEL
 LIVE_INDEX = "workflow_one_live_per_project"  # one running or blocked workflow a project
 START_ROUNDS = 5  # starts sent again after projects found live, before the careful path
@@ -808,15 +808,19 @@ class WorkflowStore(WorkflowReads):
         workflow (:meth:`lock_of_job_txn`), else sent now; the check is made when the returned
         function is called (None: nothing to check), so that the read travels with the
         caller's next one instead of costing a round trip of its own."""
-        ahead = unit.read_sent_ahead((HISTORY_AHEAD, workflow.id))
+        ahead: tuple[UUID, Cursor[DictRow]] | None = unit.sent_with_claim()
+        cur = None
+        if ahead is not None:
+            of, cur = ahead
+            if of != workflow.id:  # the pointer named another workflow: the read is not this
+                cur.close()
+                cur = None
         if workflow.applied_seq == 0 or self._replayed_through(workflow):
-            if ahead is not None:
-                ahead.close()
+            if cur is not None:
+                cur.close()
             return None
-        cur = ahead
         if cur is None:
-            cur = unit.conn.cursor(row_factory=dict_row)
-            cur.execute(Q["history"].encode(), {"workflow_id": workflow.id, "after": 0})
+            cur = _send_history(unit.conn, workflow.id)
         verdict: list[WorkflowError | None] = []  # once checked: its divergence, or None
 
         def check() -> None:
@@ -1025,11 +1029,10 @@ class WorkflowStore(WorkflowReads):
         round trip (the non-determinism guard's read: :meth:`_replay_check`)."""
         then = None
         if workflow is not None and workflow not in self._replayed:
+            named = workflow
 
-            def then() -> None:
-                cur = unit.conn.cursor(row_factory=dict_row)
-                cur.execute(Q["history"].encode(), {"workflow_id": workflow, "after": 0})
-                unit.read_ahead((HISTORY_AHEAD, workflow), cur)
+            def then() -> tuple[UUID, Cursor[DictRow]]:
+                return named, _send_history(unit.conn, named)
 
         unit.lock_workflow_with_claim(job_id, then=then)
 
@@ -1132,6 +1135,13 @@ class WorkflowStore(WorkflowReads):
                     conn, workflow, workflow.applied_seq, error, last_seq=workflow.last_seq
                 )
         return Verification(workflow, workflow.applied_seq, divergence)
+
+
+def _send_history(conn: Conn, workflow_id: UUID) -> Cursor[DictRow]:
+    """A workflow's whole history (the non-determinism guard's read), sent and not read."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(Q["history"].encode(), {"workflow_id": workflow_id, "after": 0})
+    return cur
 
 
 def _replayed_first(check: Callable[[], None] | None) -> None:

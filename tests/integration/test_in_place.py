@@ -6,6 +6,7 @@ the drain when the process stops in between."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -80,16 +81,19 @@ def chain(runtime: Runtime, length: int) -> list[Job]:
     return jobs
 
 
-def deliver(runtime: Runtime, job: Job, *, named: bool = True) -> StepResult:
+def deliver(runtime: Runtime, job: Job, *, named: bool | str = True) -> StepResult:
     """The pointer's delivery, as the consumer makes it: naming the job's workflow (the
-    relay's ``correlation_id``), unless ``named`` is false (a pointer published without)."""
+    relay's ``correlation_id``), unless ``named`` is false (a pointer published without) or
+    another name (a pointer naming a workflow it is not of)."""
     return runtime.runner.run(
         job_id=str(job.id),
         project_id=job.project_id,
         seq=job.dispatch_seq,
         kind=job.kind,
         routing_key="r",
-        workflow=str(job.workflow_id) if named and job.workflow_id else None,
+        workflow=named
+        if isinstance(named, str)
+        else (str(job.workflow_id) if named and job.workflow_id else None),
     )
 
 
@@ -297,9 +301,23 @@ def test_a_decision_that_fails_without_a_savepoint_is_settled_again_and_blocks(
     assert gates == ["workflow_error"]
 
 
-@pytest.mark.parametrize("named", [True, False], ids=["workflow named", "workflow unnamed"])
+def test_a_pointer_naming_another_workflow_costs_a_read_and_changes_nothing(
+    runtime: Runtime,
+) -> None:
+    """The history sent behind the claim is another workflow's: the guard reads this one's
+    own, and the workflow runs to its end in place."""
+    workflow, first = one_by_one(runtime, "misnamed")
+    assert deliver(runtime, first, named=str(uuid.uuid4())) is StepResult.SUCCEEDED
+    assert runtime.workflows.get(workflow.id).status.value == "completed"
+
+
+@pytest.mark.parametrize(
+    "named",
+    [True, False, "00000000-0000-4000-8000-000000000000"],
+    ids=["workflow named", "workflow unnamed", "another workflow named"],
+)
 def test_a_changed_definition_is_caught_by_the_first_step_a_process_takes(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, named: bool
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, named: bool | str
 ) -> None:
     """The non-determinism guard's history read, whether it travelled with the claim (the
     pointer named the workflow) or went on its own: a process whose definition would not
@@ -310,7 +328,7 @@ def test_a_changed_definition_is_caught_by_the_first_step_a_process_takes(
     from tests.tiny_definition import OneByOne
     from workflows.engine import Decision, ScheduleStep, Started, TransitionPhase
 
-    workflow, first = one_by_one(runtime, f"drift-{named}")  # started by the right code
+    workflow, first = one_by_one(runtime, f"drift-{named is True}-{named is False}")
     decide = OneByOne.decide
 
     def drifted(self: Any, state: Any, event: Any, now: Any) -> Any:
